@@ -1,0 +1,159 @@
+// Package bus adapts NATS to flashgate: the JetStream stream that carries admitted
+// orders from gateways to backends (durable, deduplicated by order id), and the core
+// NATS subjects that carry sale events to every gateway's local cache (DESIGN.md §7).
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/config"
+)
+
+// Connect dials NATS with a name and endless reconnects: a NATS restart is an
+// outage to ride out, not a reason to exit.
+func Connect(cfg config.NATS, name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(cfg.URL,
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.Timeout(2*time.Second),
+		nats.RetryOnFailedConnect(false),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("nats %s: %w", cfg.URL, err)
+	}
+	return nc, nil
+}
+
+// EnsureStream creates or updates the orders stream: file storage, work-queue
+// retention (a message leaves once a backend acked it), a duplicate window on
+// Nats-Msg-Id.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg config.NATS) (jetstream.Stream, error) {
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        cfg.Stream,
+		Description: "flashgate admitted orders",
+		Subjects:    []string{cfg.OrderSubject + ".>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.WorkQueuePolicy,
+		Duplicates:  cfg.DedupWindow,
+		Replicas:    cfg.Replicas,
+		MaxMsgs:     orNone(cfg.MaxStreamMsgs),
+		Discard:     jetstream.DiscardNew,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", cfg.Stream, err)
+	}
+	return s, nil
+}
+
+func orNone(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
+}
+
+// OrderSubject is the subject of sale's orders.
+func OrderSubject(cfg config.NATS, sale string) string { return cfg.OrderSubject + "." + sale }
+
+// OrderMsg is one admitted order on its way to MySQL.
+type OrderMsg struct {
+	ID      uint64 `json:"id,string"`
+	Sale    string `json:"sale"`
+	User    string `json:"user"`
+	Qty     int64  `json:"qty"`
+	Region  string `json:"region"`
+	Created int64  `json:"created"` // ms
+	Expires int64  `json:"expires"` // ms: the payment deadline
+	Idem    string `json:"idem,omitempty"`
+}
+
+// Append encodes m as JSON onto b without reflection. Every string field is
+// already validated to [A-Za-z0-9_-], so none needs escaping.
+func (m *OrderMsg) Append(b []byte) []byte {
+	b = append(b, `{"id":"`...)
+	b = strconv.AppendUint(b, m.ID, 10)
+	b = append(b, `","sale":"`...)
+	b = append(b, m.Sale...)
+	b = append(b, `","user":"`...)
+	b = append(b, m.User...)
+	b = append(b, `","qty":`...)
+	b = strconv.AppendInt(b, m.Qty, 10)
+	b = append(b, `,"region":"`...)
+	b = append(b, m.Region...)
+	b = append(b, `","created":`...)
+	b = strconv.AppendInt(b, m.Created, 10)
+	b = append(b, `,"expires":`...)
+	b = strconv.AppendInt(b, m.Expires, 10)
+	if m.Idem != "" {
+		b = append(b, `,"idem":"`...)
+		b = append(b, m.Idem...)
+		b = append(b, '"')
+	}
+	return append(b, '}')
+}
+
+// ErrBadMsg marks a message that can never be processed.
+var ErrBadMsg = errors.New("bad order message")
+
+// DecodeOrder parses and checks a message body.
+func DecodeOrder(b []byte) (OrderMsg, error) {
+	var m OrderMsg
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("%w: %v", ErrBadMsg, err)
+	}
+	if m.ID == 0 || !flashgate.ValidID(m.Sale) || !flashgate.ValidID(m.User) || m.Qty < 1 ||
+		(m.Region != "" && !flashgate.ValidRegion(m.Region)) || (m.Idem != "" && !flashgate.ValidID(m.Idem)) {
+		return m, fmt.Errorf("%w: %s", ErrBadMsg, b)
+	}
+	return m, nil
+}
+
+// Event types on the sale subjects.
+const (
+	EventCreated   = "created"
+	EventClosed    = "closed"
+	EventSoldOut   = "sold_out"
+	EventRestocked = "restocked"
+	EventWarm      = "warm" // a gateway found the sale not warmed: a backend should warm it
+)
+
+// SaleEvent tells gateways (and backends, for warm) that a sale changed.
+type SaleEvent struct {
+	Type   string          `json:"type"`
+	SaleID string          `json:"sale_id"`
+	Region string          `json:"region,omitempty"`
+	Sale   *flashgate.Sale `json:"sale,omitempty"`
+}
+
+// EventSubject is the subject of sale's events.
+func EventSubject(cfg config.NATS, sale string) string { return cfg.EventSubject + "." + sale }
+
+// PublishEvent sends a sale event on core NATS (at most once: gateways also
+// refresh their cache periodically, so a lost event heals).
+func PublishEvent(nc *nats.Conn, cfg config.NATS, ev SaleEvent) error {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	return nc.Publish(EventSubject(cfg, ev.SaleID), b)
+}
+
+// SubscribeEvents calls fn for every sale event.
+func SubscribeEvents(nc *nats.Conn, cfg config.NATS, fn func(SaleEvent)) (*nats.Subscription, error) {
+	return nc.Subscribe(cfg.EventSubject+".*", func(m *nats.Msg) {
+		var ev SaleEvent
+		if json.Unmarshal(m.Data, &ev) == nil && flashgate.ValidID(ev.SaleID) {
+			fn(ev)
+		}
+	})
+}

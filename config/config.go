@@ -1,0 +1,279 @@
+// Package config is flashgate's one configuration struct: defaults, then the YAML
+// file (strict: an unknown key is an error), then environment overrides. Every key
+// a.b_c can be set with FLASHGATE_A_B_C; a few have the shorter names of DESIGN.md
+// §3/§10 (FLASHGATE_JWT_SECRET, FLASHGATE_ADMIN_TOKEN, FLASHGATE_REDIS_ADDRS, ...).
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is everything the gateway, the backend and the CLI read.
+type Config struct {
+	Gateway Gateway `yaml:"gateway"`
+	Backend Backend `yaml:"backend"`
+	Auth    Auth    `yaml:"auth"`
+	Admin   Admin   `yaml:"admin"`
+	Redis   Redis   `yaml:"redis"`
+	NATS    NATS    `yaml:"nats"`
+	MySQL   MySQL   `yaml:"mysql"`
+	Orders  Orders  `yaml:"orders"`
+}
+
+// Gateway is the edge process.
+type Gateway struct {
+	Listen          string        `yaml:"listen"`
+	AdminListen     string        `yaml:"admin_listen"`
+	MaxBodyBytes    int           `yaml:"max_body_bytes"`
+	ReadTimeout     time.Duration `yaml:"read_timeout"`
+	WriteTimeout    time.Duration `yaml:"write_timeout"`
+	IdleTimeout     time.Duration `yaml:"idle_timeout"`
+	Concurrency     int           `yaml:"concurrency"`
+	AdmitTimeout    time.Duration `yaml:"admit_timeout"`
+	PublishTimeout  time.Duration `yaml:"publish_timeout"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	SaleRefresh     time.Duration `yaml:"sale_refresh"`
+	NodeLeaseTTL    time.Duration `yaml:"node_lease_ttl"`
+}
+
+// Backend is the order-writing process.
+type Backend struct {
+	AdminListen     string        `yaml:"admin_listen"`
+	BatchSize       int           `yaml:"batch_size"`
+	BatchWait       time.Duration `yaml:"batch_wait"`
+	MaxAckPending   int           `yaml:"max_ack_pending"`
+	MaxDeliver      int           `yaml:"max_deliver"`
+	AckWait         time.Duration `yaml:"ack_wait"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+}
+
+// Auth verifies buyers' JWTs. Exactly one of JWTSecret (HS256) and
+// EdDSAPublicKeyFile (EdDSA) pins the algorithm.
+type Auth struct {
+	JWTSecret          string `yaml:"jwt_secret" env:"JWT_SECRET"`
+	EdDSAPublicKeyFile string `yaml:"eddsa_public_key_file"`
+}
+
+// Admin guards the backend's admin API.
+type Admin struct {
+	Token string `yaml:"token"`
+	// URL is where the CLI finds the backend's admin API.
+	URL string `yaml:"url"`
+}
+
+// Redis lists the seed addresses: one for a standalone Redis, several for a
+// cluster (rueidis finds out which it is).
+type Redis struct {
+	Addrs []string `yaml:"addrs"`
+}
+
+// NATS is JetStream for orders and core NATS for sale events.
+type NATS struct {
+	URL           string        `yaml:"url"`
+	Stream        string        `yaml:"stream"`
+	OrderSubject  string        `yaml:"order_subject"`
+	EventSubject  string        `yaml:"event_subject"`
+	Consumer      string        `yaml:"consumer"`
+	Replicas      int           `yaml:"replicas"`
+	DedupWindow   time.Duration `yaml:"dedup_window"`
+	MaxStreamMsgs int64         `yaml:"max_stream_msgs"`
+}
+
+// MySQL is the source of truth.
+type MySQL struct {
+	DSN          string `yaml:"dsn"`
+	MaxOpenConns int    `yaml:"max_open_conns"`
+}
+
+// Orders sets the order life cycle.
+type Orders struct {
+	PaymentTimeout time.Duration `yaml:"payment_timeout"`
+}
+
+// Default is the configuration of the local stack (DESIGN.md §10).
+func Default() Config {
+	return Config{
+		Gateway: Gateway{
+			Listen: "127.0.0.1:8080", AdminListen: "127.0.0.1:8081",
+			MaxBodyBytes: 1024, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second,
+			IdleTimeout: 60 * time.Second, Concurrency: 256 * 1024,
+			AdmitTimeout: 500 * time.Millisecond, PublishTimeout: 2 * time.Second,
+			ShutdownTimeout: 10 * time.Second, SaleRefresh: 5 * time.Second, NodeLeaseTTL: 15 * time.Second,
+		},
+		Backend: Backend{
+			AdminListen: "127.0.0.1:8082", BatchSize: 500, BatchWait: 5 * time.Millisecond,
+			MaxAckPending: 20000, MaxDeliver: 10, AckWait: 30 * time.Second, ShutdownTimeout: 15 * time.Second,
+		},
+		Admin: Admin{URL: "http://127.0.0.1:8082"},
+		Redis: Redis{Addrs: []string{"127.0.0.1:16379"}},
+		NATS: NATS{
+			URL: "nats://127.0.0.1:14222", Stream: "FLASHGATE_ORDERS",
+			OrderSubject: "flashgate.orders", EventSubject: "flashgate.events.sale",
+			Consumer: "flashgate-backend", Replicas: 1, DedupWindow: 2 * time.Minute,
+		},
+		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},
+		Orders: Orders{PaymentTimeout: 15 * time.Minute},
+	}
+}
+
+// shortEnv are the environment names DESIGN.md gives, besides FLASHGATE_<KEY>.
+var shortEnv = map[string]string{"FLASHGATE_ADMIN_TOKEN": "admin.token"}
+
+// Load reads path (if not "") over the defaults, then the environment.
+func Load(path string) (Config, error) {
+	c := Default()
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return c, fmt.Errorf("config: %w", err)
+		}
+		if err := Parse(b, &c); err != nil {
+			return c, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	if err := applyEnv(&c, os.LookupEnv); err != nil {
+		return c, fmt.Errorf("config: %w", err)
+	}
+	return c, c.Validate()
+}
+
+// Parse decodes YAML strictly over c.
+func Parse(b []byte, c *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	// An empty file decodes to io.EOF: the defaults stand.
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// Validate checks what the processes cannot run without.
+func (c *Config) Validate() error {
+	var errs []error
+	if len(c.Redis.Addrs) == 0 {
+		errs = append(errs, errors.New("redis.addrs is empty"))
+	}
+	if c.Gateway.MaxBodyBytes < 64 {
+		errs = append(errs, errors.New("gateway.max_body_bytes must be at least 64"))
+	}
+	if c.Backend.BatchSize < 1 || c.Backend.BatchSize > 5000 {
+		errs = append(errs, errors.New("backend.batch_size must be 1..5000"))
+	}
+	if c.NATS.DedupWindow < 2*time.Minute {
+		errs = append(errs, errors.New("nats.dedup_window must be at least 2m (DESIGN.md §7)"))
+	}
+	if c.Orders.PaymentTimeout <= 0 {
+		errs = append(errs, errors.New("orders.payment_timeout must be positive"))
+	}
+	if c.Auth.JWTSecret != "" && c.Auth.EdDSAPublicKeyFile != "" {
+		errs = append(errs, errors.New("auth: set jwt_secret or eddsa_public_key_file, not both"))
+	}
+	return errors.Join(errs...)
+}
+
+// applyEnv walks the struct and overrides each field from FLASHGATE_<PATH>.
+func applyEnv(c *Config, lookup func(string) (string, bool)) error {
+	for env, path := range shortEnv {
+		if v, ok := lookup(env); ok {
+			if err := setPath(reflect.ValueOf(c).Elem(), strings.Split(path, "."), v); err != nil {
+				return fmt.Errorf("%s: %w", env, err)
+			}
+		}
+	}
+	return walk(reflect.ValueOf(c).Elem(), "FLASHGATE", lookup)
+}
+
+func walk(v reflect.Value, prefix string, lookup func(string) (string, bool)) error {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name := strings.ToUpper(strings.Split(f.Tag.Get("yaml"), ",")[0])
+		env := prefix + "_" + name
+		if f.Type.Kind() == reflect.Struct {
+			if err := walk(v.Field(i), env, lookup); err != nil {
+				return err
+			}
+			continue
+		}
+		names := []string{env}
+		if short := f.Tag.Get("env"); short != "" {
+			names = append(names, "FLASHGATE_"+short)
+		}
+		for _, n := range names {
+			if s, ok := lookup(n); ok {
+				if err := setValue(v.Field(i), s); err != nil {
+					return fmt.Errorf("%s: %w", n, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func setPath(v reflect.Value, path []string, s string) error {
+	for _, p := range path {
+		t := v.Type()
+		found := false
+		for i := 0; i < t.NumField(); i++ {
+			if strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0] == p {
+				v, found = v.Field(i), true
+				break
+			}
+		}
+		if !found {
+			return fmt.Errorf("no key %s", p)
+		}
+	}
+	return setValue(v, s)
+}
+
+func setValue(v reflect.Value, s string) error {
+	switch v.Interface().(type) {
+	case time.Duration:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		v.SetInt(int64(d))
+		return nil
+	case []string:
+		var parts []string
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				parts = append(parts, p)
+			}
+		}
+		v.Set(reflect.ValueOf(parts))
+		return nil
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(s)
+	case reflect.Int, reflect.Int64:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return err
+		}
+		v.SetInt(n)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return err
+		}
+		v.SetBool(b)
+	default:
+		return fmt.Errorf("unsupported kind %s", v.Kind())
+	}
+	return nil
+}

@@ -1,0 +1,57 @@
+-- admit: decide one purchase atomically on the sale's shard.
+-- KEYS: 1 meta, 2 stock (the region's, or the sale's), 3 users, 4 resv, 5 orders, 6 idem
+--       (all under the sale's hash tag {s:<sale>}).
+-- ARGV: 1 user, 2 quantity, 3 order id, 4 now (ms), 5 idempotency key ('' = none),
+--       6 region ('' = none), 7 payment deadline (ms)
+-- Returns {outcome, ...}:
+--   {'ok', order_id, remaining}   reserved: stock deducted, user counted, reservation recorded
+--   {'replay', order_id}          same user + idempotency key seen before: nothing changed
+--   {'not_warmed'}                no meta or no stock key: unknown, never "sold out"
+--   {'not_started', ms_left} | {'ended'} | {'bad_quantity'} | {'limit_reached', held}
+--   {'sold_out', remaining}
+local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'limit', 'omax')
+if not meta[1] then
+  return {'not_warmed'}
+end
+local user, qty, id, now, idem = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local idemField = user .. '|' .. idem
+if idem ~= '' then
+  local prev = redis.call('HGET', KEYS[6], idemField)
+  if prev then
+    return {'replay', prev}
+  end
+end
+if meta[1] ~= 'open' then
+  return {'ended'}
+end
+local starts = tonumber(meta[2])
+if now < starts then
+  return {'not_started', tostring(starts - now)}
+end
+if now >= tonumber(meta[3]) then
+  return {'ended'}
+end
+if not qty or qty < 1 or qty > tonumber(meta[5]) then
+  return {'bad_quantity'}
+end
+local held = tonumber(redis.call('HGET', KEYS[3], user) or '0')
+if held + qty > tonumber(meta[4]) then
+  return {'limit_reached', tostring(held)}
+end
+local stock = redis.call('GET', KEYS[2])
+if not stock then
+  return {'not_warmed'}
+end
+stock = tonumber(stock)
+if stock < qty then
+  return {'sold_out', tostring(stock)}
+end
+local left = redis.call('DECRBY', KEYS[2], qty)
+redis.call('HINCRBY', KEYS[3], user, qty)
+local rec = user .. '|' .. ARGV[2] .. '|' .. ARGV[6] .. '|' .. ARGV[4] .. '|' .. ARGV[7] .. '|' .. idem
+redis.call('HSET', KEYS[4], id, rec)
+redis.call('HSET', KEYS[5], id, 'pending||' .. rec)
+if idem ~= '' then
+  redis.call('HSET', KEYS[6], idemField, id)
+end
+return {'ok', id, tostring(left)}

@@ -1,0 +1,471 @@
+// Package lua owns the Redis side of admission: the key layout of a sale, the Lua
+// scripts in this folder (embedded, loaded once, called with EVALSHA) and their Go
+// bindings. Every key one call touches carries the sale's hash tag {s:<sale>}, so one
+// script on one shard decides it atomically, on a single Redis and on Redis Cluster
+// alike (DESIGN.md §5).
+package lua
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/flashgate/flashgate"
+)
+
+var (
+	//go:embed admit.lua
+	admitSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed claim.lua
+	claimSrc string
+	//go:embed confirm.lua
+	confirmSrc string
+	//go:embed warm.lua
+	warmSrc string
+)
+
+// SalesIndex is the set of every sale id Redis knows, read by gateways at start.
+const SalesIndex = "fg:sales"
+
+// Keys are the Redis keys of one sale. Build them once per sale (KeysFor), not
+// per request.
+type Keys struct {
+	Sale   string
+	Meta   string
+	Users  string
+	Resv   string
+	Orders string
+	Idem   string
+	stock  string
+	region map[string]string
+}
+
+// KeysFor returns the keys of sale, with a stock key for each region.
+func KeysFor(sale string, regions []string) *Keys {
+	p := "fg:{s:" + sale + "}:"
+	k := &Keys{
+		Sale:   sale,
+		Meta:   p + "meta",
+		Users:  p + "users",
+		Resv:   p + "resv",
+		Orders: p + "orders",
+		Idem:   p + "idem",
+		stock:  p + "stock",
+		region: make(map[string]string, len(regions)),
+	}
+	for _, r := range regions {
+		k.region[r] = p + "stock:" + r
+	}
+	return k
+}
+
+// Stock is the stock key of region ("" for a sale without regions), and false
+// for a region the sale does not have.
+func (k *Keys) Stock(region string) (string, bool) {
+	if region == "" {
+		return k.stock, len(k.region) == 0
+	}
+	key, ok := k.region[region]
+	return key, ok
+}
+
+// StockKeys lists every stock key of the sale, with the region each belongs to.
+func (k *Keys) StockKeys() (regions, keys []string) {
+	if len(k.region) == 0 {
+		return []string{""}, []string{k.stock}
+	}
+	for r, key := range k.region {
+		regions = append(regions, r)
+		keys = append(keys, key)
+	}
+	return regions, keys
+}
+
+// Scripts holds the loaded scripts. rueidis runs each with EVALSHA and falls
+// back to EVAL on NOSCRIPT (a restarted or new shard).
+type Scripts struct {
+	admit, release, claim, confirm, warm *rueidis.Lua
+}
+
+// Load prepares the scripts; it does no I/O.
+func Load() *Scripts {
+	return &Scripts{
+		admit:   rueidis.NewLuaScript(admitSrc),
+		release: rueidis.NewLuaScript(releaseSrc),
+		claim:   rueidis.NewLuaScript(claimSrc),
+		confirm: rueidis.NewLuaScript(confirmSrc),
+		warm:    rueidis.NewLuaScript(warmSrc),
+	}
+}
+
+// Outcome is what the admit script decided.
+type Outcome uint8
+
+const (
+	Admitted Outcome = iota + 1
+	Replayed
+	NotWarmed
+	NotStarted
+	Ended
+	BadQuantity
+	LimitReached
+	SoldOut
+)
+
+var outcomeNames = [...]string{"", "ok", "replay", "not_warmed", "not_started", "ended", "bad_quantity", "limit_reached", "sold_out"}
+
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// AdmitArgs is one purchase to decide.
+type AdmitArgs struct {
+	User     string
+	Quantity int64
+	OrderID  uint64 // used when admitted; a replay answers the earlier id
+	Now      time.Time
+	IdemKey  string // "" for none
+	Region   string // "" for a sale without regions
+	PayBy    time.Time
+}
+
+// Admission is the script's decision.
+type Admission struct {
+	Outcome   Outcome
+	OrderID   uint64        // Admitted, Replayed
+	Remaining int64         // Admitted, SoldOut: units left in the stock key
+	Wait      time.Duration // NotStarted: time until the start
+}
+
+// ErrUnknownRegion is returned for a region the sale's keys do not have.
+var ErrUnknownRegion = errors.New("unknown region")
+
+// Admit runs the admission script for one purchase.
+func (s *Scripts) Admit(ctx context.Context, c rueidis.Client, k *Keys, a AdmitArgs) (Admission, error) {
+	stock, ok := k.Stock(a.Region)
+	if !ok {
+		return Admission{}, ErrUnknownRegion
+	}
+	res, err := s.admit.Exec(ctx, c,
+		[]string{k.Meta, stock, k.Users, k.Resv, k.Orders, k.Idem},
+		[]string{a.User, strconv.FormatInt(a.Quantity, 10), strconv.FormatUint(a.OrderID, 10),
+			strconv.FormatInt(a.Now.UnixMilli(), 10), a.IdemKey, a.Region, strconv.FormatInt(a.PayBy.UnixMilli(), 10)},
+	).ToArray()
+	if err != nil {
+		return Admission{}, fmt.Errorf("admit %s: %w", k.Sale, err)
+	}
+	return parseAdmission(res)
+}
+
+func parseAdmission(res []rueidis.RedisMessage) (Admission, error) {
+	if len(res) == 0 {
+		return Admission{}, errors.New("admit: empty reply")
+	}
+	code, err := res[0].ToString()
+	if err != nil {
+		return Admission{}, fmt.Errorf("admit: %w", err)
+	}
+	arg := func(i int) int64 {
+		if i >= len(res) {
+			return 0
+		}
+		v, _ := res[i].ToString()
+		n, _ := strconv.ParseInt(v, 10, 64)
+		return n
+	}
+	var a Admission
+	switch code {
+	case "ok":
+		a.Outcome, a.OrderID, a.Remaining = Admitted, uint64(arg(1)), arg(2)
+	case "replay":
+		a.Outcome, a.OrderID = Replayed, uint64(arg(1))
+	case "not_warmed":
+		a.Outcome = NotWarmed
+	case "not_started":
+		a.Outcome, a.Wait = NotStarted, time.Duration(arg(1))*time.Millisecond
+	case "ended":
+		a.Outcome = Ended
+	case "bad_quantity":
+		a.Outcome = BadQuantity
+	case "limit_reached":
+		a.Outcome = LimitReached
+	case "sold_out":
+		a.Outcome, a.Remaining = SoldOut, arg(1)
+	default:
+		return a, fmt.Errorf("admit: unexpected reply %q", code)
+	}
+	return a, nil
+}
+
+// Release modes.
+const (
+	ReleaseGateway = "gateway" // the publish failed: no order exists
+	ReleaseBackend = "backend" // MySQL refused the order: it ends failed
+)
+
+// ReleaseResult is what release did.
+type ReleaseResult struct {
+	Released  bool   // units went back now
+	Claimed   bool   // gateway mode: the backend already took the order
+	Status    string // the order's status when nothing was released
+	Remaining int64  // after a release: units in the stock key
+	Unknown   bool   // Redis has no record of the order
+}
+
+// Release undoes one admission, exactly once.
+func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderID uint64, region, mode, reason string) (ReleaseResult, error) {
+	stock, ok := k.Stock(region)
+	if !ok {
+		return ReleaseResult{}, ErrUnknownRegion
+	}
+	res, err := s.release.Exec(ctx, c,
+		[]string{stock, k.Users, k.Resv, k.Orders, k.Idem},
+		[]string{strconv.FormatUint(orderID, 10), mode, reason, region},
+	).ToArray()
+	if err != nil {
+		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
+	}
+	code, _ := res[0].ToString()
+	var r ReleaseResult
+	switch code {
+	case "released":
+		r.Released = true
+		v, _ := res[1].ToString()
+		r.Remaining, _ = strconv.ParseInt(v, 10, 64)
+	case "claimed":
+		r.Claimed = true
+	case "already":
+		r.Status, _ = res[1].ToString()
+	case "unknown":
+		r.Unknown = true
+	default:
+		return r, fmt.Errorf("release: unexpected reply %q", code)
+	}
+	return r, nil
+}
+
+// Claim statuses.
+const (
+	ClaimOK       = "ok"
+	ClaimReleased = "released"
+	ClaimUnknown  = "unknown"
+)
+
+// Claim marks orders as taken by the backend; it answers one claim status per id.
+func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []uint64) ([]string, error) {
+	args := make([]string, len(ids))
+	for i, id := range ids {
+		args[i] = strconv.FormatUint(id, 10)
+	}
+	out, err := s.claim.Exec(ctx, c, []string{k.Orders}, args).AsStrSlice()
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", k.Sale, err)
+	}
+	if len(out) != len(ids) {
+		return nil, fmt.Errorf("claim %s: %d answers for %d orders", k.Sale, len(out), len(ids))
+	}
+	return out, nil
+}
+
+// Settled is one order whose MySQL outcome is written back to Redis.
+type Settled struct {
+	ID     uint64
+	Status flashgate.OrderStatus
+	Record Record
+}
+
+// Confirm ends the reservations of settled orders and writes their status back.
+// It answers how many reservations ended.
+func (s *Scripts) Confirm(ctx context.Context, c rueidis.Client, k *Keys, orders []Settled) (int64, error) {
+	args := make([]string, 0, 3*len(orders))
+	for _, o := range orders {
+		args = append(args, strconv.FormatUint(o.ID, 10), string(o.Status), o.Record.resv())
+	}
+	n, err := s.confirm.Exec(ctx, c, []string{k.Resv, k.Orders}, args).AsInt64()
+	if err != nil {
+		return 0, fmt.Errorf("confirm %s: %w", k.Sale, err)
+	}
+	return n, nil
+}
+
+// Warm makes sale known to Redis with the given units left per stock key
+// (region "" for a sale without regions). It answers false when the sale was
+// warm already: nothing is overwritten then.
+func (s *Scripts) Warm(ctx context.Context, c rueidis.Client, sale *flashgate.Sale, remaining map[string]int64) (bool, error) {
+	k := KeysFor(sale.ID, sale.RegionNames())
+	fields := metaFields(sale)
+	keys := []string{k.Meta}
+	args := append([]string{strconv.Itoa(len(fields) / 2)}, fields...)
+	regions, stockKeys := k.StockKeys()
+	for i, r := range regions {
+		keys = append(keys, stockKeys[i])
+		args = append(args, strconv.FormatInt(remaining[r], 10))
+	}
+	n, err := s.warm.Exec(ctx, c, keys, args).AsInt64()
+	if err != nil {
+		return false, fmt.Errorf("warm %s: %w", sale.ID, err)
+	}
+	if err := c.Do(ctx, c.B().Sadd().Key(SalesIndex).Member(sale.ID).Build()).Error(); err != nil {
+		return false, fmt.Errorf("warm %s: index: %w", sale.ID, err)
+	}
+	return n == 1, nil
+}
+
+func metaFields(s *flashgate.Sale) []string {
+	state := "open"
+	if s.Closed {
+		state = "closed"
+	}
+	regions := make([]string, 0, len(s.Regions))
+	for _, r := range s.RegionNames() {
+		regions = append(regions, r+":"+strconv.FormatInt(s.Regions[r], 10))
+	}
+	return []string{
+		"state", state,
+		"starts", strconv.FormatInt(s.StartsAt.UnixMilli(), 10),
+		"ends", strconv.FormatInt(s.EndsAt.UnixMilli(), 10),
+		"limit", strconv.FormatInt(s.PerUserLimit, 10),
+		"omax", strconv.FormatInt(s.PerOrderMax, 10),
+		"total", strconv.FormatInt(s.Total, 10),
+		"price", strconv.FormatInt(s.PriceCents, 10),
+		"title", s.Title,
+		"regions", strings.Join(regions, ","),
+	}
+}
+
+// ErrNotWarmed means Redis holds no meta for the sale.
+var ErrNotWarmed = errors.New("sale not warmed")
+
+// LoadSale reads a sale's spec back from its meta hash.
+func LoadSale(ctx context.Context, c rueidis.Client, sale string) (*flashgate.Sale, error) {
+	m, err := c.Do(ctx, c.B().Hgetall().Key(KeysFor(sale, nil).Meta).Build()).AsStrMap()
+	if err != nil {
+		return nil, fmt.Errorf("load sale %s: %w", sale, err)
+	}
+	if len(m) == 0 {
+		return nil, ErrNotWarmed
+	}
+	num := func(f string) int64 { n, _ := strconv.ParseInt(m[f], 10, 64); return n }
+	s := &flashgate.Sale{
+		ID:           sale,
+		Title:        m["title"],
+		PriceCents:   num("price"),
+		Total:        num("total"),
+		StartsAt:     time.UnixMilli(num("starts")).UTC(),
+		EndsAt:       time.UnixMilli(num("ends")).UTC(),
+		PerUserLimit: num("limit"),
+		PerOrderMax:  num("omax"),
+		Closed:       m["state"] != "open",
+	}
+	if rs := m["regions"]; rs != "" {
+		s.Regions = make(map[string]int64)
+		for _, part := range strings.Split(rs, ",") {
+			name, units, _ := strings.Cut(part, ":")
+			s.Regions[name], _ = strconv.ParseInt(units, 10, 64)
+		}
+	}
+	return s, nil
+}
+
+// Close stops admissions for the sale at once: the script answers 'ended'.
+func Close(ctx context.Context, c rueidis.Client, k *Keys) error {
+	return c.Do(ctx, c.B().Hset().Key(k.Meta).FieldValue().FieldValue("state", "closed").Build()).Error()
+}
+
+// Remaining reads the units left per region ("" for a sale without regions).
+// A missing stock key is reported as absent from the map.
+func Remaining(ctx context.Context, c rueidis.Client, k *Keys) (map[string]int64, error) {
+	regions, keys := k.StockKeys()
+	vals, err := c.Do(ctx, c.B().Mget().Key(keys...).Build()).ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("remaining %s: %w", k.Sale, err)
+	}
+	out := make(map[string]int64, len(keys))
+	for i, v := range vals {
+		if n, err := v.AsInt64(); err == nil {
+			out[regions[i]] = n
+		}
+	}
+	return out, nil
+}
+
+// Record is the state Redis keeps of one order: in the orders hash, and, while
+// reserved, in the resv hash (without status and reason).
+type Record struct {
+	Status  string // pending, processing, confirmed, failed, released, ...
+	Reason  string
+	User    string
+	Qty     int64
+	Region  string
+	Created int64 // ms
+	Expires int64 // ms
+	Idem    string
+}
+
+func (r Record) resv() string {
+	return r.User + "|" + strconv.FormatInt(r.Qty, 10) + "|" + r.Region + "|" +
+		strconv.FormatInt(r.Created, 10) + "|" + strconv.FormatInt(r.Expires, 10) + "|" + r.Idem
+}
+
+// ParseOrder parses a value of the orders hash.
+func ParseOrder(v string) (Record, error) {
+	f := strings.Split(v, "|")
+	if len(f) != 8 {
+		return Record{}, fmt.Errorf("order record %q: %d fields", v, len(f))
+	}
+	r := Record{Status: f[0], Reason: f[1], User: f[2], Region: f[4], Idem: f[7]}
+	var e1, e2, e3 error
+	r.Qty, e1 = strconv.ParseInt(f[3], 10, 64)
+	r.Created, e2 = strconv.ParseInt(f[5], 10, 64)
+	r.Expires, e3 = strconv.ParseInt(f[6], 10, 64)
+	if err := errors.Join(e1, e2, e3); err != nil {
+		return Record{}, fmt.Errorf("order record %q: %w", v, err)
+	}
+	return r, nil
+}
+
+// ParseResv parses a value of the resv hash.
+func ParseResv(v string) (Record, error) { return ParseOrder("pending||" + v) }
+
+// Order reads one order's record; ok is false when Redis has none.
+func Order(ctx context.Context, c rueidis.Client, k *Keys, id uint64) (Record, bool, error) {
+	v, err := c.Do(ctx, c.B().Hget().Key(k.Orders).Field(strconv.FormatUint(id, 10)).Build()).ToString()
+	if rueidis.IsRedisNil(err) {
+		return Record{}, false, nil
+	}
+	if err != nil {
+		return Record{}, false, err
+	}
+	r, err := ParseOrder(v)
+	return r, err == nil, err
+}
+
+// Reservations reads every open reservation of the sale (admitted, not settled).
+func Reservations(ctx context.Context, c rueidis.Client, k *Keys) (map[uint64]Record, error) {
+	m, err := c.Do(ctx, c.B().Hgetall().Key(k.Resv).Build()).AsStrMap()
+	if err != nil {
+		return nil, fmt.Errorf("reservations %s: %w", k.Sale, err)
+	}
+	out := make(map[uint64]Record, len(m))
+	for id, v := range m {
+		n, err := strconv.ParseUint(id, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("reservations %s: id %q", k.Sale, id)
+		}
+		if out[n], err = ParseResv(v); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

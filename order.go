@@ -1,0 +1,46 @@
+package flashgate
+
+import "time"
+
+// OrderStatus is an order's place in its life cycle (DESIGN.md §3).
+type OrderStatus string
+
+const (
+	// OrderPending: admitted by Redis, not yet written to MySQL.
+	OrderPending OrderStatus = "pending"
+	// OrderConfirmed: written to MySQL under the row guard; awaits payment.
+	OrderConfirmed OrderStatus = "confirmed"
+	OrderPaid      OrderStatus = "paid"
+	OrderCanceled  OrderStatus = "canceled"
+	// OrderFailed: MySQL refused it (its reason says why); its units went back.
+	OrderFailed OrderStatus = "failed"
+)
+
+// Live reports whether the order holds units: it counts against stock and
+// the buyer's limit.
+func (s OrderStatus) Live() bool {
+	return s == OrderPending || s == OrderConfirmed || s == OrderPaid
+}
+
+// Order is one admitted purchase.
+type Order struct {
+	ID        uint64      `json:"-"`
+	SaleID    string      `json:"sale_id"`
+	UserID    string      `json:"user_id"`
+	Quantity  int64       `json:"quantity"`
+	Region    string      `json:"region"`
+	Status    OrderStatus `json:"status"`
+	Reason    string      `json:"reason"`
+	IdemKey   string      `json:"-"`
+	CreatedAt time.Time   `json:"created_at"`
+	ExpiresAt time.Time   `json:"expires_at"`
+}
+
+// Reasons an order ends failed or canceled; also the words MySQL stores.
+const (
+	ReasonSoldOut       = "sold_out"
+	ReasonLimitReached  = "limit_reached"
+	ReasonSaleClosed    = "sale_closed"
+	ReasonPublishFailed = "publish_failed"
+	ReasonUnknownSale   = "unknown_sale"
+)

@@ -1,0 +1,123 @@
+package orderid
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// KeyPrefix names the lease keys: fg:node:<n>.
+const KeyPrefix = "fg:node:"
+
+// ErrNoNode means every node id is leased by someone else.
+var ErrNoNode = errors.New("orderid: no free node id")
+
+// renew extends a lease only while we still own it.
+var renew = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0`)
+
+// unlock deletes a lease only while we still own it.
+var unlock = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+// Lease is a node id held in Redis with SET NX and a TTL, renewed at a third
+// of the TTL. If a renewal finds the key gone or taken, the lease is lost:
+// Lost is closed and the holder must stop making ids with this node (two
+// gateways with one node id could make the same id).
+type Lease struct {
+	*Generator
+	client rueidis.Client
+	key    string
+	token  string
+	ttl    time.Duration
+	lost   chan struct{}
+	stop   context.CancelFunc
+	done   chan struct{}
+}
+
+// Acquire leases the first free node id and keeps renewing it until Close.
+func Acquire(ctx context.Context, c rueidis.Client, ttl time.Duration) (*Lease, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	token := hex.EncodeToString(b[:])
+	// Start at a random node so that gateways starting together rarely collide.
+	start := int(b[0])<<8 | int(b[1])
+	for i := 0; i <= MaxNode; i++ {
+		n := (start + i) & MaxNode
+		key := KeyPrefix + strconv.Itoa(n)
+		err := c.Do(ctx, c.B().Set().Key(key).Value(token).Nx().PxMilliseconds(ttl.Milliseconds()).Build()).Error()
+		if rueidis.IsRedisNil(err) {
+			continue // taken
+		}
+		if err != nil {
+			return nil, fmt.Errorf("orderid: lease node %d: %w", n, err)
+		}
+		rctx, cancel := context.WithCancel(context.Background())
+		l := &Lease{Generator: New(n), client: c, key: key, token: token, ttl: ttl,
+			lost: make(chan struct{}), stop: cancel, done: make(chan struct{})}
+		// An id made before a restart of this node with a clock that stepped back
+		// could repeat; starting the sequence clock at "now" and holding the lease
+		// for a TTL after the last holder keeps that window closed in practice.
+		go l.keep(rctx)
+		return l, nil
+	}
+	return nil, ErrNoNode
+}
+
+func (l *Lease) keep(ctx context.Context) {
+	defer close(l.done)
+	t := time.NewTicker(l.ttl / 3)
+	defer t.Stop()
+	deadline := time.Now().Add(l.ttl)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, l.ttl/3)
+		n, err := renew.Exec(rctx, l.client, []string{l.key}, []string{l.token, strconv.FormatInt(l.ttl.Milliseconds(), 10)}).AsInt64()
+		cancel()
+		switch {
+		case err == nil && n == 1:
+			deadline = time.Now().Add(l.ttl)
+		case err == nil:
+			slog.Error("order id lease taken by another node", "key", l.key)
+			close(l.lost)
+			return
+		case time.Now().After(deadline):
+			slog.Error("order id lease expired: Redis unreachable", "key", l.key, "err", err)
+			close(l.lost)
+			return
+		default:
+			slog.Warn("order id lease renewal failed; retrying", "key", l.key, "err", err)
+		}
+	}
+}
+
+// Lost is closed when the lease is lost.
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Valid reports whether the lease is still held.
+func (l *Lease) Valid() bool {
+	select {
+	case <-l.lost:
+		return false
+	default:
+		return true
+	}
+}
+
+// Close stops renewing and frees the node id.
+func (l *Lease) Close(ctx context.Context) error {
+	l.stop()
+	<-l.done
+	return unlock.Exec(ctx, l.client, []string{l.key}, []string{l.token}).Error()
+}
