@@ -1,0 +1,84 @@
+# flashgate — see DESIGN.md §10 for the local stack. `make help` lists the targets.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+# Go lives in /usr/local/go on our machines, which is not on every PATH (CI, sudo, cron).
+export PATH := $(PATH):/usr/local/go/bin
+GO ?= go
+# Secrets of the LOCAL stack only (loopback). Set your own in the environment:
+# `FLASHGATE_JWT_SECRET=… FLASHGATE_ADMIN_TOKEN=… make up`; the CLI reads the same variables.
+export FLASHGATE_JWT_SECRET ?= flashgate-local-dev-jwt-secret
+export FLASHGATE_ADMIN_TOKEN ?= flashgate-local-dev-admin-token
+GOFMT ?= gofmt
+BIN := bin/flashgate
+STACK := scripts/stack.sh
+
+.PHONY: help deps build up infra-up down status reset test demo bench lint fmt clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+deps: ## install missing Debian packages (redis, mariadb, nats, nginx, wrk, ...) and Go modules
+	@GO=$(GO) $(STACK) deps
+
+build: deps ## build bin/flashgate
+	$(GO) build -o $(BIN) ./cmd/flashgate
+
+up: deps build ## start the whole local stack: infra, backend, gateway, nginx on :8000
+	@$(STACK) up
+
+infra-up: deps ## start Redis (16379), Redis Cluster (17001-17003), NATS (14222), MariaDB (13306)
+	@$(STACK) infra-up
+
+down: ## stop everything the stack started (never the machine's own services)
+	@$(STACK) down
+
+status: ## one line per part of the stack: up/down
+	@$(STACK) status
+
+reset: ## stop the stack and delete its data (var/)
+	@$(STACK) reset
+
+# The infra is stopped afterwards whatever happened (quietly, into var/log/test-down.log, so that
+# go test's summary stays the last thing printed); the exit code is the tests' (or infra-up's).
+# This stops a stack started by `make up` too; KEEP_STACK=1 leaves everything running.
+test: deps ## start the infra, run go test -race, stop the infra
+	@rc=0; \
+	if $(STACK) infra-up; then \
+		$(GO) test -race -count=1 ./... || rc=$$?; \
+	else \
+		rc=$$?; echo "make test: infra-up failed" >&2; \
+	fi; \
+	if [[ -z "$${KEEP_STACK:-}" ]]; then \
+		mkdir -p var/log; \
+		$(STACK) down > var/log/test-down.log 2>&1 || { echo "make test: stack down failed:" >&2; cat var/log/test-down.log >&2; }; \
+	fi; \
+	exit $$rc
+
+# The last line make demo prints is the last line of `bin/flashgate demo` (its stdout, also kept
+# in var/log/demo.out); the stack is stopped afterwards, its output in var/log/down.log.
+demo: deps build ## start the stack, create a sale and run the load against it, stop the stack
+	@mkdir -p var/log; rc=0; : > var/log/demo.out; \
+	if $(STACK) up; then \
+		$(BIN) demo | tee var/log/demo.out || rc=$$?; \
+	else \
+		rc=$$?; echo "make demo: stack up failed" | tee var/log/demo.out >&2; \
+	fi; \
+	$(STACK) down > var/log/down.log 2>&1 || echo "make demo: stack down failed, see var/log/down.log" >&2; \
+	tail -n1 var/log/demo.out; \
+	exit $$rc
+
+bench: deps ## run the Go benchmarks
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+lint: ## go vet and a gofmt check
+	$(GO) vet ./...
+	@files="$$(find . -name '*.go' -not -path './var/*' -not -path './bin/*' -print0 | xargs -0r $(GOFMT) -l)"; \
+	if [[ -n "$$files" ]]; then echo "gofmt needed on:"; echo "$$files"; exit 1; fi
+
+fmt: ## gofmt -w the sources
+	@find . -name '*.go' -not -path './var/*' -not -path './bin/*' -print0 | xargs -0r $(GOFMT) -w
+
+clean: ## remove bin/
+	rm -rf bin/

@@ -1,0 +1,148 @@
+package gateway
+
+import "errors"
+
+// purchaseBody is the request body of POST /v1/sales/{sale}/orders:
+// {"quantity":1,"region":"bj"}, both optional.
+type purchaseBody struct {
+	Quantity int64
+	Region   []byte // aliases the request body
+}
+
+// Parse errors; their texts are the messages clients see.
+var (
+	errBodyJSON     = errors.New("body must be a JSON object like {\"quantity\":1,\"region\":\"bj\"}")
+	errBodyField    = errors.New("unknown field: only \"quantity\" and \"region\" are allowed")
+	errBodyDup      = errors.New("duplicate field")
+	errBodyQuantity = errors.New("quantity must be a whole number")
+	errBodyRegion   = errors.New("region must be a string")
+	errBodyTooBig   = errors.New("quantity is out of range")
+)
+
+// maxQuantityDigits keeps the parse far from int64 overflow; any quantity that
+// long is refused later as out of range anyway.
+const maxQuantityDigits = 15
+
+// parsePurchase parses b strictly (unknown, duplicate or mistyped fields are
+// errors) without allocating. An empty body means the defaults.
+func parsePurchase(b []byte) (purchaseBody, error) {
+	p := purchaseBody{Quantity: 1}
+	i := skipWS(b, 0)
+	if i == len(b) {
+		return p, nil
+	}
+	if b[i] != '{' {
+		return p, errBodyJSON
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return p, trailing(b, i+1)
+	}
+	var seenQ, seenR bool
+	for {
+		key, j, ok := str(b, i)
+		if !ok {
+			return p, errBodyJSON
+		}
+		i = skipWS(b, j)
+		if i == len(b) || b[i] != ':' {
+			return p, errBodyJSON
+		}
+		i = skipWS(b, i+1)
+		switch string(key) {
+		case "quantity":
+			if seenQ {
+				return p, errBodyDup
+			}
+			seenQ = true
+			n, j, err := integer(b, i)
+			if err != nil {
+				return p, err
+			}
+			p.Quantity, i = n, j
+		case "region":
+			if seenR {
+				return p, errBodyDup
+			}
+			seenR = true
+			v, j, ok := str(b, i)
+			if !ok {
+				return p, errBodyRegion
+			}
+			p.Region, i = v, j
+		default:
+			return p, errBodyField
+		}
+		i = skipWS(b, i)
+		if i == len(b) {
+			return p, errBodyJSON
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return p, trailing(b, i+1)
+		default:
+			return p, errBodyJSON
+		}
+	}
+}
+
+func trailing(b []byte, i int) error {
+	if skipWS(b, i) != len(b) {
+		return errBodyJSON
+	}
+	return nil
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// str reads a JSON string with no escapes and no control characters (no valid
+// key or region needs them; anything else is refused rather than decoded).
+func str(b []byte, i int) ([]byte, int, bool) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, i, false
+	}
+	for j := i + 1; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			return b[i+1 : j], j + 1, true
+		case c == '\\' || c < 0x20:
+			return nil, j, false
+		}
+	}
+	return nil, len(b), false
+}
+
+// integer reads a JSON number that must be a whole number (1, -1, 1e3 is not).
+func integer(b []byte, i int) (int64, int, error) {
+	j := i
+	neg := j < len(b) && b[j] == '-'
+	if neg {
+		j++
+	}
+	start := j
+	var n int64
+	for j < len(b) && b[j] >= '0' && b[j] <= '9' {
+		if j-start >= maxQuantityDigits {
+			return 0, j, errBodyTooBig
+		}
+		n = n*10 + int64(b[j]-'0')
+		j++
+	}
+	if j == start || (b[start] == '0' && j-start > 1) {
+		return 0, j, errBodyQuantity
+	}
+	if j < len(b) && (b[j] == '.' || b[j] == 'e' || b[j] == 'E') {
+		return 0, j, errBodyQuantity
+	}
+	if neg {
+		n = -n
+	}
+	return n, j, nil
+}

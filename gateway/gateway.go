@@ -1,0 +1,309 @@
+// Package gateway is flashgate's edge: a fasthttp server that turns a flood of
+// purchase requests into admitted orders (DESIGN.md §1, steps 1-6). It validates
+// without I/O, admits with one Lua call on the sale's Redis shard, publishes the
+// admitted order to JetStream and answers 202 only once JetStream has it.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/rueidis"
+	"github.com/valyala/fasthttp"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/orderid"
+)
+
+// Gateway is one running gateway process.
+type Gateway struct {
+	cfg     config.Config
+	rc      rueidis.Client
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	scripts *lua.Scripts
+	auth    *auth.Verifier
+	lease   atomic.Pointer[orderid.Lease]
+	sales   *sales
+	events  *nats.Subscription
+
+	srv     *fasthttp.Server
+	admin   *http.Server
+	ln      net.Listener
+	adminLn net.Listener
+
+	stop     context.CancelFunc
+	bg       sync.WaitGroup
+	shutdown sync.Once
+	err      error
+	now      func() time.Time
+}
+
+// Start connects to Redis and NATS, leases an order-id node, loads the sales,
+// and serves the public and admin ports. It returns once it serves.
+func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
+	g := &Gateway{cfg: cfg, scripts: lua.Load(), sales: newSales(), now: time.Now}
+	defer func() {
+		if err != nil {
+			g.closeClients(context.Background())
+		}
+	}()
+	if g.auth, err = auth.NewVerifier(cfg.Auth); err != nil {
+		return nil, err
+	}
+	g.rc, err = rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:      cfg.Redis.Addrs,
+		DisableCache:     true,
+		ConnWriteTimeout: cfg.Gateway.AdmitTimeout,
+		Dialer:           net.Dialer{Timeout: time.Second},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: redis %v: %w", cfg.Redis.Addrs, err)
+	}
+	if g.nc, err = bus.Connect(cfg.NATS, "flashgate-gateway"); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if g.js, err = jetstream.New(g.nc); err != nil {
+		return nil, fmt.Errorf("gateway: jetstream: %w", err)
+	}
+	if _, err = bus.EnsureStream(ctx, g.js, cfg.NATS); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	lease, err := orderid.Acquire(ctx, g.rc, cfg.Gateway.NodeLeaseTTL)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	g.lease.Store(lease)
+	// Subscribe before loading, so no change falls between the two.
+	if g.events, err = bus.SubscribeEvents(g.nc, cfg.NATS, g.onEvent); err != nil {
+		return nil, fmt.Errorf("gateway: events: %w", err)
+	}
+	if err = g.sales.load(ctx, g.rc); err != nil {
+		return nil, fmt.Errorf("gateway: load sales: %w", err)
+	}
+
+	g.srv = &fasthttp.Server{
+		Handler:               g.handle,
+		ErrorHandler:          g.handleError,
+		Name:                  "flashgate",
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+		ReadTimeout:           cfg.Gateway.ReadTimeout,
+		WriteTimeout:          cfg.Gateway.WriteTimeout,
+		IdleTimeout:           cfg.Gateway.IdleTimeout,
+		MaxRequestBodySize:    cfg.Gateway.MaxBodyBytes,
+		Concurrency:           cfg.Gateway.Concurrency,
+		CloseOnShutdown:       true,
+	}
+	if g.ln, err = net.Listen("tcp", cfg.Gateway.Listen); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if g.adminLn, err = net.Listen("tcp", cfg.Gateway.AdminListen); err != nil {
+		g.ln.Close()
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	g.admin = &http.Server{Handler: g.adminMux(), ReadHeaderTimeout: 5 * time.Second}
+
+	bgctx, stop := context.WithCancel(context.Background())
+	g.stop = stop
+	g.goBG(func() {
+		if err := g.srv.Serve(g.ln); err != nil {
+			slog.Error("gateway: serve", "err", err)
+		}
+	})
+	g.goBG(func() {
+		if err := g.admin.Serve(g.adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			slog.Error("gateway: admin serve", "err", err)
+		}
+	})
+	g.goBG(func() { g.refreshLoop(bgctx) })
+	g.goBG(func() { g.leaseLoop(bgctx) })
+	slog.Info("gateway serving", "addr", g.Addr(), "admin", g.AdminAddr(), "node", lease.Node(), "sales", len(g.sales.list()))
+	return g, nil
+}
+
+func (g *Gateway) goBG(f func()) {
+	g.bg.Add(1)
+	go func() { defer g.bg.Done(); f() }()
+}
+
+// Addr is the public listener's address.
+func (g *Gateway) Addr() string { return g.ln.Addr().String() }
+
+// AdminAddr is the admin listener's address.
+func (g *Gateway) AdminAddr() string { return g.adminLn.Addr().String() }
+
+// Run serves until ctx ends, then shuts down gracefully.
+func Run(ctx context.Context, cfg config.Config) error {
+	g, err := Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Gateway.ShutdownTimeout)
+	defer cancel()
+	return g.Shutdown(sctx)
+}
+
+// Shutdown stops accepting, lets in-flight requests finish (each has its own
+// Redis and publish timeouts), then closes the clients. Idempotent.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	g.shutdown.Do(func() {
+		slog.Info("gateway shutting down: draining in-flight requests")
+		err := g.srv.ShutdownWithContext(ctx)
+		err = errors.Join(err, g.admin.Shutdown(ctx))
+		g.stop()
+		g.bg.Wait()
+		g.closeClients(ctx)
+		g.err = err
+	})
+	return g.err
+}
+
+func (g *Gateway) closeClients(ctx context.Context) {
+	if g.events != nil {
+		_ = g.events.Unsubscribe()
+	}
+	if l := g.lease.Load(); l != nil {
+		_ = l.Close(ctx)
+	}
+	if g.nc != nil {
+		_ = g.nc.Drain()
+	}
+	if g.rc != nil {
+		g.rc.Close()
+	}
+}
+
+// refreshLoop keeps the sale cache warm: stock figures often, the full list
+// less often (events carry changes at once; this heals a lost event).
+func (g *Gateway) refreshLoop(ctx context.Context) {
+	stock := time.NewTicker(500 * time.Millisecond)
+	full := time.NewTicker(g.cfg.Gateway.SaleRefresh)
+	defer stock.Stop()
+	defer full.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-full.C:
+			c, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if err := g.sales.load(c, g.rc); err != nil {
+				slog.Warn("gateway: reload sales", "err", err)
+			}
+			cancel()
+		case now := <-stock.C:
+			c, cancel := context.WithTimeout(ctx, time.Second)
+			g.sales.refreshStock(c, g.rc, now)
+			cancel()
+		}
+	}
+}
+
+// leaseLoop takes a new order-id node when the lease is lost. Until then
+// purchases answer 503: two gateways on one node could make the same id.
+func (g *Gateway) leaseLoop(ctx context.Context) {
+	for {
+		l := g.lease.Load()
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.Lost():
+		}
+		for {
+			c, cancel := context.WithTimeout(ctx, 2*time.Second)
+			nl, err := orderid.Acquire(c, g.rc, g.cfg.Gateway.NodeLeaseTTL)
+			cancel()
+			if err == nil {
+				_ = l.Close(ctx)
+				g.lease.Store(nl)
+				slog.Info("gateway: new order-id node", "node", nl.Node())
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+func (g *Gateway) onEvent(ev bus.SaleEvent) {
+	switch ev.Type {
+	case bus.EventCreated:
+		if ev.Sale != nil && ev.Sale.ID == ev.SaleID {
+			g.sales.put(ev.Sale)
+		}
+	case bus.EventClosed:
+		if s := g.sales.get([]byte(ev.SaleID)); s != nil {
+			s.closed.Store(true)
+			s.render(g.now())
+		}
+	}
+}
+
+// askWarm tells the backends that a sale is not warmed in Redis, at most once
+// a second per sale per gateway.
+func (g *Gateway) askWarm(s *sale) {
+	now := g.now().UnixMilli()
+	last := s.warmAsked.Load()
+	if now-last < 1000 || !s.warmAsked.CompareAndSwap(last, now) {
+		return
+	}
+	if err := bus.PublishEvent(g.nc, g.cfg.NATS, bus.SaleEvent{Type: bus.EventWarm, SaleID: s.spec.ID}); err != nil {
+		slog.Warn("gateway: ask warm", "sale", s.spec.ID, "err", err)
+	}
+}
+
+func (g *Gateway) adminMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		var errs []error
+		if err := g.rc.Do(ctx, g.rc.B().Ping().Build()).Error(); err != nil {
+			errs = append(errs, fmt.Errorf("redis: %w", err))
+		}
+		if !g.nc.IsConnected() {
+			errs = append(errs, errors.New("nats: not connected"))
+		}
+		if !g.lease.Load().Valid() {
+			errs = append(errs, errors.New("order-id node lease lost"))
+		}
+		if err := errors.Join(errs...); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+// handleError answers what fasthttp refuses before the handler runs.
+func (g *Gateway) handleError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		fail(ctx, fasthttp.StatusRequestEntityTooLarge, flashgate.CodeBodyTooLarge,
+			fmt.Sprintf("body over %d bytes", g.cfg.Gateway.MaxBodyBytes))
+		ctx.SetConnectionClose()
+		return
+	}
+	fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "malformed HTTP request")
+	ctx.SetConnectionClose()
+}

@@ -1,0 +1,332 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/valyala/fasthttp"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/lua"
+)
+
+var (
+	prefixSales    = []byte("/v1/sales/")
+	segOrders      = []byte("orders")
+	bearer         = []byte("Bearer ")
+	hdrIdem        = []byte("Idempotency-Key")
+	hdrAuth        = []byte("Authorization")
+	subPay, subCnc = []byte("pay"), []byte("cancel")
+)
+
+// handle routes /v1/sales/{sale}[/orders[/{order}[/pay|/cancel]]] without
+// allocating.
+func (g *Gateway) handle(ctx *fasthttp.RequestCtx) {
+	path := ctx.Path()
+	if !bytes.HasPrefix(path, prefixSales) {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
+		return
+	}
+	saleID, rest, _ := bytes.Cut(path[len(prefixSales):], []byte{'/'})
+	s := g.sales.get(saleID)
+	seg, rest, _ := bytes.Cut(rest, []byte{'/'})
+	switch {
+	case len(seg) == 0 && len(rest) == 0:
+		if !ctx.IsGet() {
+			g.methodNotAllowed(ctx)
+			return
+		}
+		g.getSale(ctx, s)
+	case bytes.Equal(seg, segOrders) && len(rest) == 0:
+		if !ctx.IsPost() {
+			g.methodNotAllowed(ctx)
+			return
+		}
+		g.purchase(ctx, s)
+	case bytes.Equal(seg, segOrders):
+		orderID, action, _ := bytes.Cut(rest, []byte{'/'})
+		switch {
+		case len(action) == 0 && ctx.IsGet():
+			g.getOrder(ctx, s, orderID)
+		case (bytes.Equal(action, subPay) || bytes.Equal(action, subCnc)) && ctx.IsPost():
+			fail(ctx, fasthttp.StatusNotImplemented, flashgate.CodeUnavailable, "payment and cancel are not served yet")
+		default:
+			g.methodNotAllowed(ctx)
+		}
+	default:
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
+	}
+}
+
+func (g *Gateway) methodNotAllowed(ctx *fasthttp.RequestCtx) {
+	fail(ctx, fasthttp.StatusMethodNotAllowed, flashgate.CodeInvalidRequest, "method not allowed")
+}
+
+func (g *Gateway) getSale(ctx *fasthttp.RequestCtx, s *sale) {
+	if s == nil {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeSaleNotFound, "no such sale")
+		return
+	}
+	ctx.SetContentTypeBytes(ctJSON)
+	ctx.SetBody(*s.info.Load())
+}
+
+// user verifies the bearer token; on failure it has answered 401.
+func (g *Gateway) user(ctx *fasthttp.RequestCtx) (*auth.Claims, bool) {
+	h := ctx.Request.Header.PeekBytes(hdrAuth)
+	if len(h) <= len(bearer) || !bytes.EqualFold(h[:len(bearer)], bearer) {
+		fail(ctx, fasthttp.StatusUnauthorized, flashgate.CodeUnauthorized, "missing bearer token")
+		return nil, false
+	}
+	c, err := g.auth.Verify(string(h[len(bearer):]))
+	if err != nil {
+		fail(ctx, fasthttp.StatusUnauthorized, flashgate.CodeUnauthorized, "invalid token")
+		return nil, false
+	}
+	return c, true
+}
+
+// purchase is POST /v1/sales/{sale}/orders: DESIGN.md §1 steps 1 and 4-6.
+func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
+	claims, ok := g.user(ctx)
+	if !ok {
+		return
+	}
+	if s == nil {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeSaleNotFound, "no such sale")
+		return
+	}
+	body, err := parsePurchase(ctx.PostBody())
+	if err != nil {
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
+		return
+	}
+	if body.Quantity < 1 || body.Quantity > s.spec.PerOrderMax {
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest,
+			"quantity must be between 1 and "+strconv.FormatInt(s.spec.PerOrderMax, 10))
+		return
+	}
+	region := ""
+	if len(s.spec.Regions) > 0 {
+		if len(body.Region) == 0 {
+			fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "region is required for this sale")
+			return
+		}
+		if region = s.regionName(body.Region); region == "" {
+			fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "unknown region")
+			return
+		}
+	} else if len(body.Region) > 0 {
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "unknown region: this sale has no regions")
+		return
+	}
+	var idem string
+	if k := ctx.Request.Header.PeekBytes(hdrIdem); k != nil {
+		if !flashgate.ValidIDBytes(k) {
+			fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest,
+				"Idempotency-Key must be 1-64 characters of [A-Za-z0-9_-]")
+			return
+		}
+		idem = string(k)
+	}
+	now := g.now()
+	nowMS := now.UnixMilli()
+	switch {
+	case s.closed.Load() || nowMS >= s.endsMS:
+		fail(ctx, fasthttp.StatusGone, flashgate.CodeEnded, "the sale has ended")
+		return
+	case nowMS < s.startsMS && idem == "":
+		// With a key, Redis answers: a replay of an earlier order stays a replay.
+		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
+		return
+	}
+	lease := g.lease.Load()
+	if !lease.Valid() {
+		unavailable(ctx, "order ids unavailable")
+		return
+	}
+	id := lease.Next()
+	actx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+	adm, err := g.scripts.Admit(actx, g.rc, s.keys, lua.AdmitArgs{
+		User: claims.Subject, Quantity: body.Quantity, OrderID: id, Now: now,
+		IdemKey: idem, Region: region, PayBy: now.Add(g.cfg.Orders.PaymentTimeout),
+	})
+	cancel()
+	if err != nil {
+		slog.Warn("admit failed", "sale", s.spec.ID, "err", err)
+		unavailable(ctx, "stock service unavailable")
+		return
+	}
+	switch adm.Outcome {
+	case lua.Admitted:
+		g.publish(ctx, s, &bus.OrderMsg{
+			ID: id, Sale: s.spec.ID, User: claims.Subject, Qty: body.Quantity, Region: region,
+			Created: nowMS, Expires: now.Add(g.cfg.Orders.PaymentTimeout).UnixMilli(), Idem: idem,
+		})
+	case lua.Replayed:
+		g.replay(ctx, s, adm.OrderID)
+	case lua.NotWarmed:
+		g.askWarm(s)
+		unavailable(ctx, "sale is warming up")
+	case lua.NotStarted:
+		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(adm.Wait.Milliseconds()))
+	case lua.Ended:
+		fail(ctx, fasthttp.StatusGone, flashgate.CodeEnded, "the sale has ended")
+	case lua.BadQuantity:
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "quantity out of range")
+	case lua.LimitReached:
+		fail(ctx, fasthttp.StatusForbidden, flashgate.CodeLimitReached, "per-user limit reached")
+	case lua.SoldOut:
+		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+	}
+}
+
+// regionName returns the sale's own copy of a region name, without
+// allocating, or "" for a region the sale does not have.
+func (s *sale) regionName(b []byte) string {
+	for r := range s.spec.Regions {
+		if r == string(b) {
+			return r
+		}
+	}
+	return ""
+}
+
+// statusTooEarly is 425, which DESIGN.md §3 gives to not_started.
+const statusTooEarly = 425
+
+func ceilSeconds(ms int64) int64 { return (ms + 999) / 1000 }
+
+// publish sends an admitted order to JetStream and answers 202 once it is
+// stored. When the publish fails the reservation is released and the answer is
+// 503 — unless the backend has claimed the order meanwhile, which proves the
+// message did get through (its ack was what got lost): then it is a 202.
+func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
+	err := g.send(s, m)
+	if err == nil {
+		accepted(ctx, m.ID, flashgate.OrderPending)
+		return
+	}
+	slog.Warn("publish failed; releasing", "sale", s.spec.ID, "order", m.ID, "err", err)
+	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+	rel, rerr := g.scripts.Release(rctx, g.rc, s.keys, m.ID, m.Region, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+	cancel()
+	switch {
+	case rerr != nil:
+		// The reservation stays; reconcile republishes or releases it later.
+		slog.Error("release after failed publish", "sale", s.spec.ID, "order", m.ID, "err", rerr)
+		unavailable(ctx, "order queue unavailable")
+	case rel.Claimed || (rel.Status != "" && rel.Status != "released"):
+		accepted(ctx, m.ID, flashgate.OrderPending)
+	default:
+		unavailable(ctx, "order queue unavailable")
+	}
+}
+
+func (g *Gateway) send(s *sale, m *bus.OrderMsg) error {
+	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
+	defer cancel()
+	msg := nats.NewMsg(g.cfg.NATS.OrderSubject + "." + s.spec.ID)
+	msg.Data = m.Append(make([]byte, 0, 192))
+	_, err := g.js.PublishMsg(pctx, msg, jetstream.WithMsgID(strconv.FormatUint(m.ID, 10)))
+	return err
+}
+
+// replay answers a repeated Idempotency-Key. A 202 must mean JetStream holds
+// the order, so a replay of an order still pending republishes it (the same
+// Nats-Msg-Id makes that a no-op when the first publish got through) and then
+// claims it, which stops a failing first request from releasing it.
+func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
+	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+	defer cancel()
+	rec, ok, err := lua.Order(rctx, g.rc, s.keys, id)
+	if err != nil || !ok {
+		unavailable(ctx, "order state unavailable")
+		return
+	}
+	switch rec.Status {
+	case "released":
+		unavailable(ctx, "order queue unavailable")
+		return
+	case "pending":
+		if err := g.send(s, &bus.OrderMsg{ID: id, Sale: s.spec.ID, User: rec.User, Qty: rec.Qty, Region: rec.Region,
+			Created: rec.Created, Expires: rec.Expires, Idem: rec.Idem}); err != nil {
+			unavailable(ctx, "order queue unavailable")
+			return
+		}
+		st, err := g.scripts.Claim(rctx, g.rc, s.keys, []uint64{id})
+		if err != nil || st[0] == lua.ClaimReleased {
+			unavailable(ctx, "order queue unavailable")
+			return
+		}
+	}
+	accepted(ctx, id, publicStatus(rec.Status))
+}
+
+func publicStatus(st string) flashgate.OrderStatus {
+	switch st {
+	case "pending", "processing":
+		return flashgate.OrderPending
+	}
+	return flashgate.OrderStatus(st)
+}
+
+type orderView struct {
+	OrderID   string    `json:"order_id"`
+	SaleID    string    `json:"sale_id"`
+	UserID    string    `json:"user_id"`
+	Quantity  int64     `json:"quantity"`
+	Region    string    `json:"region"`
+	Status    string    `json:"status"`
+	Reason    string    `json:"reason"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// getOrder is GET /v1/sales/{sale}/orders/{order}: owner only; anyone else,
+// like a missing order, gets 404.
+func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
+	claims, ok := g.user(ctx)
+	if !ok {
+		return
+	}
+	if s == nil {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeSaleNotFound, "no such sale")
+		return
+	}
+	id, err := strconv.ParseUint(string(rawID), 10, 64)
+	if err != nil {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+	rec, ok, err := lua.Order(rctx, g.rc, s.keys, id)
+	cancel()
+	if err != nil {
+		unavailable(ctx, "order state unavailable")
+		return
+	}
+	if !ok || rec.User != claims.Subject || rec.Status == "released" {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
+		return
+	}
+	b, err := json.Marshal(orderView{
+		OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: rec.User, Quantity: rec.Qty,
+		Region: rec.Region, Status: string(publicStatus(rec.Status)), Reason: rec.Reason,
+		CreatedAt: time.UnixMilli(rec.Created).UTC(), ExpiresAt: time.UnixMilli(rec.Expires).UTC(),
+	})
+	if err != nil {
+		fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
+		return
+	}
+	ctx.SetContentTypeBytes(ctJSON)
+	ctx.SetBody(b)
+}

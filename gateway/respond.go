@@ -1,0 +1,75 @@
+package gateway
+
+import (
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/flashgate/flashgate"
+)
+
+var (
+	ctJSON        = []byte("application/json")
+	hdrRetryAfter = []byte("Retry-After")
+	one           = []byte("1")
+)
+
+// fail writes a DESIGN.md §3 error body. Every message is ours (ASCII), but
+// it is escaped anyway so the body stays valid JSON whatever a caller passes.
+func fail(ctx *fasthttp.RequestCtx, status int, code flashgate.Code, msg string) {
+	ctx.SetStatusCode(status)
+	ctx.SetContentTypeBytes(ctJSON)
+	r := &ctx.Response
+	r.ResetBody()
+	r.AppendBodyString(`{"code":"`)
+	r.AppendBodyString(string(code))
+	r.AppendBodyString(`","message":`)
+	var buf [256]byte
+	r.AppendBody(appendJSONString(buf[:0], msg))
+	r.AppendBodyString("}")
+}
+
+// failRetry is fail with a Retry-After of secs seconds.
+func failRetry(ctx *fasthttp.RequestCtx, status int, code flashgate.Code, msg string, secs int64) {
+	fail(ctx, status, code, msg)
+	if secs <= 1 {
+		ctx.Response.Header.SetBytesKV(hdrRetryAfter, one)
+		return
+	}
+	var buf [20]byte
+	ctx.Response.Header.SetBytesKV(hdrRetryAfter, strconv.AppendInt(buf[:0], secs, 10))
+}
+
+func unavailable(ctx *fasthttp.RequestCtx, msg string) {
+	failRetry(ctx, fasthttp.StatusServiceUnavailable, flashgate.CodeUnavailable, msg, 1)
+}
+
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// accepted writes the 202 of a purchase.
+func accepted(ctx *fasthttp.RequestCtx, id uint64, status flashgate.OrderStatus) {
+	ctx.SetStatusCode(fasthttp.StatusAccepted)
+	ctx.SetContentTypeBytes(ctJSON)
+	r := &ctx.Response
+	r.ResetBody()
+	r.AppendBodyString(`{"code":"accepted","order_id":"`)
+	var buf [20]byte
+	r.AppendBody(strconv.AppendUint(buf[:0], id, 10))
+	r.AppendBodyString(`","status":"`)
+	r.AppendBodyString(string(status))
+	r.AppendBodyString(`"}`)
+}

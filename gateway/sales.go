@@ -1,0 +1,162 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"maps"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/lua"
+)
+
+// sale is the gateway's local view of one sale: the spec (for pre-validation
+// without I/O), its Redis keys built once, and an approximate stock figure.
+type sale struct {
+	spec     *flashgate.Sale
+	keys     *lua.Keys
+	startsMS int64
+	endsMS   int64
+	closed   atomic.Bool
+	// remaining is refreshed from Redis in the background; GET shows it.
+	remaining atomic.Int64
+	byRegion  atomic.Pointer[map[string]int64]
+	info      atomic.Pointer[[]byte] // the public JSON, rebuilt on refresh
+	warmAsked atomic.Int64           // unix ms of our last warm request
+}
+
+func newSale(spec *flashgate.Sale) *sale {
+	s := &sale{
+		spec:     spec,
+		keys:     lua.KeysFor(spec.ID, spec.RegionNames()),
+		startsMS: spec.StartsAt.UnixMilli(),
+		endsMS:   spec.EndsAt.UnixMilli(),
+	}
+	s.closed.Store(spec.Closed)
+	s.remaining.Store(spec.Total)
+	s.render(time.Now())
+	return s
+}
+
+// publicSale is the body of GET /v1/sales/{sale} (DESIGN.md §3).
+type publicSale struct {
+	ID           string           `json:"id"`
+	Title        string           `json:"title"`
+	PriceCents   int64            `json:"price_cents"`
+	StartsAt     time.Time        `json:"starts_at"`
+	EndsAt       time.Time        `json:"ends_at"`
+	PerUserLimit int64            `json:"per_user_limit"`
+	PerOrderMax  int64            `json:"per_order_max"`
+	Regions      map[string]int64 `json:"regions,omitempty"`
+	State        string           `json:"state"`
+	Remaining    int64            `json:"remaining"`
+	RemainingBy  map[string]int64 `json:"remaining_by_region,omitempty"`
+}
+
+func (s *sale) render(now time.Time) {
+	spec := *s.spec
+	spec.Closed = s.closed.Load()
+	rem := s.remaining.Load()
+	var by map[string]int64
+	if p := s.byRegion.Load(); p != nil {
+		by = *p
+	}
+	b, _ := json.Marshal(publicSale{
+		ID: spec.ID, Title: spec.Title, PriceCents: spec.PriceCents,
+		StartsAt: spec.StartsAt, EndsAt: spec.EndsAt,
+		PerUserLimit: spec.PerUserLimit, PerOrderMax: spec.PerOrderMax,
+		Regions: spec.Regions, State: string(spec.StateAt(now, rem)),
+		Remaining: rem, RemainingBy: by,
+	})
+	s.info.Store(&b)
+}
+
+// sales is a copy-on-write map: lookups on the hot path take no lock.
+type sales struct {
+	m  atomic.Pointer[map[string]*sale]
+	mu sync.Mutex // serialises writers
+}
+
+func newSales() *sales {
+	s := &sales{}
+	m := map[string]*sale{}
+	s.m.Store(&m)
+	return s
+}
+
+// get looks a sale up by the bytes of the path; string(id) in a map index
+// does not allocate.
+func (s *sales) get(id []byte) *sale { return (*s.m.Load())[string(id)] }
+
+func (s *sales) list() []*sale {
+	m := *s.m.Load()
+	out := make([]*sale, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+// put adds or updates a sale. An unchanged spec keeps its entry (and its live
+// state); a changed one replaces it.
+func (s *sales) put(spec *flashgate.Sale) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := *s.m.Load()
+	if cur, ok := old[spec.ID]; ok {
+		a, b := *cur.spec, *spec
+		a.Closed, b.Closed = false, false
+		if reflect.DeepEqual(a, b) {
+			if spec.Closed {
+				cur.closed.Store(true)
+			}
+			return
+		}
+	}
+	m := maps.Clone(old)
+	m[spec.ID] = newSale(spec)
+	s.m.Store(&m)
+}
+
+// load reads every sale Redis knows (the sales index and each meta hash).
+func (s *sales) load(ctx context.Context, rc rueidis.Client) error {
+	ids, err := rc.Do(ctx, rc.B().Smembers().Key(lua.SalesIndex).Build()).AsStrSlice()
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		spec, err := lua.LoadSale(ctx, rc, id)
+		if err != nil {
+			// Not warmed (Redis lost it): a purchase answers 503 and asks for a warm.
+			slog.Warn("sale in index but not loadable", "sale", id, "err", err)
+			continue
+		}
+		s.put(spec)
+	}
+	return nil
+}
+
+// refreshStock reads the approximate remaining units of every open sale.
+func (s *sales) refreshStock(ctx context.Context, rc rueidis.Client, now time.Time) {
+	for _, sl := range s.list() {
+		if !sl.closed.Load() && now.UnixMilli() < sl.endsMS {
+			if rem, err := lua.Remaining(ctx, rc, sl.keys); err == nil {
+				var total int64
+				for _, n := range rem {
+					total += n
+				}
+				sl.remaining.Store(total)
+				if len(sl.spec.Regions) > 0 {
+					sl.byRegion.Store(&rem)
+				}
+			}
+		}
+		sl.render(now)
+	}
+}
