@@ -42,5 +42,6 @@ const (
 	ReasonLimitReached  = "limit_reached"
 	ReasonSaleClosed    = "sale_closed"
 	ReasonPublishFailed = "publish_failed"
+	ReasonAdmitFailed   = "admit_failed"
 	ReasonUnknownSale   = "unknown_sale"
 )

@@ -65,9 +65,12 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 		return nil, err
 	}
 	g.rc, err = rueidis.NewClient(rueidis.ClientOption{
-		InitAddress:      cfg.Redis.Addrs,
-		DisableCache:     true,
-		ConnWriteTimeout: cfg.Gateway.AdmitTimeout,
+		InitAddress:  cfg.Redis.Addrs,
+		DisableCache: true,
+		// Only a dead-server detector: rueidis closes a pipelined connection
+		// whose replies take longer, failing everything on it. Each request has
+		// its own, shorter deadline (AdmitTimeout).
+		ConnWriteTimeout: 3 * time.Second,
 		Dialer:           net.Dialer{Timeout: time.Second},
 	})
 	if err != nil {

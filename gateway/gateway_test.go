@@ -25,14 +25,14 @@ import (
 )
 
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	cfg config.Config
 	g   *Gateway
 	rc  rueidis.Client
 	url string
 }
 
-func start(t *testing.T, mut ...func(*config.Config)) *env {
+func start(t testing.TB, mut ...func(*config.Config)) *env {
 	t.Helper()
 	cfg := testenv.Config(t)
 	for _, m := range mut {
@@ -338,7 +338,9 @@ func TestSoldOutAndWindow(t *testing.T) {
 		t.Fatalf("remaining %d, want 0", rem)
 	}
 
-	later := e.sale(func(s *flashgate.Sale) { s.StartsAt, s.EndsAt = time.Now().Add(90*time.Second), time.Now().Add(time.Hour) })
+	later := e.sale(func(s *flashgate.Sale) {
+		s.StartsAt, s.EndsAt = time.Now().Add(90*time.Second), time.Now().Add(time.Hour)
+	})
 	r := e.buy(later, e.token("u"), `{}`, nil)
 	if r.Status != 425 || r.Code != "not_started" || r.RetryAfter == "" {
 		t.Fatalf("before start: %d %s Retry-After %q", r.Status, r.Raw, r.RetryAfter)
@@ -346,7 +348,9 @@ func TestSoldOutAndWindow(t *testing.T) {
 	if secs, _ := strconv.Atoi(r.RetryAfter); secs < 85 || secs > 91 {
 		t.Fatalf("Retry-After %q, want about 90", r.RetryAfter)
 	}
-	ended := e.sale(func(s *flashgate.Sale) { s.StartsAt, s.EndsAt = time.Now().Add(-time.Hour), time.Now().Add(-time.Second) })
+	ended := e.sale(func(s *flashgate.Sale) {
+		s.StartsAt, s.EndsAt = time.Now().Add(-time.Hour), time.Now().Add(-time.Second)
+	})
 	if r := e.buy(ended, e.token("u"), `{}`, nil); r.Status != 410 || r.Code != "ended" {
 		t.Fatalf("after end: %d %s", r.Status, r.Raw)
 	}
@@ -486,5 +490,38 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	// Every 202 is a reservation, and every reservation got its 202.
 	if s.Total-rem != ok || int64(resv) != ok {
 		t.Fatalf("%d accepted, but stock moved by %d with %d reservations", ok, s.Total-rem, resv)
+	}
+}
+
+// TestTimedOutAdmissionReservesNothing stalls Redis (DEBUG SLEEP) so that the
+// gateway gives up on an admission Redis runs later: the 503 must leave no
+// reservation behind.
+func TestTimedOutAdmissionReservesNothing(t *testing.T) {
+	e := start(t, func(c *config.Config) { c.Gateway.AdmitTimeout = 100 * time.Millisecond })
+	s := e.sale(nil)
+	other := testenv.Redis(t, e.cfg.Redis.Addrs)
+	stalled := make(chan error, 1)
+	go func() {
+		stalled <- other.Do(context.Background(), other.B().Arbitrary("DEBUG", "SLEEP").Args("0.5").Build()).Error()
+	}()
+	time.Sleep(50 * time.Millisecond) // let the sleep reach Redis first
+	r := e.buy(s, e.token("alice"), `{}`, nil)
+	if err := <-stalled; err != nil {
+		t.Fatalf("DEBUG SLEEP: %v (the stack runs Redis with enable-debug-command local)", err)
+	}
+	if r.Status != 503 || r.Code != "unavailable" {
+		t.Fatalf("stalled Redis: %d %s, want 503", r.Status, r.Raw)
+	}
+	// The undo runs behind the 503; wait (for liveness, not speed) until it has.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rem, resv := e.stock(s)
+		if rem == s.Total && resv == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a timed-out admission kept stock: remaining %d, %d reservations", rem, resv)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -161,7 +161,7 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	})
 	cancel()
 	if err != nil {
-		slog.Warn("admit failed", "sale", s.spec.ID, "err", err)
+		g.undoAdmit(s, id, region, err)
 		unavailable(ctx, "stock service unavailable")
 		return
 	}
@@ -186,6 +186,40 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 		fail(ctx, fasthttp.StatusForbidden, flashgate.CodeLimitReached, "per-user limit reached")
 	case lua.SoldOut:
 		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+	}
+}
+
+// undoAdmit runs after an admission that failed on our side (a timeout, a
+// broken connection): Redis may still have run it, so a 503 alone could leave
+// a reservation behind. Release is idempotent and finds nothing if the
+// admission never ran. It runs in the background so the 503 stays fast, and
+// retries until Redis answers; past undoPatience the reservation, if any, is
+// left to reconcile.
+func (g *Gateway) undoAdmit(s *sale, id uint64, region string, cause error) {
+	slog.Warn("admission failed; undoing it", "sale", s.spec.ID, "order", id, "cause", cause)
+	g.goBG(func() { g.releaseUntilAnswered(s, id, region, flashgate.ReasonAdmitFailed) })
+}
+
+const undoPatience = 10 * time.Second
+
+// releaseUntilAnswered releases an order in gateway mode, retrying failures.
+func (g *Gateway) releaseUntilAnswered(s *sale, id uint64, region, reason string) {
+	deadline := time.Now().Add(undoPatience)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		rel, err := g.scripts.Release(rctx, g.rc, s.keys, id, region, lua.ReleaseGateway, reason)
+		cancel()
+		if err == nil {
+			if rel.Released {
+				slog.Info("undid a reservation whose request failed", "sale", s.spec.ID, "order", id, "reason", reason)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			slog.Error("could not undo a reservation; reconcile will", "sale", s.spec.ID, "order", id, "err", err)
+			return
+		}
+		time.Sleep(wait)
 	}
 }
 
@@ -221,8 +255,8 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
 	cancel()
 	switch {
 	case rerr != nil:
-		// The reservation stays; reconcile republishes or releases it later.
-		slog.Error("release after failed publish", "sale", s.spec.ID, "order", m.ID, "err", rerr)
+		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
+		g.goBG(func() { g.releaseUntilAnswered(s, m.ID, m.Region, flashgate.ReasonPublishFailed) })
 		unavailable(ctx, "order queue unavailable")
 	case rel.Claimed || (rel.Status != "" && rel.Status != "released"):
 		accepted(ctx, m.ID, flashgate.OrderPending)

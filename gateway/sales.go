@@ -134,7 +134,7 @@ func (s *sales) load(ctx context.Context, rc rueidis.Client) error {
 		spec, err := lua.LoadSale(ctx, rc, id)
 		if err != nil {
 			// Not warmed (Redis lost it): a purchase answers 503 and asks for a warm.
-			slog.Warn("sale in index but not loadable", "sale", id, "err", err)
+			slog.Debug("sale in index but not loadable", "sale", id, "err", err)
 			continue
 		}
 		s.put(spec)

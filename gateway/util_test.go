@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-func bufioReader(t *testing.T, addr, raw string) *bufio.Reader {
+func bufioReader(t testing.TB, addr, raw string) *bufio.Reader {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	if err != nil {

@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/audit"
+	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/loadgen"
+)
+
+const defaultTarget = "http://127.0.0.1:8080"
+
+// benchOptions is one bench run; `bench` reads them from flags, `demo` fixes them.
+type benchOptions struct {
+	label        string
+	target       string
+	sale         string
+	create       *flashgate.Sale // created through the admin API first, if not nil
+	users        int
+	concurrency  int
+	requests     int64
+	duration     time.Duration
+	quantity     int64
+	region       string
+	idempotency  bool
+	drainTimeout time.Duration
+	noCheck      bool
+	announce     bool // say what is about to happen before the load starts
+}
+
+func benchCmd(args []string, stdout, stderr io.Writer) error {
+	c := newCommand("bench", "--sale ID | --create [flags]", stderr)
+	o := benchOptions{}
+	c.StringVar(&o.sale, "sale", "", "sale `id` to buy from (required unless --create)")
+	create := c.Bool("create", false, "create the sale first (id: --sale, or <label>-<unix seconds>), starting now, for 1h")
+	total := c.Int64("total", 1000, "with --create: units on sale")
+	perUser := c.Int64("per-user-limit", 1, "with --create: units one user may hold")
+	perOrder := c.Int64("per-order-max", 0, "with --create: units one order may buy (default --quantity)")
+	c.StringVar(&o.target, "target", defaultTarget, "gateway `URL` (http://127.0.0.1:8000 goes through nginx)")
+	c.IntVar(&o.users, "users", 10000, "distinct users (one token each)")
+	c.IntVar(&o.concurrency, "concurrency", 256, "requests in flight")
+	c.Int64Var(&o.requests, "requests", 100000, "requests to send (unless --duration)")
+	c.DurationVar(&o.duration, "duration", 0, "send for this long instead of a number of requests")
+	c.Int64Var(&o.quantity, "quantity", 1, "units per order")
+	c.StringVar(&o.region, "region", "", "region to buy in")
+	c.BoolVar(&o.idempotency, "idempotency", false, "send a fresh Idempotency-Key with every request")
+	c.StringVar(&o.label, "label", "bench", "name on the summary line")
+	c.DurationVar(&o.drainTimeout, "drain-timeout", 60*time.Second, "how long to wait for the backend to write every accepted order")
+	c.BoolVar(&o.noCheck, "no-check", false, "skip the audit of the invariants")
+	pos, err := c.parse(args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(pos) > 0:
+		return c.usageError("unexpected arguments %q", pos)
+	case o.sale == "" && !*create:
+		return c.usageError("--sale is required (or --create)")
+	case o.users < 1 || o.concurrency < 1 || o.quantity < 1:
+		return c.usageError("--users, --concurrency and --quantity must be at least 1")
+	case o.duration < 0 || o.requests < 0:
+		return c.usageError("--requests and --duration must not be negative")
+	case o.duration == 0 && o.requests == 0:
+		return c.usageError("give --requests or --duration")
+	case o.label == "":
+		return c.usageError("--label must not be empty")
+	}
+	if o.duration > 0 {
+		o.requests = 0 // duration wins
+	}
+	if *create {
+		if o.sale == "" {
+			o.sale = fmt.Sprintf("%s-%d", o.label, time.Now().Unix())
+		}
+		if *perOrder == 0 {
+			*perOrder = o.quantity
+		}
+		s := newSale(o.sale, "flashgate "+o.label, *total, *perUser, *perOrder, 9900, time.Now())
+		if o.region != "" {
+			s.Regions = map[string]int64{o.region: *total}
+		}
+		if err := s.Validate(); err != nil {
+			return c.usageError("--create: %v", err)
+		}
+		o.create = s
+	}
+	cfg, err := c.config()
+	if err != nil {
+		return err
+	}
+	return runBench(cfg, o, stdout, stderr)
+}
+
+func demoCmd(args []string, stdout, stderr io.Writer) error {
+	c := newCommand("demo", "[--target URL]", stderr)
+	o := benchOptions{
+		label: "demo", users: 20000, requests: 200000, concurrency: 256, quantity: 1,
+		sale: fmt.Sprintf("demo-%d", time.Now().Unix()), announce: true,
+	}
+	c.StringVar(&o.target, "target", defaultTarget, "gateway `URL` (http://127.0.0.1:8000 goes through nginx)")
+	c.DurationVar(&o.drainTimeout, "drain-timeout", 60*time.Second, "how long to wait for the backend to write every accepted order")
+	pos, err := c.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return c.usageError("demo takes no arguments")
+	}
+	o.create = newSale(o.sale, "flashgate demo", 1000, 1, 1, 9900, time.Now())
+	cfg, err := c.config()
+	if err != nil {
+		return err
+	}
+	return runBench(cfg, o, stdout, stderr)
+}
+
+// newSale is a sale that starts now and lasts an hour.
+func newSale(id, title string, total, perUser, perOrder, price int64, now time.Time) *flashgate.Sale {
+	start := now.Truncate(time.Second)
+	return &flashgate.Sale{
+		ID: id, Title: title, PriceCents: price, Total: total,
+		StartsAt: start, EndsAt: start.Add(time.Hour),
+		PerUserLimit: perUser, PerOrderMax: perOrder,
+	}
+}
+
+func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error {
+	if cfg.Auth.JWTSecret == "" {
+		return errNoSecret
+	}
+	ctx := context.Background()
+	if o.create != nil {
+		if _, err := newAdmin(cfg).createSale(ctx, o.create); err != nil {
+			return fmt.Errorf("create sale %s: %w", o.create.ID, err)
+		}
+		fmt.Fprintf(stderr, "%s: created sale %s\n", o.label, o.create.ID)
+		awaitActive(ctx, o.target, o.sale, 15*time.Second, stderr)
+	}
+	// Tokens are minted before the clock starts; they outlive the run.
+	tokens, err := mintTokens(cfg.Auth.JWTSecret, o.users, max(time.Hour, o.duration+10*time.Minute))
+	if err != nil {
+		return err
+	}
+	if o.announce {
+		fmt.Fprintf(stdout, "%s: sale %s, %d units, %d per user: firing %s from %d users, %d at a time, at %s\n",
+			o.label, o.sale, o.create.Total, o.create.PerUserLimit, stopRule(o), o.users, o.concurrency, o.target)
+	}
+
+	// The first SIGINT stops the load and goes on to the audit; stop() then
+	// hands signals back, so a second one ends the program.
+	loadCtx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	res, err := loadgen.Run(loadCtx, loadgen.Config{
+		Target: o.target, Sale: o.sale, Tokens: tokens, Concurrency: o.concurrency,
+		Requests: o.requests, Duration: o.duration, Quantity: o.quantity, Region: o.region,
+		Idempotency: o.idempotency, Progress: stderr,
+	})
+	stop()
+	if err != nil {
+		return err
+	}
+	res.Write(stdout)
+	if o.noCheck {
+		return nil
+	}
+
+	fmt.Fprintf(stderr, "%s: waiting up to %s for the backend to write %d accepted orders\n",
+		o.label, o.drainTimeout, len(res.Accepted))
+	rep, waited, drained, err := awaitDrain(ctx, cfg, o.sale, res.Accepted, o.drainTimeout)
+	if err != nil {
+		return err
+	}
+	writeAudit(stdout, rep, len(res.Accepted), waited, drained)
+	fmt.Fprintln(stdout, summaryLine(o.label, rep, res.BadOrderIDs))
+	if !rep.OK() || res.BadOrderIDs > 0 {
+		return exitCode(1)
+	}
+	return nil
+}
+
+func stopRule(o benchOptions) string {
+	if o.duration > 0 {
+		return "requests for " + o.duration.String()
+	}
+	return strconv.FormatInt(o.requests, 10) + " requests"
+}
+
+// awaitActive waits until the target's public API shows the new sale active,
+// so that the first requests do not race the sale's way to the gateways. A
+// sale that does not show up in time is reported, and the load runs anyway.
+func awaitActive(ctx context.Context, target, sale string, timeout time.Duration, stderr io.Writer) {
+	u := strings.TrimSuffix(target, "/") + "/v1/sales/" + url.PathEscape(sale)
+	hc := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(timeout)
+	last := "no answer"
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		if err != nil {
+			fmt.Fprintf(stderr, "warning: %v\n", err)
+			return
+		}
+		if resp, err := hc.Do(req); err != nil {
+			last = err.Error()
+		} else {
+			var info struct {
+				State string `json:"state"`
+			}
+			err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusOK && info.State == string(flashgate.SaleActive):
+				return
+			case err != nil:
+				last = fmt.Sprintf("%d, %v", resp.StatusCode, err)
+			default:
+				last = fmt.Sprintf("%d, state %q", resp.StatusCode, info.State)
+			}
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(stderr, "warning: sale %s not active at %s after %s (%s); running anyway\n", sale, u, timeout, last)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// awaitDrain audits the sale every 200 ms until every accepted order has its
+// row in MySQL and Redis holds no reservation, or until timeout; then the last
+// audit stands, with whatever it found lost.
+func awaitDrain(ctx context.Context, cfg config.Config, sale string, accepted []uint64, timeout time.Duration) (rep audit.Report, waited time.Duration, drained bool, err error) {
+	db, err := audit.OpenDB(cfg.MySQL.DSN)
+	if err != nil {
+		return rep, 0, false, fmt.Errorf("mysql: %w", err)
+	}
+	defer db.Close()
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cfg.Redis.Addrs, DisableCache: true})
+	if err != nil {
+		return rep, 0, false, fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
+	}
+	defer rc.Close()
+
+	start := time.Now()
+	deadline := start.Add(timeout)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		rep, err = audit.Check(cctx, db, rc, sale, accepted)
+		cancel()
+		if err == nil && rep.Lost == 0 && rep.RedisReserved == 0 {
+			return rep, time.Since(start), true, nil
+		}
+		if errors.Is(err, audit.ErrSaleNotFound) {
+			return rep, time.Since(start), false, err
+		}
+		if !time.Now().Before(deadline) {
+			return rep, time.Since(start), false, err
+		}
+		select {
+		case <-ctx.Done():
+			return rep, time.Since(start), false, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// writeAudit prints the audit in a few aligned lines.
+func writeAudit(w io.Writer, r audit.Report, accepted int, waited time.Duration, drained bool) {
+	fmt.Fprintf(w, "%-10s sale %s: total %d, sold in MySQL %d, live units %d, distinct buyers %d\n",
+		"audit", r.SaleID, r.Total, r.Sold, r.LiveUnits, r.DistinctBuyers)
+	statuses := make([]string, 0, len(r.ByStatus))
+	for s := range r.ByStatus {
+		statuses = append(statuses, s)
+	}
+	sort.Strings(statuses)
+	parts := make([]string, len(statuses))
+	for i, s := range statuses {
+		parts[i] = fmt.Sprintf("%s %d", s, r.ByStatus[s])
+	}
+	fmt.Fprintf(w, "%-10s %d (%s)\n", "orders", r.Orders, strings.Join(parts, ", "))
+	ledger := "ledger holds"
+	if !r.LedgerHolds {
+		ledger = fmt.Sprintf("ledger off by %d", r.LedgerDiff)
+	}
+	fmt.Fprintf(w, "%-10s remaining %d, reserved %d; %s (remaining + reserved + sold = total)\n",
+		"redis", r.RedisRemaining, r.RedisReserved, ledger)
+	fmt.Fprintf(w, "%-10s oversold %d, over-limit users %d, lost %d of %d accepted, duplicated %d\n",
+		"checks", r.Oversold, r.OverLimitUsers, r.Lost, accepted, r.Duplicated)
+	if drained {
+		fmt.Fprintf(w, "%-10s in %.1fs\n", "drained", waited.Seconds())
+	} else {
+		fmt.Fprintf(w, "%-10s NOT drained after %.1fs: checked as it stands\n", "drained", waited.Seconds())
+	}
+}
+
+// summaryLine is the bench's last line. When all is well it has exactly the
+// shape `demo: sold 1000/1000, orders 1000, oversold 0, over-limit users 0,
+// lost 0`; whatever else went wrong is appended.
+func summaryLine(label string, r audit.Report, badOrderIDs int64) string {
+	s := fmt.Sprintf("%s: sold %d/%d, orders %d, oversold %d, over-limit users %d, lost %d",
+		label, r.LiveUnits, r.Total, r.Orders, r.Oversold, r.OverLimitUsers, r.Lost)
+	if r.Duplicated != 0 {
+		s += fmt.Sprintf(", duplicated %d", r.Duplicated)
+	}
+	if !r.LedgerHolds {
+		s += fmt.Sprintf(", ledger off by %d", r.LedgerDiff)
+	}
+	if badOrderIDs != 0 {
+		s += fmt.Sprintf(", 202s without order id %d", badOrderIDs)
+	}
+	return s
+}

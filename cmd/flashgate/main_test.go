@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flashgate/flashgate/audit"
+	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/config"
+)
+
+func TestParseTime(t *testing.T) {
+	now := time.Date(2025, 11, 11, 0, 0, 7, 600_000_000, time.UTC)
+	for _, tc := range []struct {
+		in   string
+		want time.Time
+	}{
+		{"now", time.Date(2025, 11, 11, 0, 0, 7, 0, time.UTC)},
+		{"+30s", time.Date(2025, 11, 11, 0, 0, 37, 0, time.UTC)},
+		{"+1h30m", time.Date(2025, 11, 11, 1, 30, 7, 0, time.UTC)},
+		{"-5m", time.Date(2025, 11, 10, 23, 55, 7, 0, time.UTC)},
+		{"2025-11-11T20:00:00+08:00", time.Date(2025, 11, 11, 12, 0, 0, 0, time.UTC)},
+		{"2025-11-11T12:00:00.5Z", time.Date(2025, 11, 11, 12, 0, 0, 500_000_000, time.UTC)},
+	} {
+		got, err := parseTime(tc.in, now)
+		if err != nil {
+			t.Errorf("parseTime(%q): %v", tc.in, err)
+			continue
+		}
+		if !got.Equal(tc.want) {
+			t.Errorf("parseTime(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "Now", "30s", "+30", "+", "tomorrow", "2025-11-11", "2025-11-11 12:00:00"} {
+		if _, err := parseTime(bad, now); err == nil {
+			t.Errorf("parseTime(%q) took it", bad)
+		}
+	}
+}
+
+func TestSaleWindow(t *testing.T) {
+	now := time.Date(2025, 11, 11, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		starts, ends string
+		d            time.Duration
+		wantEnd      time.Time
+		bad          bool
+	}{
+		{starts: "now", wantEnd: now.Add(time.Hour)},
+		{starts: "+10s", d: time.Minute, wantEnd: now.Add(70 * time.Second)},
+		{starts: "now", ends: "+2h", wantEnd: now.Add(2 * time.Hour)},
+		{starts: "now", ends: "+2h", d: time.Hour, bad: true},
+		{starts: "now", d: -time.Second, bad: true},
+		{starts: "later", bad: true},
+		{starts: "now", ends: "never", bad: true},
+	} {
+		_, end, err := saleWindow(tc.starts, tc.ends, tc.d, now)
+		if (err != nil) != tc.bad {
+			t.Errorf("saleWindow(%q, %q, %v): err %v", tc.starts, tc.ends, tc.d, err)
+			continue
+		}
+		if !tc.bad && !end.Equal(tc.wantEnd) {
+			t.Errorf("saleWindow(%q, %q, %v) ends %v, want %v", tc.starts, tc.ends, tc.d, end, tc.wantEnd)
+		}
+	}
+}
+
+func TestSummaryLine(t *testing.T) {
+	good := audit.Report{
+		SaleID: "demo-1", Total: 1000, Sold: 1000, LiveUnits: 1000, Orders: 1000,
+		ByStatus: map[string]int64{"confirmed": 1000}, LedgerHolds: true, DistinctBuyers: 1000,
+	}
+	for _, tc := range []struct {
+		name  string
+		label string
+		r     func(audit.Report) audit.Report
+		bad   int64
+		want  string
+	}{
+		{"all well", "demo", func(r audit.Report) audit.Report { return r }, 0,
+			"demo: sold 1000/1000, orders 1000, oversold 0, over-limit users 0, lost 0"},
+		{"partly sold", "bench", func(r audit.Report) audit.Report { r.LiveUnits, r.Orders = 640, 700; return r }, 0,
+			"bench: sold 640/1000, orders 700, oversold 0, over-limit users 0, lost 0"},
+		{"broken", "demo", func(r audit.Report) audit.Report {
+			r.LiveUnits, r.Oversold, r.OverLimitUsers, r.Lost, r.Duplicated = 1003, 3, 2, 1, 4
+			r.LedgerHolds, r.LedgerDiff = false, -3
+			return r
+		}, 0, "demo: sold 1003/1000, orders 1000, oversold 3, over-limit users 2, lost 1, duplicated 4, ledger off by -3"},
+		{"unreadable 202s", "demo", func(r audit.Report) audit.Report { return r }, 2,
+			"demo: sold 1000/1000, orders 1000, oversold 0, over-limit users 0, lost 0, 202s without order id 2"},
+	} {
+		if got := summaryLine(tc.label, tc.r(good), tc.bad); got != tc.want {
+			t.Errorf("%s:\n got %s\nwant %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestWriteAudit(t *testing.T) {
+	var b bytes.Buffer
+	writeAudit(&b, audit.Report{
+		SaleID: "s", Total: 10, Sold: 9, LiveUnits: 10, Orders: 11,
+		ByStatus: map[string]int64{"pending": 1, "confirmed": 9, "failed": 1}, LedgerHolds: true,
+	}, 10, 1500*time.Millisecond, true)
+	out := b.String()
+	for _, want := range []string{"orders     11 (confirmed 9, failed 1, pending 1)", "ledger holds", "lost 0 of 10 accepted", "drained    in 1.5s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("audit lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestRegionFlag(t *testing.T) {
+	m := mapFlag{}
+	for _, s := range []string{"bj=400", "sh=600"} {
+		if err := m.Set(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m["bj"] != 400 || m["sh"] != 600 || len(m) != 2 {
+		t.Fatalf("%v", m)
+	}
+	for _, bad := range []string{"bj", "=3", "gz=x", "bj=1"} {
+		if err := m.Set(bad); err == nil {
+			t.Errorf("Set(%q) took it", bad)
+		}
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run([]string{"help"}, &out, &errOut); err != nil || !strings.Contains(out.String(), "sale create") {
+		t.Fatalf("help: %v %q", err, out.String())
+	}
+	var code exitCode
+	if err := run([]string{"frobnicate"}, &out, &errOut); !errors.As(err, &code) || code != 2 ||
+		!strings.Contains(errOut.String(), `unknown command "frobnicate"`) {
+		t.Fatalf("unknown command: %v %q", err, errOut.String())
+	}
+	errOut.Reset()
+	if err := run([]string{"bench", "--config", "", "--users", "5"}, &out, &errOut); !errors.As(err, &code) ||
+		!strings.Contains(errOut.String(), "--sale is required") {
+		t.Fatalf("bench without a sale: %v %q", err, errOut.String())
+	}
+	t.Setenv("FLASHGATE_JWT_SECRET", "")
+	if err := run([]string{"token", "--config", "", "--user", "42"}, &out, &errOut); !errors.Is(err, errNoSecret) {
+		t.Fatalf("token without a secret: %v", err)
+	}
+	t.Setenv("FLASHGATE_JWT_SECRET", "s3cret")
+	out.Reset()
+	// Positional arguments and flags mix in any order.
+	c := newCommand("x", "", &errOut)
+	user := c.String("user", "", "")
+	pos, err := c.parse([]string{"a", "--user", "7", "b"})
+	if err != nil || *user != "7" || strings.Join(pos, ",") != "a,b" {
+		t.Fatalf("parse: %v %q %q", err, *user, pos)
+	}
+	if err := run([]string{"token", "--config", "", "--user", "42"}, &out, &errOut); err != nil ||
+		strings.Count(strings.TrimSpace(out.String()), ".") != 2 {
+		t.Fatalf("token: %v %q", err, out.String())
+	}
+}
+
+func TestMintTokens(t *testing.T) {
+	toks, err := mintTokens("s3cret", 100, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := auth.NewVerifier(config.Auth{JWTSecret: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tok := range toks {
+		rest, ok := bytes.CutPrefix(tok, []byte("Bearer "))
+		if !ok {
+			t.Fatalf("token %d: %q", i, tok)
+		}
+		c, err := v.Verify(string(rest))
+		if err != nil || c.Subject != benchUser(i) {
+			t.Fatalf("token %d: %v, sub %q", i, err, c.Subject)
+		}
+	}
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/flashgate/flashgate/backend"
+	"github.com/flashgate/flashgate/gateway"
+)
+
+// serve runs the gateway or the backend until SIGINT or SIGTERM.
+func serve(name string, args []string, stderr io.Writer) error {
+	c := newCommand(name, "[--config FILE] [--log-level LEVEL]", stderr)
+	level := c.String("log-level", envOr("FLASHGATE_LOG_LEVEL", "info"), "debug, info, warn or error (env FLASHGATE_LOG_LEVEL)")
+	pos, err := c.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return c.usageError("%s takes no arguments", name)
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
+		return c.usageError("--log-level: %v", err)
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl})).With("process", name)
+	slog.SetDefault(log)
+
+	cfg, err := c.config()
+	if err != nil {
+		log.Error("configuration", "err", err, "config", c.configPath)
+		return exitCode(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	runner := gateway.Run
+	if name == "backend" {
+		runner = backend.Run
+	}
+	log.Info("starting", "config", c.configPath, "pid", os.Getpid())
+	if err := runner(ctx, cfg); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("stopped", "err", err)
+		return exitCode(1)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// errNoSecret is what every command that mints tokens says without a secret.
+var errNoSecret = errors.New("no JWT secret: set FLASHGATE_JWT_SECRET (or auth.jwt_secret in the config file)")

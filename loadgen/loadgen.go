@@ -1,0 +1,533 @@
+// Package loadgen is flashgate's load generator: C workers fire purchase requests
+// (POST /v1/sales/{sale}/orders, DESIGN.md §3) at a gateway or at nginx in front
+// of it, each as one of a fixed set of users, and collect what came back — the
+// counts by status and code, the latencies, and the order ids of every 202, which
+// an audit then checks against MySQL and Redis (DESIGN.md §2).
+//
+// The hot loop allocates nothing per request: each worker owns one fasthttp
+// request and response, its own histograms and counters, merged at the end.
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	mrand "math/rand/v2"
+	"net"
+	"net/url"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/valyala/fasthttp"
+)
+
+// Config is one load run.
+type Config struct {
+	// Target is the base URL of the gateway (http://127.0.0.1:8080) or of nginx
+	// in front of it (http://127.0.0.1:8000).
+	Target string
+	Sale   string
+	// Tokens holds one Authorization header value per user ("Bearer …").
+	Tokens      [][]byte
+	Concurrency int
+	// Requests and Duration stop the run, whichever comes first; at least one
+	// must be set.
+	Requests int64
+	Duration time.Duration
+	// Quantity is the units per order (0 means 1); Region is sent if not "".
+	Quantity int64
+	Region   string
+	// Idempotency sends a fresh Idempotency-Key with every request.
+	Idempotency bool
+	// Progress receives a line a second and a final one; nil means none.
+	Progress io.Writer
+}
+
+// Result is what a run saw.
+type Result struct {
+	// Requests counts every request sent, transport errors included.
+	Requests int64
+	ByStatus map[int]int64
+	// ByCode counts the "code" of the response bodies; a body without one
+	// (an nginx error page, say) counts under NoCode.
+	ByCode map[string]int64
+	// Accepted holds the order ids of the 202 answers, sorted and deduplicated.
+	Accepted []uint64
+	Elapsed  time.Duration
+	// Latency (µs) covers every request that got a response; AcceptedLatency
+	// only the 202s.
+	Latency         *hdrhistogram.Histogram
+	AcceptedLatency *hdrhistogram.Histogram
+	// Errors counts transport errors: refused or reset connections, timeouts.
+	Errors int64
+	// BadOrderIDs counts 202 answers without a readable order_id.
+	BadOrderIDs int64
+}
+
+// NoCode is the ByCode key of responses whose body has no "code".
+const NoCode = "(none)"
+
+// Histogram bounds: 1 µs to 60 s, 3 significant figures.
+const (
+	histMin    = 1
+	histMax    = int64(60 * time.Second / time.Microsecond)
+	histDigits = 3
+)
+
+func newHist() *hdrhistogram.Histogram { return hdrhistogram.New(histMin, histMax, histDigits) }
+
+// ioTimeout bounds each read and write; a request is never retried.
+const ioTimeout = 10 * time.Second
+
+// Run fires requests until cfg.Requests were sent, cfg.Duration passed or ctx
+// is done. Requests in flight when it stops are awaited, so that every 202 the
+// server sent is in Accepted.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(cfg.Target)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: target %q: %w", cfg.Target, err)
+	}
+	addr, tls, err := hostAddr(u)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: target %q: %w", cfg.Target, err)
+	}
+	reqURI := strings.TrimSuffix(u.String(), "/") + "/v1/sales/" + url.PathEscape(cfg.Sale) + "/orders"
+	body, err := orderBody(cfg.Quantity, cfg.Region)
+	if err != nil {
+		return nil, err
+	}
+	client := &fasthttp.HostClient{
+		Addr:               addr,
+		IsTLS:              tls,
+		Name:               "flashgate-loadgen",
+		MaxConns:           cfg.Concurrency,
+		ReadTimeout:        ioTimeout,
+		WriteTimeout:       ioTimeout,
+		MaxConnWaitTimeout: ioTimeout,
+		// A flood of connects can overflow the server's SYN backlog; the kernel
+		// retransmits after 1 s and 3 s, past fasthttp's default 3 s dial timeout.
+		Dial:                      func(addr string) (net.Conn, error) { return fasthttp.DialTimeout(addr, ioTimeout) },
+		MaxIdemponentCallAttempts: 1,
+		// A purchase is not idempotent: a retry after a lost response could buy twice.
+		RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+	}
+	defer client.CloseIdleConnections()
+
+	// Every user clicks, in an order shuffled once per run.
+	perm := mrand.Perm(len(cfg.Tokens))
+	users := make([][]byte, len(cfg.Tokens))
+	for i, p := range perm {
+		users[i] = cfg.Tokens[p]
+	}
+	var idemPrefix []byte
+	if cfg.Idempotency {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		idemPrefix = hex.AppendEncode([]byte("lg"), b[:])
+		idemPrefix = append(idemPrefix, '-')
+	}
+
+	r := &run{cfg: cfg, client: client, uri: reqURI, body: body, users: users, idemPrefix: idemPrefix}
+	r.workers = make([]*worker, cfg.Concurrency)
+	for i := range r.workers {
+		r.workers[i] = newWorker()
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if cfg.Duration > 0 {
+		var cancelT context.CancelFunc
+		runCtx, cancelT = context.WithTimeout(runCtx, cfg.Duration)
+		defer cancelT()
+	}
+	// Workers poll a flag, not the context, between requests.
+	go func() {
+		<-runCtx.Done()
+		r.stop.Store(true)
+	}()
+
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, w := range r.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.work(w)
+		}()
+	}
+	progressDone := make(chan struct{})
+	var progressWG sync.WaitGroup
+	if cfg.Progress != nil {
+		progressWG.Add(1)
+		go func() {
+			defer progressWG.Done()
+			r.progress(start, progressDone)
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(progressDone)
+	progressWG.Wait()
+	if cfg.Progress != nil {
+		r.progressLine(elapsed, true)
+	}
+	return r.merge(elapsed), nil
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Target == "":
+		return errors.New("loadgen: no target")
+	case c.Sale == "":
+		return errors.New("loadgen: no sale")
+	case len(c.Tokens) == 0:
+		return errors.New("loadgen: no tokens")
+	case c.Concurrency < 1:
+		return errors.New("loadgen: concurrency must be at least 1")
+	case c.Requests < 0 || c.Duration < 0:
+		return errors.New("loadgen: requests and duration must not be negative")
+	case c.Requests == 0 && c.Duration == 0:
+		return errors.New("loadgen: set requests or duration")
+	case c.Quantity < 0:
+		return errors.New("loadgen: quantity must not be negative")
+	}
+	return nil
+}
+
+func hostAddr(u *url.URL) (addr string, tls bool, err error) {
+	switch u.Scheme {
+	case "http":
+	case "https":
+		tls = true
+	default:
+		return "", false, fmt.Errorf("scheme must be http or https")
+	}
+	if u.Host == "" {
+		return "", false, errors.New("no host")
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return "", false, errors.New("no query or fragment, please")
+	}
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		port = "80"
+		if tls {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(host, port), tls, nil
+}
+
+func orderBody(qty int64, region string) ([]byte, error) {
+	if qty == 0 {
+		qty = 1
+	}
+	b := struct {
+		Quantity int64  `json:"quantity"`
+		Region   string `json:"region,omitempty"`
+	}{qty, region}
+	return json.Marshal(b)
+}
+
+type run struct {
+	cfg        Config
+	client     *fasthttp.HostClient
+	uri        string
+	body       []byte
+	users      [][]byte
+	idemPrefix []byte
+	workers    []*worker
+
+	next atomic.Int64 // index of the next request
+	stop atomic.Bool
+}
+
+// worker is one goroutine's state. Its live counters are atomics written only
+// by their owner, read by the progress line; padding keeps workers off each
+// other's cache lines.
+type worker struct {
+	_        [64]byte
+	done     atomic.Int64
+	accepted atomic.Int64
+	errors   atomic.Int64
+	badIDs   int64
+	_        [64]byte
+
+	byStatus map[int]int64
+	byCode   map[string]*int64
+	ids      []uint64
+	lat      *hdrhistogram.Histogram
+	accLat   *hdrhistogram.Histogram
+}
+
+func newWorker() *worker {
+	return &worker{
+		byStatus: make(map[int]int64, 8),
+		byCode:   make(map[string]*int64, 8),
+		lat:      newHist(),
+		accLat:   newHist(),
+	}
+}
+
+var (
+	hdrAuthorization  = []byte(fasthttp.HeaderAuthorization)
+	hdrIdempotencyKey = []byte("Idempotency-Key")
+	jsonContentType   = []byte("application/json")
+)
+
+func (r *run) work(w *worker) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(r.uri)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentTypeBytes(jsonContentType)
+	req.SetBodyRaw(r.body)
+	var idem []byte
+	if r.idemPrefix != nil {
+		idem = append(make([]byte, 0, len(r.idemPrefix)+20), r.idemPrefix...)
+	}
+	n := int64(len(r.users))
+	limit := r.cfg.Requests
+
+	for !r.stop.Load() {
+		i := r.next.Add(1) - 1
+		if limit > 0 && i >= limit {
+			return
+		}
+		req.Header.SetCanonical(hdrAuthorization, r.users[i%n])
+		if idem != nil {
+			idem = strconv.AppendInt(idem[:len(r.idemPrefix)], i, 10)
+			req.Header.SetCanonical(hdrIdempotencyKey, idem)
+		}
+		t0 := time.Now()
+		err := r.client.Do(req, resp)
+		us := time.Since(t0).Microseconds()
+		if err != nil {
+			w.errors.Add(1)
+			w.done.Add(1)
+			continue
+		}
+		w.record(resp.StatusCode(), resp.Body(), us)
+		w.done.Add(1)
+	}
+}
+
+func (w *worker) record(status int, body []byte, us int64) {
+	us = min(max(us, histMin), histMax)
+	_ = w.lat.RecordValue(us)
+	w.byStatus[status]++
+	code := jsonString(body, keyCode)
+	if code == nil {
+		code = []byte(NoCode)
+	}
+	if p := w.byCode[string(code)]; p != nil { // no allocation: lookup only
+		*p++
+	} else {
+		one := int64(1)
+		w.byCode[string(code)] = &one
+	}
+	if status != fasthttp.StatusAccepted {
+		return
+	}
+	_ = w.accLat.RecordValue(us)
+	w.accepted.Add(1)
+	id, ok := parseUint(jsonString(body, keyOrderID))
+	if !ok {
+		w.badIDs++
+		return
+	}
+	w.ids = append(w.ids, id)
+}
+
+var (
+	keyCode    = []byte(`"code":"`)
+	keyOrderID = []byte(`"order_id":"`)
+)
+
+// jsonString returns the string value after key (which ends in its opening
+// quote) in body, or nil. The bodies of DESIGN.md §3 carry codes and decimal
+// ids, which need no unescaping.
+func jsonString(body, key []byte) []byte {
+	i := bytes.Index(body, key)
+	if i < 0 {
+		return nil
+	}
+	v := body[i+len(key):]
+	j := bytes.IndexByte(v, '"')
+	if j < 0 {
+		return nil
+	}
+	return v[:j]
+}
+
+// parseUint reads a decimal uint64 (strconv.ParseUint would need a string).
+func parseUint(b []byte) (uint64, bool) {
+	if len(b) == 0 || len(b) > 20 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if n > (math.MaxUint64-d)/10 {
+			return 0, false
+		}
+		n = n*10 + d
+	}
+	return n, true
+}
+
+func (r *run) progress(start time.Time, done <-chan struct{}) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			r.progressLine(now.Sub(start), false)
+		}
+	}
+}
+
+func (r *run) progressLine(elapsed time.Duration, final bool) {
+	var done, acc, errs int64
+	for _, w := range r.workers {
+		done += w.done.Load()
+		acc += w.accepted.Load()
+		errs += w.errors.Load()
+	}
+	secs := elapsed.Seconds()
+	el := strconv.FormatFloat(secs, 'f', 0, 64) + "s"
+	if final {
+		el = strconv.FormatFloat(secs, 'f', 1, 64) + "s"
+	}
+	rate := 0.0
+	if secs > 0 {
+		rate = float64(done) / secs
+	}
+	fmt.Fprintf(r.cfg.Progress, "bench: %s %d req %.0f req/s accepted %d errors %d\n", el, done, rate, acc, errs)
+}
+
+func (r *run) merge(elapsed time.Duration) *Result {
+	res := &Result{
+		ByStatus:        make(map[int]int64),
+		ByCode:          make(map[string]int64),
+		Elapsed:         elapsed,
+		Latency:         newHist(),
+		AcceptedLatency: newHist(),
+	}
+	for _, w := range r.workers {
+		res.Requests += w.done.Load()
+		res.Errors += w.errors.Load()
+		res.BadOrderIDs += w.badIDs
+		for s, n := range w.byStatus {
+			res.ByStatus[s] += n
+		}
+		for c, n := range w.byCode {
+			res.ByCode[c] += *n
+		}
+		res.Accepted = append(res.Accepted, w.ids...)
+		res.Latency.Merge(w.lat)
+		res.AcceptedLatency.Merge(w.accLat)
+	}
+	slices.Sort(res.Accepted)
+	res.Accepted = slices.Compact(res.Accepted)
+	return res
+}
+
+// Throughput is requests per second over the run.
+func (r *Result) Throughput() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Requests) / r.Elapsed.Seconds()
+}
+
+// Write prints the result: totals and throughput, counts by status and by
+// code, latency percentiles of all responses and of the accepted ones.
+func (r *Result) Write(w io.Writer) {
+	fmt.Fprintf(w, "requests   %d in %.2fs, %.0f req/s, transport errors %d\n",
+		r.Requests, r.Elapsed.Seconds(), r.Throughput(), r.Errors)
+
+	statuses := make([]int, 0, len(r.ByStatus))
+	for s := range r.ByStatus {
+		statuses = append(statuses, s)
+	}
+	sort.Ints(statuses)
+	var sb strings.Builder
+	for i, s := range statuses {
+		if i > 0 {
+			sb.WriteString("  ")
+		}
+		fmt.Fprintf(&sb, "%d: %d", s, r.ByStatus[s])
+	}
+	fmt.Fprintf(w, "status     %s\n", sb.String())
+
+	codes := make([]string, 0, len(r.ByCode))
+	for c := range r.ByCode {
+		codes = append(codes, c)
+	}
+	// Most frequent first; ties by name for a stable listing.
+	sort.Slice(codes, func(i, j int) bool {
+		if r.ByCode[codes[i]] != r.ByCode[codes[j]] {
+			return r.ByCode[codes[i]] > r.ByCode[codes[j]]
+		}
+		return codes[i] < codes[j]
+	})
+	for i, c := range codes {
+		label := "code"
+		if i > 0 {
+			label = ""
+		}
+		fmt.Fprintf(w, "%-10s %-16s %d\n", label, c, r.ByCode[c])
+	}
+	fmt.Fprintf(w, "accepted   %d order ids", len(r.Accepted))
+	if r.BadOrderIDs > 0 {
+		fmt.Fprintf(w, " (%d 202s without a readable order_id)", r.BadOrderIDs)
+	}
+	fmt.Fprintln(w)
+	writeLatency(w, "latency", "all", r.Latency)
+	writeLatency(w, "", "202", r.AcceptedLatency)
+}
+
+func writeLatency(w io.Writer, label, of string, h *hdrhistogram.Histogram) {
+	if h == nil || h.TotalCount() == 0 {
+		fmt.Fprintf(w, "%-10s %-4s none\n", label, of)
+		return
+	}
+	fmt.Fprintf(w, "%-10s %-4s p50 %s  p99 %s  p999 %s  max %s\n", label, of,
+		us(h.ValueAtQuantile(50)), us(h.ValueAtQuantile(99)), us(h.ValueAtQuantile(99.9)), us(h.Max()))
+}
+
+// us renders microseconds the way a person reads latencies.
+func us(v int64) string {
+	d := time.Duration(v) * time.Microsecond
+	switch {
+	case d < time.Millisecond:
+		return strconv.FormatInt(v, 10) + "µs"
+	case d < time.Second:
+		return strconv.FormatFloat(float64(v)/1e3, 'f', 2, 64) + "ms"
+	default:
+		return strconv.FormatFloat(d.Seconds(), 'f', 2, 64) + "s"
+	}
+}
