@@ -155,7 +155,20 @@ func Parse(b []byte, c *Config) error {
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
-	return nil
+	// A second document would be ignored silently: refuse it like an unknown key
+	// (an empty one, as a trailing "---" makes, is harmless).
+	for {
+		var extra yaml.Node
+		err := dec.Decode(&extra)
+		switch {
+		case errors.Is(err, io.EOF):
+			return nil
+		case err != nil:
+			return err
+		case len(extra.Content) > 0 && extra.Content[0].ShortTag() != "!!null":
+			return fmt.Errorf("line %d: a second YAML document (one document only)", extra.Content[0].Line)
+		}
+	}
 }
 
 // Validate checks what the processes cannot run without.

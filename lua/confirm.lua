@@ -1,13 +1,13 @@
 -- confirm: the backend records what MySQL decided. The reservation ends (its units
 -- are now counted by MySQL) and the order's status is written back for the gateway.
 -- KEYS: 1 resv, 2 orders
--- ARGV: triples of order id, status, record ('user|qty|region|created|expires|idem');
+-- ARGV: triples of order id, status, record ('reason|user|qty|region|created|expires|idem');
 --       the record rewrites an order Redis lost.
 -- Returns the number of reservations that ended.
 local ended = 0
 for i = 1, #ARGV, 3 do
   local id = ARGV[i]
   ended = ended + redis.call('HDEL', KEYS[1], id)
-  redis.call('HSET', KEYS[2], id, ARGV[i + 1] .. '||' .. ARGV[i + 2])
+  redis.call('HSET', KEYS[2], id, ARGV[i + 1] .. '|' .. ARGV[i + 2])
 end
 return ended

@@ -278,7 +278,8 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 	return out, nil
 }
 
-// Settled is one order whose MySQL outcome is written back to Redis.
+// Settled is one order whose MySQL outcome is written back to Redis, with
+// Record.Reason (why it failed or was canceled) beside the status.
 type Settled struct {
 	ID     uint64
 	Status flashgate.OrderStatus
@@ -290,7 +291,7 @@ type Settled struct {
 func (s *Scripts) Confirm(ctx context.Context, c rueidis.Client, k *Keys, orders []Settled) (int64, error) {
 	args := make([]string, 0, 3*len(orders))
 	for _, o := range orders {
-		args = append(args, strconv.FormatUint(o.ID, 10), string(o.Status), o.Record.resv())
+		args = append(args, strconv.FormatUint(o.ID, 10), string(o.Status), o.Record.Reason+"|"+o.Record.resv())
 	}
 	n, err := s.confirm.Exec(ctx, c, []string{k.Resv, k.Orders}, args).AsInt64()
 	if err != nil {
@@ -378,9 +379,21 @@ func LoadSale(ctx context.Context, c rueidis.Client, sale string) (*flashgate.Sa
 	return s, nil
 }
 
-// Close stops admissions for the sale at once: the script answers 'ended'.
+// closeScript marks a warm sale closed. A sale Redis does not know is left
+// alone: a bare HSET would create a meta with only a state, which every later
+// Warm would take for "warm already", so the sale could never be warmed again.
+var closeScript = rueidis.NewLuaScript(`if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'closed')
+return 1`)
+
+// Close stops admissions for the sale at once: the script answers 'ended'. A
+// sale that is not warm is left as it is (admissions answer not_warmed; warming
+// it later from MySQL carries its closed state).
 func Close(ctx context.Context, c rueidis.Client, k *Keys) error {
-	return c.Do(ctx, c.B().Hset().Key(k.Meta).FieldValue().FieldValue("state", "closed").Build()).Error()
+	if err := closeScript.Exec(ctx, c, []string{k.Meta}, nil).Error(); err != nil {
+		return fmt.Errorf("close %s: %w", k.Sale, err)
+	}
+	return nil
 }
 
 // Remaining reads the units left per region ("" for a sale without regions).

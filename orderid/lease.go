@@ -26,9 +26,10 @@ var renew = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then 
 var unlock = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 
 // Lease is a node id held in Redis with SET NX and a TTL, renewed at a third
-// of the TTL. If a renewal finds the key gone or taken, the lease is lost:
-// Lost is closed and the holder must stop making ids with this node (two
-// gateways with one node id could make the same id).
+// of the TTL. If a renewal finds the key gone or taken, or Redis stays
+// unreachable until the key is about to expire, the lease is lost: Lost is
+// closed and the holder must stop making ids with this node (two gateways with
+// one node id could make the same id).
 type Lease struct {
 	*Generator
 	client rueidis.Client
@@ -52,6 +53,7 @@ func Acquire(ctx context.Context, c rueidis.Client, ttl time.Duration) (*Lease, 
 	for i := 0; i <= MaxNode; i++ {
 		n := (start + i) & MaxNode
 		key := KeyPrefix + strconv.Itoa(n)
+		sent := time.Now()
 		err := c.Do(ctx, c.B().Set().Key(key).Value(token).Nx().PxMilliseconds(ttl.Milliseconds()).Build()).Error()
 		if rueidis.IsRedisNil(err) {
 			continue // taken
@@ -65,35 +67,49 @@ func Acquire(ctx context.Context, c rueidis.Client, ttl time.Duration) (*Lease, 
 		// An id made before a restart of this node with a clock that stepped back
 		// could repeat; starting the sequence clock at "now" and holding the lease
 		// for a TTL after the last holder keeps that window closed in practice.
-		go l.keep(rctx)
+		go l.keep(rctx, sent.Add(ttl))
 		return l, nil
 	}
 	return nil, ErrNoNode
 }
 
-func (l *Lease) keep(ctx context.Context) {
+// keep renews the lease. deadline is when the key expires at the latest (the
+// TTL runs from when Redis ran the command, which is after we sent it). The
+// lease is given up before then, with a guard of a sixth of the TTL for
+// scheduling and clock rates: once the key expires another node may take the
+// id, and two generators of one node can make the same id.
+func (l *Lease) keep(ctx context.Context, deadline time.Time) {
 	defer close(l.done)
 	t := time.NewTicker(l.ttl / 3)
 	defer t.Stop()
-	deadline := time.Now().Add(l.ttl)
+	guard := l.ttl / 6
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		rctx, cancel := context.WithTimeout(ctx, l.ttl/3)
+		sent := time.Now()
+		end := sent.Add(l.ttl / 3)
+		if last := deadline.Add(-guard); last.Before(end) {
+			end = last
+		}
+		rctx, cancel := context.WithDeadline(ctx, end)
 		n, err := renew.Exec(rctx, l.client, []string{l.key}, []string{l.token, strconv.FormatInt(l.ttl.Milliseconds(), 10)}).AsInt64()
 		cancel()
 		switch {
 		case err == nil && n == 1:
-			deadline = time.Now().Add(l.ttl)
+			deadline = sent.Add(l.ttl)
 		case err == nil:
 			slog.Error("order id lease taken by another node", "key", l.key)
 			close(l.lost)
 			return
-		case time.Now().After(deadline):
-			slog.Error("order id lease expired: Redis unreachable", "key", l.key, "err", err)
+		case ctx.Err() != nil:
+			return // Close
+		case time.Now().Add(l.ttl / 3).After(deadline.Add(-guard)):
+			// The next renewal might not end in time: give the id up while it
+			// is still ours.
+			slog.Error("order id lease expiring: Redis unreachable", "key", l.key, "err", err)
 			close(l.lost)
 			return
 		default:

@@ -1,0 +1,341 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+const exampleFile = "../configs/flashgate.yaml"
+
+// clearEnv hides the caller's FLASHGATE_* variables for the test's duration, so
+// that a developer pointing tests at other servers does not change the outcome.
+func clearEnv(t *testing.T) {
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "FLASHGATE_") {
+			t.Setenv(name, "") // restores the value afterwards
+			os.Unsetenv(name)
+		}
+	}
+}
+
+func TestDefaultValidates(t *testing.T) {
+	c := Default()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		check      func(c Config) bool
+		err        string // "" for success
+	}{
+		{name: "empty", yaml: "", check: isDefault},
+		{name: "blank lines", yaml: "\n\n", check: isDefault},
+		{name: "comments only", yaml: "# nothing\n# at all\n", check: isDefault},
+		{name: "null document", yaml: "~\n", check: isDefault},
+		{name: "explicit document", yaml: "---\ngateway:\n  listen: :9000\n",
+			check: func(c Config) bool { return c.Gateway.Listen == ":9000" }},
+		{name: "one key, others default", yaml: "gateway:\n  listen: :9000\n", check: func(c Config) bool {
+			d := Default()
+			d.Gateway.Listen = ":9000"
+			return reflect.DeepEqual(c, d)
+		}},
+		{name: "empty section", yaml: "gateway:\nbackend:\n", check: isDefault},
+		{name: "duration", yaml: "gateway: {read_timeout: 1m30s, admit_timeout: 250ms}", check: func(c Config) bool {
+			return c.Gateway.ReadTimeout == 90*time.Second && c.Gateway.AdmitTimeout == 250*time.Millisecond
+		}},
+		{name: "list replaces", yaml: "redis:\n  addrs: [a:1, b:2, c:3]\n",
+			check: func(c Config) bool { return slices.Equal(c.Redis.Addrs, []string{"a:1", "b:2", "c:3"}) }},
+		{name: "int64", yaml: "nats: {max_stream_msgs: 10000000000}",
+			check: func(c Config) bool { return c.NATS.MaxStreamMsgs == 1e10 }},
+		{name: "unknown top-level key", yaml: "gatway:\n  listen: :9000\n", err: "gatway"},
+		{name: "unknown nested key", yaml: "gateway:\n  lisen: :9000\n", err: "lisen"},
+		{name: "rate limits are not here", yaml: "ratelimit:\n  max_inflight: 1\n", err: "ratelimit"},
+		{name: "bare int duration", yaml: "gateway: {read_timeout: 5}", err: "time.Duration"},
+		{name: "bad duration", yaml: "gateway: {read_timeout: soon}", err: "soon"},
+		{name: "string for int", yaml: "backend: {batch_size: many}", err: "many"},
+		{name: "scalar for list", yaml: "redis: {addrs: a:1}", err: "[]string"},
+		{name: "list for section", yaml: "gateway: []", err: "config.Gateway"},
+		{name: "not a mapping", yaml: "[]", err: "config.Config"},
+		{name: "bad yaml", yaml: "gateway: {listen", err: "yaml"},
+		// A second document would be ignored silently: ops would believe it applied.
+		{name: "second document", yaml: "gateway:\n  listen: x\n---\nbackend: {batch_size: 7}\n", err: "document"},
+		{name: "empty then second document", yaml: "---\n---\ngatway: 1\n", err: "document"},
+		{name: "trailing separator", yaml: "gateway:\n  listen: x\n---\n",
+			check: func(c Config) bool { return c.Gateway.Listen == "x" }},
+		{name: "document end marker", yaml: "gateway:\n  listen: x\n...\n",
+			check: func(c Config) bool { return c.Gateway.Listen == "x" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			err := Parse([]byte(tc.yaml), &c)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Parse(%q) = %v, want an error naming %q", tc.yaml, err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Parse(%q): %v", tc.yaml, err)
+			}
+			if !tc.check(c) {
+				t.Fatalf("Parse(%q) = %+v", tc.yaml, c)
+			}
+		})
+	}
+}
+
+func isDefault(c Config) bool { return reflect.DeepEqual(c, Default()) }
+
+func TestEnv(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		env   map[string]string
+		check func(c Config) bool
+		err   string
+	}{
+		{"redis addrs", map[string]string{"FLASHGATE_REDIS_ADDRS": "10.0.0.1:7001, 10.0.0.2:7002,,"},
+			func(c Config) bool { return slices.Equal(c.Redis.Addrs, []string{"10.0.0.1:7001", "10.0.0.2:7002"}) }, ""},
+		{"nats url", map[string]string{"FLASHGATE_NATS_URL": "nats://n:4222"},
+			func(c Config) bool { return c.NATS.URL == "nats://n:4222" }, ""},
+		{"mysql dsn", map[string]string{"FLASHGATE_MYSQL_DSN": "u:p@tcp(db:3306)/x?parseTime=true"},
+			func(c Config) bool { return c.MySQL.DSN == "u:p@tcp(db:3306)/x?parseTime=true" }, ""},
+		{"jwt secret, short name", map[string]string{"FLASHGATE_JWT_SECRET": "s1"},
+			func(c Config) bool { return c.Auth.JWTSecret == "s1" }, ""},
+		{"jwt secret, full name", map[string]string{"FLASHGATE_AUTH_JWT_SECRET": "s2"},
+			func(c Config) bool { return c.Auth.JWTSecret == "s2" }, ""},
+		{"jwt secret, both: DESIGN's name wins", map[string]string{"FLASHGATE_AUTH_JWT_SECRET": "long", "FLASHGATE_JWT_SECRET": "short"},
+			func(c Config) bool { return c.Auth.JWTSecret == "short" }, ""},
+		{"admin token", map[string]string{"FLASHGATE_ADMIN_TOKEN": "tok"},
+			func(c Config) bool { return c.Admin.Token == "tok" }, ""},
+		{"eddsa key file", map[string]string{"FLASHGATE_AUTH_EDDSA_PUBLIC_KEY_FILE": "/k.pem"},
+			func(c Config) bool { return c.Auth.EdDSAPublicKeyFile == "/k.pem" }, ""},
+		{"duration", map[string]string{"FLASHGATE_GATEWAY_READ_TIMEOUT": "3s"},
+			func(c Config) bool { return c.Gateway.ReadTimeout == 3*time.Second }, ""},
+		{"int", map[string]string{"FLASHGATE_BACKEND_BATCH_SIZE": "64"},
+			func(c Config) bool { return c.Backend.BatchSize == 64 }, ""},
+		{"int64", map[string]string{"FLASHGATE_NATS_MAX_STREAM_MSGS": "5000000000"},
+			func(c Config) bool { return c.NATS.MaxStreamMsgs == 5e9 }, ""},
+		{"several", map[string]string{"FLASHGATE_GATEWAY_LISTEN": ":1", "FLASHGATE_ORDERS_PAYMENT_TIMEOUT": "1h"},
+			func(c Config) bool { return c.Gateway.Listen == ":1" && c.Orders.PaymentTimeout == time.Hour }, ""},
+		{"unrelated variables", map[string]string{"FLASHGATE_NOPE": "x", "REDIS_ADDRS": "x"}, isDefault, ""},
+		{"bad int", map[string]string{"FLASHGATE_BACKEND_BATCH_SIZE": "lots"}, nil, "FLASHGATE_BACKEND_BATCH_SIZE"},
+		{"float for int", map[string]string{"FLASHGATE_GATEWAY_MAX_BODY_BYTES": "1.5"}, nil, "FLASHGATE_GATEWAY_MAX_BODY_BYTES"},
+		{"bad duration", map[string]string{"FLASHGATE_GATEWAY_READ_TIMEOUT": "3"}, nil, "FLASHGATE_GATEWAY_READ_TIMEOUT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			err := applyEnv(&c, func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("applyEnv(%v) = %v, want an error naming %s", tc.env, err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("applyEnv(%v): %v", tc.env, err)
+			}
+			if !tc.check(c) {
+				t.Fatalf("applyEnv(%v) = %+v", tc.env, c)
+			}
+		})
+	}
+}
+
+// TestEveryKeyHasAnEnvName: every leaf of Config answers to FLASHGATE_<PATH>.
+func TestEveryKeyHasAnEnvName(t *testing.T) {
+	for _, path := range leafPaths(reflect.TypeOf(Config{}), nil) {
+		name := "FLASHGATE_" + strings.ToUpper(strings.Join(path, "_"))
+		c := Default()
+		err := applyEnv(&c, func(k string) (string, bool) {
+			if k == name {
+				return "not-a-valid-value-for-anything-but-a-string", true
+			}
+			return "", false
+		})
+		changed := !reflect.DeepEqual(c, Default())
+		if err == nil && !changed {
+			t.Errorf("%s (%s) is ignored", name, strings.Join(path, "."))
+		}
+	}
+}
+
+func TestLoad(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(file, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("gateway:\n  listen: :9000\n  read_timeout: 7s\nredis:\n  addrs: [file:1]\n")
+	t.Setenv("FLASHGATE_GATEWAY_READ_TIMEOUT", "3s")
+	t.Setenv("FLASHGATE_JWT_SECRET", "from-env")
+	c, err := Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Defaults, then the file, then the environment.
+	if c.Gateway.Listen != ":9000" || c.Gateway.ReadTimeout != 3*time.Second ||
+		!slices.Equal(c.Redis.Addrs, []string{"file:1"}) || c.Auth.JWTSecret != "from-env" ||
+		c.Gateway.WriteTimeout != 5*time.Second {
+		t.Fatalf("Load = %+v", c)
+	}
+
+	if c, err := Load(""); err != nil || c.Auth.JWTSecret != "from-env" {
+		t.Fatalf(`Load("") = %v; secret %q`, err, c.Auth.JWTSecret)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); err == nil {
+		t.Fatal("Load of a missing file: no error")
+	}
+	write("gateway:\n  lisen: :9000\n")
+	if _, err := Load(file); err == nil || !strings.Contains(err.Error(), "lisen") || !strings.Contains(err.Error(), file) {
+		t.Fatalf("Load of a bad file = %v, want the key and the file named", err)
+	}
+	write("")
+	t.Setenv("FLASHGATE_BACKEND_BATCH_SIZE", "x")
+	if _, err := Load(file); err == nil || !strings.Contains(err.Error(), "FLASHGATE_BACKEND_BATCH_SIZE") {
+		t.Fatalf("Load with a bad env value = %v", err)
+	}
+	t.Setenv("FLASHGATE_BACKEND_BATCH_SIZE", "0")
+	if _, err := Load(file); err == nil || !strings.Contains(err.Error(), "batch_size") {
+		t.Fatalf("Load of an invalid config = %v, want Validate's error", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(c *Config)
+		err  string
+	}{
+		{"no redis", func(c *Config) { c.Redis.Addrs = nil }, "redis.addrs"},
+		{"small body", func(c *Config) { c.Gateway.MaxBodyBytes = 63 }, "max_body_bytes"},
+		{"batch 0", func(c *Config) { c.Backend.BatchSize = 0 }, "batch_size"},
+		{"batch too big", func(c *Config) { c.Backend.BatchSize = 5001 }, "batch_size"},
+		{"short dedup", func(c *Config) { c.NATS.DedupWindow = time.Minute }, "dedup_window"},
+		{"no payment timeout", func(c *Config) { c.Orders.PaymentTimeout = 0 }, "payment_timeout"},
+		{"two algorithms", func(c *Config) { c.Auth.JWTSecret, c.Auth.EdDSAPublicKeyFile = "s", "/k" }, "not both"},
+		{"several at once", func(c *Config) { c.Redis.Addrs, c.Backend.BatchSize = nil, 0 }, "batch_size"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			tc.edit(&c)
+			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("Validate = %v, want an error naming %s", err, tc.err)
+			}
+		})
+	}
+	// The edges that are allowed.
+	c := Default()
+	c.Gateway.MaxBodyBytes, c.Backend.BatchSize, c.NATS.DedupWindow = 64, 5000, 2*time.Minute
+	c.Auth.JWTSecret = "s"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestExampleFile keeps configs/flashgate.yaml honest: it loads, it holds the
+// defaults, every key of Config appears in it, and each has a comment.
+func TestExampleFile(t *testing.T) {
+	clearEnv(t)
+	c, err := Load(exampleFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c, Default()) {
+		t.Fatalf("%s differs from Default():\n got %+v\nwant %+v", exampleFile, c, Default())
+	}
+	b, err := os.ReadFile(exampleFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	comments := map[string]string{} // "gateway.listen" -> its line comment
+	var collect func(n *yaml.Node, prefix string)
+	collect = func(n *yaml.Node, prefix string) {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			comments[prefix+k.Value] = k.LineComment + v.LineComment
+			if v.Kind == yaml.MappingNode {
+				collect(v, prefix+k.Value+".")
+			}
+		}
+	}
+	collect(doc.Content[0], "")
+	for _, path := range leafPaths(reflect.TypeOf(Config{}), nil) {
+		key := strings.Join(path, ".")
+		comment, ok := comments[key]
+		if !ok {
+			t.Errorf("%s lacks %s", exampleFile, key)
+			continue
+		}
+		if strings.TrimSpace(strings.TrimPrefix(comment, "#")) == "" {
+			t.Errorf("%s: %s has no comment saying what it does", exampleFile, key)
+		}
+	}
+	// Secrets stay out of the file and say where they come from.
+	for key, env := range map[string]string{"auth.jwt_secret": "FLASHGATE_JWT_SECRET", "admin.token": "FLASHGATE_ADMIN_TOKEN"} {
+		if !strings.Contains(comments[key], env) {
+			t.Errorf("%s: the comment of %s does not name %s", exampleFile, key, env)
+		}
+	}
+}
+
+// leafPaths lists the yaml paths of every non-struct field.
+func leafPaths(t reflect.Type, prefix []string) [][]string {
+	var out [][]string
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		path := append(slices.Clone(prefix), name)
+		if f.Type.Kind() == reflect.Struct {
+			out = append(out, leafPaths(f.Type, path)...)
+		} else {
+			out = append(out, path)
+		}
+	}
+	return out
+}
+
+func FuzzParse(f *testing.F) {
+	if b, err := os.ReadFile(exampleFile); err == nil {
+		f.Add(b)
+	}
+	for _, s := range []string{"", "~", "gateway: {listen: x}", "gateway:\n  lisen: 1\n", "[]", "a: &a [*a]",
+		"redis: {addrs: [a, b]}", "---\n---\n", "gateway: {read_timeout: 5}", "{", "\t"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c := Default()
+		if err := Parse(b, &c); err != nil {
+			return
+		}
+		_ = c.Validate()
+		// What parsed must parse again the same way once written out.
+		out, err := yaml.Marshal(&c)
+		if err != nil {
+			t.Fatalf("marshal %+v: %v", c, err)
+		}
+		c2 := Default()
+		if err := Parse(out, &c2); err != nil {
+			t.Fatalf("re-parse of %q: %v", out, err)
+		}
+		if !reflect.DeepEqual(c, c2) && !(len(c.Redis.Addrs) == 0 && len(c2.Redis.Addrs) == 0) {
+			t.Fatalf("round trip: %+v != %+v", c, c2)
+		}
+	})
+}
