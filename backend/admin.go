@@ -1,0 +1,287 @@
+package backend
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/audit"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/lua"
+)
+
+// maxAdminBody bounds an admin request body.
+const maxAdminBody = 64 << 10
+
+// codeNotImplemented answers an admin route that a later issue fills in.
+const codeNotImplemented flashgate.Code = "not_implemented"
+
+// adminHandler serves DESIGN.md §4 and the health probes. Everything under
+// /admin/ needs the bearer token; the probes need none.
+func (b *Backend) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", b.readyz)
+	mux.Handle("POST /admin/v1/sales", b.auth(b.createSale))
+	mux.Handle("GET /admin/v1/sales/{sale}", b.auth(b.ledger))
+	mux.Handle("POST /admin/v1/sales/{sale}/close", b.auth(b.closeSale))
+	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", b.auth(b.reconcile))
+	mux.Handle("/admin/", b.auth(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no such admin route: "+r.Method+" "+r.URL.Path)
+	}))
+	return mux
+}
+
+// auth lets a request through only with "Authorization: Bearer <admin.token>".
+// An empty configured token refuses everything.
+func (b *Backend) auth(h http.HandlerFunc) http.Handler {
+	token := []byte(b.cfg.Admin.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if len(token) == 0 || !ok || subtle.ConstantTimeCompare([]byte(got), token) != 1 {
+			writeError(w, http.StatusUnauthorized, flashgate.CodeUnauthorized, "admin token missing or wrong")
+			return
+		}
+		h(w, r)
+	})
+}
+
+// saleSpec is the body of POST /admin/v1/sales. per_order_max may be left out:
+// it then defaults to 1 (one unit per order, the usual flash-sale rule); given,
+// it must be between 1 and per_user_limit.
+type saleSpec struct {
+	ID           string           `json:"id"`
+	Title        string           `json:"title"`
+	PriceCents   int64            `json:"price_cents"`
+	Total        int64            `json:"total"`
+	StartsAt     time.Time        `json:"starts_at"`
+	EndsAt       time.Time        `json:"ends_at"`
+	PerUserLimit int64            `json:"per_user_limit"`
+	PerOrderMax  *int64           `json:"per_order_max"`
+	Regions      map[string]int64 `json:"regions"`
+}
+
+func (s *saleSpec) sale() *flashgate.Sale {
+	omax := int64(1)
+	if s.PerOrderMax != nil {
+		omax = *s.PerOrderMax
+	}
+	// MySQL and Redis keep milliseconds: so does the sale from the start.
+	return &flashgate.Sale{
+		ID: s.ID, Title: s.Title, PriceCents: s.PriceCents, Total: s.Total,
+		StartsAt: s.StartsAt.UTC().Truncate(time.Millisecond), EndsAt: s.EndsAt.UTC().Truncate(time.Millisecond),
+		PerUserLimit: s.PerUserLimit, PerOrderMax: omax, Regions: s.Regions,
+	}
+}
+
+// decodeStrict reads exactly one JSON value with no unknown fields.
+func decodeStrict(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("trailing data after the JSON body")
+	}
+	return nil
+}
+
+func (b *Backend) createSale(w http.ResponseWriter, r *http.Request) {
+	var spec saleSpec
+	if err := decodeStrict(w, r, &spec); err != nil {
+		writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, "body: "+err.Error())
+		return
+	}
+	sale := spec.sale()
+	if err := sale.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
+		return
+	}
+	err := insertSale(r.Context(), b.db, sale, time.Now().UTC())
+	switch {
+	case errors.Is(err, errSaleExists):
+		writeError(w, http.StatusConflict, flashgate.CodeConflict, "sale "+sale.ID+" exists")
+		return
+	case err != nil:
+		b.log.Error("create sale", "sale", sale.ID, "err", err)
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
+		return
+	}
+	// The sale is in MySQL: the answer is 201 even if Redis fails now, because a
+	// gateway that meets the sale cold asks for a warm (bus.EventWarm).
+	did, err := b.warmer.warm(r.Context(), sale.ID)
+	switch {
+	case err != nil:
+		b.log.Error("warm new sale", "sale", sale.ID, "err", err)
+	case !did:
+		b.log.Warn("Redis already held the new sale: stale keys of an earlier sale with this id?", "sale", sale.ID)
+	}
+	b.publish(bus.SaleEvent{Type: bus.EventCreated, SaleID: sale.ID, Sale: sale})
+	b.log.Info("sale created", "sale", sale.ID, "total", sale.Total)
+	writeJSON(w, http.StatusCreated, sale)
+}
+
+// publish sends a sale event; a lost event heals (gateways refresh), so a
+// failure is only logged.
+func (b *Backend) publish(ev bus.SaleEvent) {
+	if err := bus.PublishEvent(b.nc, b.cfg.NATS, ev); err != nil {
+		b.log.Warn("publish sale event", "sale", ev.SaleID, "type", ev.Type, "err", err)
+	}
+}
+
+// ledgerView is GET /admin/v1/sales/{sale}: MySQL and Redis side by side, and
+// invariant 3 of DESIGN.md §2. Exact once the system has drained; during traffic
+// the reads are different moments.
+type ledgerView struct {
+	Sale              *flashgate.Sale        `json:"sale"`
+	Total             int64                  `json:"total"`
+	Warm              bool                   `json:"warm"`
+	Remaining         int64                  `json:"remaining"`
+	RemainingByRegion map[string]int64       `json:"remaining_by_region,omitempty"`
+	Reserved          int64                  `json:"reserved"`
+	Reservations      int64                  `json:"reservations"`
+	Sold              int64                  `json:"sold"`
+	SoldByRegion      map[string]int64       `json:"sold_by_region,omitempty"`
+	OrdersByStatus    map[string]statusCount `json:"orders_by_status"`
+	Invariant3        invariant3             `json:"invariant3"`
+}
+
+type invariant3 struct {
+	Holds     bool  `json:"holds"`
+	Remaining int64 `json:"remaining"`
+	Reserved  int64 `json:"reserved"`
+	Sold      int64 `json:"sold"`
+	Total     int64 `json:"total"`
+	// Diff is remaining + reserved + sold − total.
+	Diff int64 `json:"diff"`
+}
+
+func (b *Backend) ledger(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("sale")
+	row, ok := b.saleOr404(w, r, id)
+	if !ok {
+		return
+	}
+	byStatus, err := ordersByStatus(r.Context(), b.db, id)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
+		return
+	}
+	red, err := audit.RedisLedger(r.Context(), b.rc, id, row.RegionNames())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
+		return
+	}
+	diff := red.Remaining + red.Reserved + row.Sold - row.Total
+	writeJSON(w, http.StatusOK, ledgerView{
+		Sale: &row.Sale, Total: row.Total,
+		Warm: red.Warm, Remaining: red.Remaining, RemainingByRegion: red.ByRegion,
+		Reserved: red.Reserved, Reservations: red.Reservations,
+		Sold: row.Sold, SoldByRegion: row.RegionSold, OrdersByStatus: byStatus,
+		Invariant3: invariant3{Holds: diff == 0, Remaining: red.Remaining, Reserved: red.Reserved,
+			Sold: row.Sold, Total: row.Total, Diff: diff},
+	})
+}
+
+func (b *Backend) saleOr404(w http.ResponseWriter, r *http.Request, id string) (*saleRow, bool) {
+	if !flashgate.ValidID(id) {
+		writeError(w, http.StatusNotFound, flashgate.CodeSaleNotFound, "no sale "+id)
+		return nil, false
+	}
+	row, err := loadSale(r.Context(), b.db, id)
+	switch {
+	case errors.Is(err, errSaleNotFound):
+		writeError(w, http.StatusNotFound, flashgate.CodeSaleNotFound, "no sale "+id)
+		return nil, false
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
+		return nil, false
+	}
+	return row, true
+}
+
+// closeSale stops selling now: MySQL first (from then on the guard fails every
+// order of the sale: sale_closed), then Redis (the admit script answers ended),
+// then the gateways' caches.
+func (b *Backend) closeSale(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("sale")
+	if _, ok := b.saleOr404(w, r, id); !ok {
+		return
+	}
+	if err := closeSaleRow(r.Context(), b.db, id, time.Now().UTC()); err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
+		return
+	}
+	row, ok := b.saleOr404(w, r, id)
+	if !ok {
+		return
+	}
+	// A cold sale is warmed as closed (lua.Close alone would leave a meta with
+	// nothing but the state); a warm one is closed in place.
+	if _, err := b.warmer.warm(r.Context(), id); err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
+		return
+	}
+	if err := lua.Close(r.Context(), b.rc, lua.KeysFor(id, nil)); err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
+		return
+	}
+	b.publish(bus.SaleEvent{Type: bus.EventClosed, SaleID: id, Sale: &row.Sale})
+	b.log.Info("sale closed", "sale", id)
+	writeJSON(w, http.StatusOK, &row.Sale)
+}
+
+func (b *Backend) reconcile(w http.ResponseWriter, r *http.Request) {
+	writeError(w, http.StatusNotImplemented, codeNotImplemented,
+		"reconcile is not implemented yet (DESIGN.md §8: republish stale reservations, rebuild Redis stock, expire unpaid orders)")
+}
+
+// readyz answers 200 only when MySQL, Redis and NATS all answer.
+func (b *Backend) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	checks := map[string]string{"mysql": "ok", "redis": "ok", "nats": "ok"}
+	var failed []string
+	if err := b.db.PingContext(ctx); err != nil {
+		checks["mysql"], failed = err.Error(), append(failed, "mysql")
+	}
+	if err := b.rc.Do(ctx, b.rc.B().Ping().Build()).Error(); err != nil {
+		checks["redis"], failed = err.Error(), append(failed, "redis")
+	}
+	if !b.nc.IsConnected() {
+		checks["nats"], failed = "not connected: "+b.nc.Status().String(), append(failed, "nats")
+	}
+	if len(failed) > 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{
+			"code":    flashgate.CodeUnavailable,
+			"message": "not ready: " + strings.Join(failed, ", "),
+			"checks":  checks,
+		})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "checks": checks})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(fmt.Sprintf(`{"code":"internal","message":%q}`, err.Error()))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, status int, code flashgate.Code, msg string) {
+	writeJSON(w, status, map[string]string{"code": string(code), "message": msg})
+}

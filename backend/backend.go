@@ -1,0 +1,222 @@
+// Package backend owns MySQL, the source of truth, and the processes that feed it:
+// the consumers that turn admitted orders from JetStream into rows under the row
+// guard of DESIGN.md §8 and write each outcome back to Redis, the warming of Redis
+// from MySQL, and the admin API of DESIGN.md §4. Any number of backends share one
+// durable consumer; the sale row lock serialises their batches of one sale.
+package backend
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/rueidis"
+
+	"github.com/flashgate/flashgate/audit"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/lua"
+)
+
+// Backend is one running backend process.
+type Backend struct {
+	cfg     config.Config
+	log     *slog.Logger
+	db      *sql.DB
+	rc      rueidis.Client
+	nc      *nats.Conn
+	cons    jetstream.Consumer
+	scripts *lua.Scripts
+	writer  *orderWriter
+	warmer  *warmer
+	sub     *nats.Subscription
+	srv     *http.Server
+	addr    string
+
+	// stopFetch ends the consumer loop after the batch in hand; loopDone closes
+	// when it has. procCtx carries that batch's work and is cancelled only when
+	// Shutdown runs out of time.
+	stopFetch  context.CancelFunc
+	loopDone   chan struct{}
+	procCtx    context.Context
+	procCancel context.CancelFunc
+	// wg owns the admin server's goroutine.
+	wg sync.WaitGroup
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// Start connects to MySQL (and migrates it), Redis and NATS, ensures the stream
+// and the durable consumer, warms every open sale Redis does not know, and starts
+// the consumer loop and the admin server. It returns when the backend is ready.
+func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
+	b := &Backend{cfg: cfg, log: slog.Default().With("component", "backend"), scripts: lua.Load()}
+	b.procCtx, b.procCancel = context.WithCancel(context.Background())
+	started := false
+	defer func() {
+		if !started {
+			if b.sub != nil {
+				_ = b.sub.Unsubscribe()
+			}
+			if b.warmer != nil {
+				b.warmer.stop(context.Background())
+			}
+			b.procCancel()
+			b.closeClients()
+		}
+	}()
+
+	var err error
+	if b.db, err = audit.OpenDB(cfg.MySQL.DSN); err != nil {
+		return nil, err
+	}
+	if cfg.MySQL.MaxOpenConns > 0 {
+		b.db.SetMaxOpenConns(cfg.MySQL.MaxOpenConns)
+		b.db.SetMaxIdleConns(cfg.MySQL.MaxOpenConns)
+	}
+	// Recycle connections well inside any server or proxy idle timeout.
+	b.db.SetConnMaxLifetime(30 * time.Minute)
+	if err := b.db.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("mysql: %w", err)
+	}
+	if err := Migrate(ctx, b.db); err != nil {
+		return nil, err
+	}
+
+	if b.rc, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: cfg.Redis.Addrs, DisableCache: true}); err != nil {
+		return nil, fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
+	}
+
+	if b.nc, err = bus.Connect(cfg.NATS, "flashgate-backend"); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if _, err := bus.EnsureStream(ctx, js, cfg.NATS); err != nil {
+		return nil, err
+	}
+	if b.cons, err = js.CreateOrUpdateConsumer(ctx, cfg.NATS.Stream, consumerConfig(cfg)); err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", cfg.NATS.Consumer, err)
+	}
+
+	b.writer = newOrderWriter(b.db, b.rc, b.scripts, b.log)
+	b.warmer = newWarmer(b.db, b.rc, b.scripts, b.log)
+	b.warmOpenSales(ctx)
+	if b.sub, err = bus.SubscribeEvents(b.nc, cfg.NATS, b.onEvent); err != nil {
+		return nil, fmt.Errorf("sale events: %w", err)
+	}
+
+	if cfg.Admin.Token == "" {
+		b.log.Warn("admin.token is empty: the admin API refuses every request (set FLASHGATE_ADMIN_TOKEN)")
+	}
+	ln, err := net.Listen("tcp", cfg.Backend.AdminListen)
+	if err != nil {
+		return nil, fmt.Errorf("admin listen: %w", err)
+	}
+	b.addr = ln.Addr().String()
+	b.srv = &http.Server{
+		Handler:           b.adminHandler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		ErrorLog:          slog.NewLogLogger(b.log.Handler(), slog.LevelWarn),
+	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		if err := b.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			b.log.Error("admin server stopped", "err", err)
+		}
+	}()
+
+	fetchCtx, stop := context.WithCancel(context.Background())
+	b.stopFetch, b.loopDone = stop, make(chan struct{})
+	go b.consume(fetchCtx)
+
+	started = true
+	b.log.Info("backend ready", "admin", b.addr, "stream", cfg.NATS.Stream, "consumer", cfg.NATS.Consumer)
+	return b, nil
+}
+
+// AdminAddr is the host:port the admin API listens on.
+func (b *Backend) AdminAddr() string { return b.addr }
+
+// Shutdown stops fetching, finishes the batch in hand (acking what was
+// committed), stops the admin server and the warms, and closes the clients. When
+// ctx ends first, the batch in hand is abandoned: its messages are redelivered.
+// It is idempotent.
+func (b *Backend) Shutdown(ctx context.Context) error {
+	b.shutdownOnce.Do(func() { b.shutdownErr = b.shutdown(ctx) })
+	return b.shutdownErr
+}
+
+func (b *Backend) shutdown(ctx context.Context) error {
+	var errs []error
+	if b.sub != nil {
+		if err := b.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			errs = append(errs, fmt.Errorf("unsubscribe events: %w", err))
+		}
+	}
+	b.stopFetch()
+	select {
+	case <-b.loopDone:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("shutdown: batch in hand abandoned: %w", ctx.Err()))
+		b.procCancel()
+		<-b.loopDone
+	}
+	if err := b.srv.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("admin server: %w", err))
+		b.srv.Close()
+	}
+	b.wg.Wait()
+	b.warmer.stop(ctx)
+	b.procCancel()
+	b.closeClients()
+	b.log.Info("backend stopped")
+	return errors.Join(errs...)
+}
+
+// closeClients closes whatever Start opened. Acks are fire-and-forget
+// publishes: flush them before the connection goes.
+func (b *Backend) closeClients() {
+	if b.nc != nil {
+		_ = b.nc.FlushTimeout(2 * time.Second)
+		b.nc.Close()
+	}
+	if b.rc != nil {
+		b.rc.Close()
+	}
+	if b.db != nil {
+		b.db.Close()
+	}
+}
+
+// Run starts a backend, serves until ctx ends, then shuts down within
+// cfg.Backend.ShutdownTimeout.
+func Run(ctx context.Context, cfg config.Config) error {
+	b, err := Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	timeout := cfg.Backend.ShutdownTimeout
+	if timeout <= 0 {
+		timeout = config.Default().Backend.ShutdownTimeout
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return b.Shutdown(sctx)
+}

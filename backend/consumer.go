@@ -1,0 +1,216 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
+)
+
+const (
+	// idlePoll is how long one pull waits for the first message. Shutdown waits
+	// for it to return rather than abandon a pull the server may be answering.
+	idlePoll = time.Second
+	// maxBackOff caps the consumer's redelivery back-off.
+	maxBackOff = 10 * time.Minute
+	// maxBackOffSteps is the length of the back-off schedule (the last step repeats).
+	maxBackOffSteps = 6
+	// nakBase is the first redelivery delay of a batch that failed; it doubles per delivery.
+	nakBase = 250 * time.Millisecond
+	// loopPauseMax caps the loop's pause after consecutive failed batches.
+	loopPauseMax = 5 * time.Second
+)
+
+// consumerConfig is the durable pull consumer every backend shares.
+func consumerConfig(cfg config.Config) jetstream.ConsumerConfig {
+	ackWait := cfg.Backend.AckWait
+	if ackWait <= 0 {
+		ackWait = config.Default().Backend.AckWait
+	}
+	return jetstream.ConsumerConfig{
+		Durable:       cfg.NATS.Consumer,
+		Description:   "flashgate backends: admitted orders to MySQL",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		FilterSubject: cfg.NATS.OrderSubject + ".>",
+		MaxAckPending: cfg.Backend.MaxAckPending,
+		MaxDeliver:    cfg.Backend.MaxDeliver,
+		AckWait:       ackWait,
+		BackOff:       backOff(ackWait, cfg.Backend.MaxDeliver),
+	}
+}
+
+// backOff is the redelivery schedule of messages whose backend vanished before
+// acking: AckWait, then doubling. The server wants fewer steps than MaxDeliver,
+// and uses the first step as the ack wait.
+func backOff(ackWait time.Duration, maxDeliver int) []time.Duration {
+	n := maxBackOffSteps
+	if maxDeliver > 0 {
+		n = min(n, maxDeliver-1)
+	}
+	var out []time.Duration
+	for i, d := 0, ackWait; i < n; i++ {
+		out = append(out, d)
+		d = min(2*d, max(maxBackOff, ackWait))
+	}
+	return out
+}
+
+// consume is the consumer loop: fetch a batch, write it, repeat, until ctx ends.
+// It rides out NATS, MySQL and Redis outages: a failed batch is nak'ed with a
+// delay and the loop pauses before the next.
+func (b *Backend) consume(ctx context.Context) {
+	defer close(b.loopDone)
+	failures := 0
+	for ctx.Err() == nil {
+		msgs, err := b.fetch()
+		if err != nil {
+			b.log.Warn("fetching orders", "err", err)
+		}
+		if len(msgs) == 0 {
+			if err != nil {
+				failures++
+				_ = sleep(ctx, pause(failures))
+			}
+			continue
+		}
+		if b.handle(msgs) {
+			failures = 0
+			continue
+		}
+		failures++
+		_ = sleep(ctx, pause(failures))
+	}
+}
+
+func pause(failures int) time.Duration {
+	return min(loopPauseMax, 100*time.Millisecond<<min(failures, 10))
+}
+
+// fetch pulls one batch: it waits up to idlePoll for a first message, then up to
+// cfg.Backend.BatchWait for more. (A single pull of BatchSize would hold every
+// message until the batch is full or the pull expires; on nats-server 2.9 a
+// no-wait pull does not see redeliveries.)
+func (b *Backend) fetch() ([]jetstream.Msg, error) {
+	first, err := b.cons.Fetch(1, jetstream.FetchMaxWait(idlePoll))
+	if err != nil {
+		return nil, err
+	}
+	msgs := drain(first, nil)
+	if err := first.Error(); err != nil || len(msgs) == 0 || b.cfg.Backend.BatchSize <= 1 {
+		return msgs, err
+	}
+	wait := max(b.cfg.Backend.BatchWait, time.Millisecond)
+	more, err := b.cons.Fetch(b.cfg.Backend.BatchSize-1, jetstream.FetchMaxWait(wait))
+	if err != nil {
+		return msgs, err
+	}
+	msgs = drain(more, msgs)
+	return msgs, more.Error()
+}
+
+func drain(batch jetstream.MessageBatch, into []jetstream.Msg) []jetstream.Msg {
+	for m := range batch.Messages() {
+		into = append(into, m)
+	}
+	return into
+}
+
+// entry is one message of a batch with its decoded order.
+type entry struct {
+	msg   jetstream.Msg
+	order bus.OrderMsg
+}
+
+// handle writes one fetched batch, each sale's orders as one transaction (sales
+// in parallel: their rows do not meet), and acks or naks every message. It
+// reports whether every group succeeded.
+func (b *Backend) handle(msgs []jetstream.Msg) bool {
+	groups := map[string][]entry{}
+	for _, m := range msgs {
+		o, err := bus.DecodeOrder(m.Data())
+		if err != nil {
+			// It can never be parsed: it must not block the consumer. (A dead-letter
+			// stream comes later; the log keeps the body.)
+			b.log.Error("terminating unparseable order message", "subject", m.Subject(), "err", err)
+			if err := m.Term(); err != nil {
+				b.log.Warn("term", "subject", m.Subject(), "err", err)
+			}
+			continue
+		}
+		groups[o.Sale] = append(groups[o.Sale], entry{msg: m, order: o})
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for sale, es := range groups {
+		wg.Go(func() {
+			if !b.handleSale(sale, es) {
+				failed.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	return !failed.Load()
+}
+
+// handleSale processes one sale's group and acks it; on any error it naks every
+// message of the group, so nothing uncommitted (or not written back to Redis) is
+// ever acked. A redelivery of a committed order only writes it back again.
+func (b *Backend) handleSale(sale string, es []entry) bool {
+	timeout := b.cfg.Backend.AckWait
+	if timeout <= 0 {
+		timeout = config.Default().Backend.AckWait
+	}
+	ctx, cancel := context.WithTimeout(b.procCtx, timeout)
+	defer cancel()
+	orders := make([]bus.OrderMsg, len(es))
+	for i, e := range es {
+		orders[i] = e.order
+	}
+	outs, err := b.writer.process(ctx, sale, orders)
+	if err != nil {
+		b.log.Error("order batch failed; nak'ed for redelivery", "sale", sale, "orders", len(es), "err", err)
+		for _, e := range es {
+			if err := e.msg.NakWithDelay(nakDelay(e.msg, timeout)); err != nil {
+				b.log.Warn("nak", "sale", sale, "err", err)
+			}
+		}
+		return false
+	}
+	var confirmed, failedN, dropped, existed int
+	for i, e := range es {
+		switch o := outs[i]; {
+		case o.Dropped:
+			dropped++
+		case o.Existed:
+			existed++
+		case o.Status == flashgate.OrderFailed:
+			failedN++
+		default:
+			confirmed++
+		}
+		if err := e.msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			// The row is committed and written back: a redelivery is a no-op.
+			b.log.Warn("ack", "sale", sale, "err", err)
+		}
+	}
+	b.log.Debug("order batch written", "sale", sale, "confirmed", confirmed, "failed", failedN,
+		"dropped", dropped, "redelivered", existed)
+	return true
+}
+
+// nakDelay grows with the message's deliveries, up to limit.
+func nakDelay(m jetstream.Msg, limit time.Duration) time.Duration {
+	n := uint64(1)
+	if md, err := m.Metadata(); err == nil && md.NumDelivered > 0 {
+		n = md.NumDelivered
+	}
+	return min(limit, nakBase<<min(n-1, 10))
+}

@@ -1,0 +1,240 @@
+package backend
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/lua"
+)
+
+const (
+	// warmEvery is how often one sale is warmed on gateways' request at most.
+	warmEvery = time.Second
+	// warmTimeout bounds one warm.
+	warmTimeout = 10 * time.Second
+	// warmLockTTL bounds how long a crashed warmer blocks the others.
+	warmLockTTL = 15 * time.Second
+	// usersChunk is the fields of one HSET when the users hash is rebuilt.
+	usersChunk = 500
+)
+
+// unlockSrc deletes a lock only if it is still ours.
+const unlockSrc = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`
+
+// warmer makes sales known to Redis from MySQL: at start, on sale create and
+// close, and when a gateway reports a sale not warmed (bus.EventWarm). It owns
+// the goroutines of the event-driven warms.
+type warmer struct {
+	db      *sql.DB
+	rc      rueidis.Client
+	scripts *lua.Scripts
+	log     *slog.Logger
+	unlock  *rueidis.Lua
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	stopped bool
+	last    map[string]time.Time // when each sale was last warmed on request
+}
+
+func newWarmer(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *slog.Logger) *warmer {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &warmer{db: db, rc: rc, scripts: scripts, log: log, unlock: rueidis.NewLuaScript(unlockSrc),
+		ctx: ctx, cancel: cancel, last: map[string]time.Time{}}
+}
+
+// warmLockKey carries the sale's hash tag, so it lives on the sale's shard.
+func warmLockKey(sale string) string { return "fg:{s:" + sale + "}:warming" }
+
+// warm makes sale known to Redis if its meta is missing, and answers whether it
+// did. Under a short Redis lock (so backends warming the same sale at once do
+// not interleave) it rebuilds the users hash from user_purchases, then lets
+// lua.Warm write the stock keys and the meta: until the meta exists the admit
+// script refuses everything (not_warmed), so nothing moves the counters
+// meanwhile.
+//
+// The stock is total − sold from MySQL. Orders in flight (admitted, not yet in
+// MySQL) are not subtracted, nor counted in the users hash: when Redis lost
+// them, reconcile (a later issue) rebuilds total − sold − in-flight.
+func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
+	row, err := loadSale(ctx, w.db, sale)
+	if err != nil {
+		return false, err
+	}
+	k := lua.KeysFor(sale, row.RegionNames())
+	warm, err := w.isWarm(ctx, k)
+	if err != nil || warm {
+		return false, err
+	}
+
+	token := randomToken()
+	lock := warmLockKey(sale)
+	err = w.rc.Do(ctx, w.rc.B().Set().Key(lock).Value(token).Nx().Px(warmLockTTL).Build()).Error()
+	if rueidis.IsRedisNil(err) {
+		return false, nil // another backend is warming it
+	}
+	if err != nil {
+		return false, fmt.Errorf("warm %s: lock: %w", sale, err)
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = w.unlock.Exec(uctx, w.rc, []string{lock}, []string{token}).Error()
+	}()
+	// Warmed by someone else between the check and the lock?
+	if warm, err := w.isWarm(ctx, k); err != nil || warm {
+		return false, err
+	}
+
+	if err := w.rebuildUsers(ctx, k); err != nil {
+		return false, fmt.Errorf("warm %s: users: %w", sale, err)
+	}
+	return w.scripts.Warm(ctx, w.rc, &row.Sale, row.Remaining())
+}
+
+func (w *warmer) isWarm(ctx context.Context, k *lua.Keys) (bool, error) {
+	n, err := w.rc.Do(ctx, w.rc.B().Exists().Key(k.Meta).Build()).AsInt64()
+	if err != nil {
+		return false, fmt.Errorf("warm %s: %w", k.Sale, err)
+	}
+	return n == 1, nil
+}
+
+// rebuildUsers replaces the users hash with the units MySQL counts per buyer.
+func (w *warmer) rebuildUsers(ctx context.Context, k *lua.Keys) error {
+	if err := w.rc.Do(ctx, w.rc.B().Del().Key(k.Users).Build()).Error(); err != nil {
+		return err
+	}
+	rows, err := w.db.QueryContext(ctx, `SELECT user_id, units FROM user_purchases WHERE sale_id = ? AND units > 0`, k.Sale)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var fields []string
+	flush := func() error {
+		if len(fields) == 0 {
+			return nil
+		}
+		cmd := w.rc.B().Hset().Key(k.Users).FieldValue()
+		for i := 0; i < len(fields); i += 2 {
+			cmd = cmd.FieldValue(fields[i], fields[i+1])
+		}
+		fields = fields[:0]
+		return w.rc.Do(ctx, cmd.Build()).Error()
+	}
+	for rows.Next() {
+		var user string
+		var units int64
+		if err := rows.Scan(&user, &units); err != nil {
+			return err
+		}
+		fields = append(fields, user, strconv.FormatInt(units, 10))
+		if len(fields) == 2*usersChunk {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return flush()
+}
+
+// request warms sale in the background, at most once per warmEvery: every
+// gateway that meets the cold sale asks, and every backend hears it.
+func (w *warmer) request(sale string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	if w.stopped || now.Sub(w.last[sale]) < warmEvery {
+		return
+	}
+	if len(w.last) >= 1024 {
+		for id, at := range w.last {
+			if now.Sub(at) >= warmEvery {
+				delete(w.last, id)
+			}
+		}
+	}
+	w.last[sale] = now
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		ctx, cancel := context.WithTimeout(w.ctx, warmTimeout)
+		defer cancel()
+		did, err := w.warm(ctx, sale)
+		switch {
+		case errors.Is(err, errSaleNotFound):
+			w.log.Warn("warm requested for a sale MySQL does not know", "sale", sale)
+		case err != nil:
+			w.log.Error("warm failed", "sale", sale, "err", err)
+		case did:
+			w.log.Info("sale warmed on request", "sale", sale)
+		}
+	}()
+}
+
+// stop refuses new requests and waits for the running warms; when ctx ends
+// first it cancels them and waits for them to return.
+func (w *warmer) stop(ctx context.Context) {
+	w.mu.Lock()
+	w.stopped = true
+	w.mu.Unlock()
+	done := make(chan struct{})
+	go func() { w.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	w.cancel()
+	<-done
+}
+
+// warmOpenSales warms every sale that is neither closed nor ended and that
+// Redis does not know. A failure is logged, not fatal: a gateway that meets the
+// sale cold asks again.
+func (b *Backend) warmOpenSales(ctx context.Context) {
+	ids, err := openSaleIDs(ctx, b.db, time.Now().UTC())
+	if err != nil {
+		b.log.Error("listing sales to warm", "err", err)
+		return
+	}
+	for _, id := range ids {
+		did, err := b.warmer.warm(ctx, id)
+		if err != nil {
+			b.log.Error("warm at start failed", "sale", id, "err", err)
+			continue
+		}
+		if did {
+			b.log.Info("sale warmed at start", "sale", id)
+		}
+	}
+}
+
+// onEvent handles the sale events the backend cares about: a gateway's warm request.
+func (b *Backend) onEvent(ev bus.SaleEvent) {
+	if ev.Type == bus.EventWarm {
+		b.warmer.request(ev.SaleID)
+	}
+}
+
+func randomToken() string {
+	var buf [12]byte
+	_, _ = rand.Read(buf[:])
+	return hex.EncodeToString(buf[:])
+}

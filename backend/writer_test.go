@@ -1,0 +1,361 @@
+package backend
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/lua"
+)
+
+func TestFastPath(t *testing.T) {
+	t.Parallel()
+	for _, target := range []struct {
+		name  string
+		addrs []string
+	}{{"standalone", testenv.RedisAddrs()}, {"cluster", testenv.ClusterAddrs()}} {
+		t.Run(target.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, target.addrs)
+			s := spec(10, 3, nil)
+			k := e.createSale(s)
+			msgs := []bus.OrderMsg{
+				admit(t, e.rc, k, "u1", 2, ""),
+				admit(t, e.rc, k, "u2", 1, ""),
+				admit(t, e.rc, k, "u3", 3, ""),
+				admit(t, e.rc, k, "u1", 1, ""),
+			}
+			if n := reservations(t, e.rc, k); n != 4 {
+				t.Fatalf("before: %d reservations, want 4", n)
+			}
+			for i, o := range e.process(s.ID, msgs) {
+				if o.ID != msgs[i].ID || o.Status != flashgate.OrderConfirmed || o.Dropped || o.Existed {
+					t.Errorf("outcome %d: %+v", i, o)
+				}
+			}
+			if got := e.rows(s.ID, "confirmed"); got != 4 {
+				t.Errorf("confirmed rows = %d, want 4", got)
+			}
+			if got := e.sold(s.ID); got != 7 {
+				t.Errorf("sold = %d, want 7", got)
+			}
+			for user, want := range map[string]int64{"u1": 3, "u2": 1, "u3": 3} {
+				if got := e.units(s.ID, user); got != want {
+					t.Errorf("user_purchases %s = %d, want %d", user, got, want)
+				}
+			}
+			if n := reservations(t, e.rc, k); n != 0 {
+				t.Errorf("after: %d reservations, want 0", n)
+			}
+			for _, m := range msgs {
+				if st, _ := redisStatus(t, e.rc, k, m.ID); st != "confirmed" {
+					t.Errorf("redis status of %d = %q, want confirmed", m.ID, st)
+				}
+			}
+			if r := check(t, e, s.ID, ids(msgs)); !r.OK() || r.LiveUnits != 7 || r.RedisRemaining != 3 || r.DistinctBuyers != 3 {
+				t.Errorf("audit: %v", r)
+			}
+		})
+	}
+}
+
+// Redis admitted more than MySQL allows: the guard holds the line.
+func TestFallbackSoldOut(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.RedisAddrs())
+	s := spec(5, 1, nil)
+	if err := insertSale(ctx(t), e.db, s, s.StartsAt); err != nil {
+		t.Fatal(err)
+	}
+	k := e.warmWith(s, map[string]int64{"": 8})
+	var msgs []bus.OrderMsg
+	for i := range 8 {
+		msgs = append(msgs, admit(t, e.rc, k, fmt.Sprintf("u%d", i), 1, ""))
+	}
+	// Two batches: the first passes the fast path, the second takes the fallback.
+	out := append(e.process(s.ID, msgs[:4]), e.process(s.ID, msgs[4:])...)
+	for i, o := range out {
+		want, reason := flashgate.OrderConfirmed, ""
+		if i >= 5 {
+			want, reason = flashgate.OrderFailed, flashgate.ReasonSoldOut
+		}
+		if o.Status != want || o.Reason != reason {
+			t.Errorf("order %d: %s/%s, want %s/%s", i, o.Status, o.Reason, want, reason)
+		}
+		if st, why, _ := e.order(msgs[i].ID); st != string(want) || why != reason {
+			t.Errorf("row %d: %s/%s, want %s/%s", i, st, why, want, reason)
+		}
+		if st, why := redisStatus(t, e.rc, k, msgs[i].ID); st != string(want) || why != reason {
+			t.Errorf("redis %d: %s/%s, want %s/%s", i, st, why, want, reason)
+		}
+	}
+	if got := e.sold(s.ID); got != 5 {
+		t.Errorf("sold = %d, want 5", got)
+	}
+	// The failed orders' units went back to Redis (and the buyers' counters).
+	if got := remaining(t, e.rc, k, ""); got != 3 {
+		t.Errorf("redis remaining = %d, want 3", got)
+	}
+	if n := reservations(t, e.rc, k); n != 0 {
+		t.Errorf("%d reservations left", n)
+	}
+	r := check(t, e, s.ID, ids(msgs))
+	if r.Oversold != 0 || r.Duplicated != 0 || r.Lost != 0 || r.OverLimitUsers != 0 || r.LiveUnits != 5 || r.ByStatus["failed"] != 3 {
+		t.Errorf("audit: %v", r)
+	}
+	// Redis was warmed with 3 units too many: the ledger says so.
+	if r.LedgerHolds || r.LedgerDiff != 3 {
+		t.Errorf("ledger: holds=%v diff=%d, want false/3", r.LedgerHolds, r.LedgerDiff)
+	}
+}
+
+// A buyer's limit that slipped past Redis (its counter lost) fails in MySQL;
+// the rest of the batch is written.
+func TestFallbackLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.RedisAddrs())
+	s := spec(10, 2, nil)
+	k := e.createSale(s)
+	first := admit(t, e.rc, k, "u1", 2, "")
+	e.process(s.ID, []bus.OrderMsg{first})
+	// Redis forgets what u1 holds, so it admits u1 again.
+	if err := e.rc.Do(ctx(t), e.rc.B().Hdel().Key(k.Users).Field("u1").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	batch := []bus.OrderMsg{admit(t, e.rc, k, "u1", 1, ""), admit(t, e.rc, k, "u2", 2, "")}
+	out := e.process(s.ID, batch)
+	if out[0].Status != flashgate.OrderFailed || out[0].Reason != flashgate.ReasonLimitReached {
+		t.Errorf("u1's second order: %+v, want failed limit_reached", out[0])
+	}
+	if out[1].Status != flashgate.OrderConfirmed {
+		t.Errorf("u2's order: %+v, want confirmed", out[1])
+	}
+	if got := e.units(s.ID, "u1"); got != 2 {
+		t.Errorf("u1 units = %d, want 2", got)
+	}
+	if got := e.units(s.ID, "u2"); got != 2 {
+		t.Errorf("u2 units = %d, want 2", got)
+	}
+	if got := e.sold(s.ID); got != 4 {
+		t.Errorf("sold = %d, want 4", got)
+	}
+	if st, why := redisStatus(t, e.rc, k, batch[0].ID); st != "failed" || why != flashgate.ReasonLimitReached {
+		t.Errorf("redis: %s/%s", st, why)
+	}
+	if r := check(t, e, s.ID, append(ids(batch), first.ID)); !r.OK() || r.OverLimitUsers != 0 {
+		t.Errorf("audit: %v", r)
+	}
+}
+
+// The region guard: Redis thinks bj has 5, MySQL knows it has 3.
+func TestFallbackRegion(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.ClusterAddrs())
+	s := spec(5, 5, map[string]int64{"bj": 3, "sh": 2})
+	if err := insertSale(ctx(t), e.db, s, s.StartsAt); err != nil {
+		t.Fatal(err)
+	}
+	k := e.warmWith(s, map[string]int64{"bj": 5, "sh": 2})
+	var msgs []bus.OrderMsg
+	for i := range 4 {
+		msgs = append(msgs, admit(t, e.rc, k, fmt.Sprintf("b%d", i), 1, "bj"))
+	}
+	msgs = append(msgs, admit(t, e.rc, k, "s0", 1, "sh"))
+	out := e.process(s.ID, msgs)
+	for i, o := range out {
+		want := flashgate.OrderConfirmed
+		if i == 3 {
+			want = flashgate.OrderFailed
+		}
+		if o.Status != want {
+			t.Errorf("order %d (%s): %+v, want %s", i, msgs[i].Region, o, want)
+		}
+	}
+	if out[3].Reason != flashgate.ReasonSoldOut {
+		t.Errorf("reason = %q", out[3].Reason)
+	}
+	bj := e.queryInt(`SELECT sold FROM sale_regions WHERE sale_id = ? AND region = 'bj'`, s.ID)
+	sh := e.queryInt(`SELECT sold FROM sale_regions WHERE sale_id = ? AND region = 'sh'`, s.ID)
+	if bj != 3 || sh != 1 || e.sold(s.ID) != 4 {
+		t.Errorf("sold bj=%d sh=%d total=%d, want 3 1 4", bj, sh, e.sold(s.ID))
+	}
+	if got := remaining(t, e.rc, k, "bj"); got != 2 { // 5 − 4 admitted + 1 released
+		t.Errorf("redis bj remaining = %d, want 2", got)
+	}
+	if r := check(t, e, s.ID, ids(msgs)); r.Oversold != 0 || r.Duplicated != 0 || r.Lost != 0 {
+		t.Errorf("audit: %v", r)
+	}
+}
+
+func TestIdempotent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.RedisAddrs())
+	s := spec(100, 5, nil)
+	k := e.createSale(s)
+
+	t.Run("redelivery", func(t *testing.T) {
+		msgs := []bus.OrderMsg{admit(t, e.rc, k, "a", 2, ""), admit(t, e.rc, k, "b", 1, "")}
+		e.process(s.ID, msgs)
+		// The same message twice in one batch, and the whole batch again.
+		again := append(msgs, msgs[0])
+		for i, o := range e.process(s.ID, again) {
+			if !o.Existed || o.Status != flashgate.OrderConfirmed || o.ID != again[i].ID {
+				t.Errorf("redelivered %d: %+v", i, o)
+			}
+		}
+		if n := e.queryInt(`SELECT COUNT(*) FROM orders WHERE id IN (?, ?)`, msgs[0].ID, msgs[1].ID); n != 2 {
+			t.Errorf("%d rows, want 2", n)
+		}
+		if got := e.units(s.ID, "a"); got != 2 {
+			t.Errorf("a units = %d, want 2", got)
+		}
+	})
+
+	t.Run("concurrent", func(t *testing.T) {
+		var all []bus.OrderMsg
+		for round := range 5 {
+			var msgs []bus.OrderMsg
+			for u := range 4 {
+				msgs = append(msgs, admit(t, e.rc, k, fmt.Sprintf("c%d-%d", round, u), 1, ""))
+			}
+			all = append(all, msgs...)
+			var wg sync.WaitGroup
+			errs := make(chan error, 2)
+			for range 2 {
+				wg.Go(func() {
+					if _, err := e.w.process(ctx(t), s.ID, msgs); err != nil {
+						errs <- err
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Errorf("round %d: %v", round, err)
+			}
+		}
+		if n := e.queryInt(`SELECT COUNT(*) FROM orders WHERE sale_id = ? AND user_id LIKE 'c%'`, s.ID); n != int64(len(all)) {
+			t.Errorf("%d rows, want %d", n, len(all))
+		}
+	})
+
+	t.Run("failed redelivered releases once", func(t *testing.T) {
+		s := spec(1, 1, nil)
+		if err := insertSale(ctx(t), e.db, s, s.StartsAt); err != nil {
+			t.Fatal(err)
+		}
+		k := e.warmWith(s, map[string]int64{"": 2})
+		msgs := []bus.OrderMsg{admit(t, e.rc, k, "x", 1, ""), admit(t, e.rc, k, "y", 1, "")}
+		e.process(s.ID, msgs)
+		before := remaining(t, e.rc, k, "")
+		out := e.process(s.ID, msgs)
+		if !out[1].Existed || out[1].Status != flashgate.OrderFailed || out[1].Reason != flashgate.ReasonSoldOut {
+			t.Errorf("redelivered failed order: %+v", out[1])
+		}
+		if after := remaining(t, e.rc, k, ""); after != before || after != 1 {
+			t.Errorf("redis remaining %d then %d, want 1 both times", before, after)
+		}
+	})
+
+	if got, want := e.sold(s.ID), int64(3+20); got != want {
+		t.Errorf("sold = %d, want %d", got, want)
+	}
+	if r := check(t, e, s.ID, nil); !r.OK() {
+		t.Errorf("audit: %v", r)
+	}
+}
+
+// An order the gateway released (its publish failed, the buyer got 503) is
+// dropped: no row, nothing counted.
+func TestReleasedDropped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.RedisAddrs())
+	s := spec(10, 2, nil)
+	k := e.createSale(s)
+	gone, kept := admit(t, e.rc, k, "u1", 1, ""), admit(t, e.rc, k, "u2", 1, "")
+	r, err := e.scripts.Release(ctx(t), e.rc, k, gone.ID, "", lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+	if err != nil || !r.Released {
+		t.Fatalf("release: %+v %v", r, err)
+	}
+	out := e.process(s.ID, []bus.OrderMsg{gone, kept})
+	if !out[0].Dropped || out[1].Status != flashgate.OrderConfirmed {
+		t.Errorf("outcomes: %+v", out)
+	}
+	if _, _, ok := e.order(gone.ID); ok {
+		t.Error("the released order has a row")
+	}
+	if e.sold(s.ID) != 1 {
+		t.Errorf("sold = %d, want 1", e.sold(s.ID))
+	}
+	if st, _ := redisStatus(t, e.rc, k, gone.ID); st != "released" {
+		t.Errorf("redis status = %q, want released", st)
+	}
+	if r := check(t, e, s.ID, []uint64{kept.ID}); !r.OK() {
+		t.Errorf("audit: %v", r)
+	}
+}
+
+func TestUnknownAndClosed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.RedisAddrs())
+
+	t.Run("sale MySQL does not know", func(t *testing.T) {
+		s := spec(10, 2, nil)
+		k := e.warmWith(s, map[string]int64{"": 10})
+		m := admit(t, e.rc, k, "u1", 2, "")
+		out := e.process(s.ID, []bus.OrderMsg{m})
+		if out[0].Status != flashgate.OrderFailed || out[0].Reason != flashgate.ReasonUnknownSale {
+			t.Errorf("outcome: %+v", out[0])
+		}
+		if st, why, ok := e.order(m.ID); !ok || st != "failed" || why != flashgate.ReasonUnknownSale {
+			t.Errorf("row: %s/%s/%v", st, why, ok)
+		}
+		if got := remaining(t, e.rc, k, ""); got != 10 {
+			t.Errorf("redis remaining = %d, want 10 (released)", got)
+		}
+	})
+
+	t.Run("closed sale", func(t *testing.T) {
+		s := spec(10, 2, nil)
+		k := e.createSale(s)
+		m := admit(t, e.rc, k, "u1", 1, "")
+		if err := closeSaleRow(ctx(t), e.db, s.ID, s.StartsAt); err != nil {
+			t.Fatal(err)
+		}
+		out := e.process(s.ID, []bus.OrderMsg{m})
+		if out[0].Status != flashgate.OrderFailed || out[0].Reason != flashgate.ReasonSaleClosed {
+			t.Errorf("outcome: %+v", out[0])
+		}
+		if e.sold(s.ID) != 0 {
+			t.Errorf("sold = %d", e.sold(s.ID))
+		}
+	})
+
+	t.Run("Redis lost the order", func(t *testing.T) {
+		s := spec(10, 2, nil)
+		k := e.createSale(s)
+		m := bus.OrderMsg{ID: nextID.Add(1), Sale: s.ID, User: "u9", Qty: 1, Created: 1, Expires: 2}
+		out := e.process(s.ID, []bus.OrderMsg{m})
+		if out[0].Status != flashgate.OrderConfirmed {
+			t.Errorf("outcome: %+v", out[0])
+		}
+		if st, _ := redisStatus(t, e.rc, k, m.ID); st != "confirmed" {
+			t.Errorf("redis status = %q, want confirmed (rewritten)", st)
+		}
+	})
+
+	t.Run("region the sale does not have", func(t *testing.T) {
+		s := spec(10, 2, nil)
+		k := e.createSale(s)
+		good := admit(t, e.rc, k, "u1", 1, "")
+		bad := good
+		bad.ID, bad.Region = nextID.Add(1), "zz"
+		out := e.process(s.ID, []bus.OrderMsg{good, bad})
+		if out[0].Status != flashgate.OrderConfirmed || out[1].Status != flashgate.OrderFailed || out[1].Reason != reasonUnknownRegion {
+			t.Errorf("outcomes: %+v", out)
+		}
+	})
+}
