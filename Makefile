@@ -57,7 +57,7 @@ test: deps ## start the infra, run go test -race, stop the infra
 	exit $$rc
 
 # The last line make demo prints is the last line of `bin/flashgate demo` (its stdout, also kept
-# in var/log/demo.out); the stack is stopped afterwards, its output in var/log/down.log.
+# in var/log/demo.out); the stack is stopped afterwards, quietly (its output in var/log/down.log).
 demo: deps build ## start the stack, create a sale and run the load against it, stop the stack
 	@mkdir -p var/log; rc=0; : > var/log/demo.out; \
 	if $(STACK) up; then \
@@ -66,7 +66,6 @@ demo: deps build ## start the stack, create a sale and run the load against it, 
 		rc=$$?; echo "make demo: stack up failed" | tee var/log/demo.out >&2; \
 	fi; \
 	$(STACK) down > var/log/down.log 2>&1 || echo "make demo: stack down failed, see var/log/down.log" >&2; \
-	tail -n1 var/log/demo.out; \
 	exit $$rc
 
 bench: deps ## run the Go benchmarks
