@@ -190,9 +190,10 @@ func TestSeedsExperiment(t *testing.T) {
 			awaitSale(t, gw, s.ID)
 
 			const buyers = 5000
+			toks := tokens(t, cfg, "buyer", buyers)
 			start := time.Now()
 			res, err := loadgen.Run(context.Background(), loadgen.Config{
-				Target: "http://" + gw.Addr(), Sale: s.ID, Tokens: tokens(t, cfg, "buyer", buyers),
+				Target: "http://" + gw.Addr(), Sale: s.ID, Tokens: toks,
 				Concurrency: buyers, Requests: buyers,
 			})
 			if err != nil {

@@ -21,6 +21,7 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/url"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -143,9 +144,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	r := &run{cfg: cfg, client: client, uri: reqURI, body: body, users: users, idemPrefix: idemPrefix}
+	r.shards = make([]histShard, min(cfg.Concurrency, 4*runtime.GOMAXPROCS(0)))
+	for i := range r.shards {
+		r.shards[i].lat, r.shards[i].accLat = newHist(), newHist()
+	}
 	r.workers = make([]*worker, cfg.Concurrency)
 	for i := range r.workers {
-		r.workers[i] = newWorker()
+		r.workers[i] = newWorker(&r.shards[i%len(r.shards)])
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -252,6 +257,7 @@ type run struct {
 	users      [][]byte
 	idemPrefix []byte
 	workers    []*worker
+	shards     []histShard
 
 	next atomic.Int64 // index of the next request
 	stop atomic.Bool
@@ -271,16 +277,25 @@ type worker struct {
 	byStatus map[int]int64
 	byCode   map[string]*int64
 	ids      []uint64
-	lat      *hdrhistogram.Histogram
-	accLat   *hdrhistogram.Histogram
+	hist     *histShard
 }
 
-func newWorker() *worker {
+// histShard is a pair of latency histograms shared by a few workers. A
+// histogram is ~200 KB: one per worker would cost gigabytes at a concurrency of
+// thousands, and merging them all would take longer than the run. A lock held
+// for one RecordValue is nothing next to an HTTP round trip.
+type histShard struct {
+	mu     sync.Mutex
+	lat    *hdrhistogram.Histogram
+	accLat *hdrhistogram.Histogram
+	_      [64]byte
+}
+
+func newWorker(h *histShard) *worker {
 	return &worker{
 		byStatus: make(map[int]int64, 8),
 		byCode:   make(map[string]*int64, 8),
-		lat:      newHist(),
-		accLat:   newHist(),
+		hist:     h,
 	}
 }
 
@@ -331,7 +346,12 @@ func (r *run) work(w *worker) {
 
 func (w *worker) record(status int, body []byte, us int64) {
 	us = min(max(us, histMin), histMax)
-	_ = w.lat.RecordValue(us)
+	w.hist.mu.Lock()
+	_ = w.hist.lat.RecordValue(us)
+	if status == fasthttp.StatusAccepted {
+		_ = w.hist.accLat.RecordValue(us)
+	}
+	w.hist.mu.Unlock()
 	w.byStatus[status]++
 	code := jsonString(body, keyCode)
 	if code == nil {
@@ -346,7 +366,6 @@ func (w *worker) record(status int, body []byte, us int64) {
 	if status != fasthttp.StatusAccepted {
 		return
 	}
-	_ = w.accLat.RecordValue(us)
 	w.accepted.Add(1)
 	id, ok := parseUint(jsonString(body, keyOrderID))
 	if !ok {
@@ -447,8 +466,10 @@ func (r *run) merge(elapsed time.Duration) *Result {
 			res.ByCode[c] += *n
 		}
 		res.Accepted = append(res.Accepted, w.ids...)
-		res.Latency.Merge(w.lat)
-		res.AcceptedLatency.Merge(w.accLat)
+	}
+	for i := range r.shards {
+		res.Latency.Merge(r.shards[i].lat)
+		res.AcceptedLatency.Merge(r.shards[i].accLat)
 	}
 	slices.Sort(res.Accepted)
 	res.Accepted = slices.Compact(res.Accepted)

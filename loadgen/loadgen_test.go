@@ -265,7 +265,7 @@ func TestJSONString(t *testing.T) {
 }
 
 func TestRecordAllocs(t *testing.T) {
-	w := newWorker()
+	w := newWorker(&histShard{lat: newHist(), accLat: newHist()})
 	acc := []byte(`{"code":"accepted","order_id":"42","status":"pending"}`)
 	sold := []byte(`{"code":"sold_out","message":"sold out"}`)
 	w.record(202, acc, 10)
