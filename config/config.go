@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"reflect"
 	"strconv"
@@ -20,14 +21,19 @@ import (
 
 // Config is everything the gateway, the backend and the CLI read.
 type Config struct {
-	Gateway Gateway `yaml:"gateway"`
-	Backend Backend `yaml:"backend"`
-	Auth    Auth    `yaml:"auth"`
-	Admin   Admin   `yaml:"admin"`
-	Redis   Redis   `yaml:"redis"`
-	NATS    NATS    `yaml:"nats"`
-	MySQL   MySQL   `yaml:"mysql"`
-	Orders  Orders  `yaml:"orders"`
+	Gateway   Gateway   `yaml:"gateway"`
+	Backend   Backend   `yaml:"backend"`
+	Auth      Auth      `yaml:"auth"`
+	Admin     Admin     `yaml:"admin"`
+	Redis     Redis     `yaml:"redis"`
+	NATS      NATS      `yaml:"nats"`
+	MySQL     MySQL     `yaml:"mysql"`
+	Orders    Orders    `yaml:"orders"`
+	RateLimit RateLimit `yaml:"ratelimit"`
+
+	// Source is the file the configuration was loaded from ("" for none); the
+	// gateway watches it to reload the rate limits.
+	Source string `yaml:"-"`
 }
 
 // Gateway is the edge process.
@@ -44,6 +50,35 @@ type Gateway struct {
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	SaleRefresh     time.Duration `yaml:"sale_refresh"`
 	NodeLeaseTTL    time.Duration `yaml:"node_lease_ttl"`
+	// MaxHeaderBytes bounds the request line and headers (fasthttp's read buffer).
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// MaxConnsPerIP bounds concurrent connections from one peer address (0: none).
+	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
+	// TrustedProxies are the CIDRs whose X-Forwarded-For / X-Real-IP are believed.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// TokenCacheSize bounds the verified-token cache (0 turns it off).
+	TokenCacheSize int `yaml:"token_cache_size"`
+	// LimiterMaxKeys bounds each keyed rate limiter (per IP, per user).
+	LimiterMaxKeys int `yaml:"limiter_max_keys"`
+	// BreakerFailures consecutive dependency failures open a breaker for BreakerOpen.
+	BreakerFailures int           `yaml:"breaker_failures"`
+	BreakerOpen     time.Duration `yaml:"breaker_open"`
+}
+
+// RateLimit is the ops-tunable block of DESIGN.md §9 (binding). It reloads
+// without a restart.
+type RateLimit struct {
+	PerIP       Rate `yaml:"per_ip"`
+	PerUser     Rate `yaml:"per_user"`
+	PerSale     Rate `yaml:"per_sale"`
+	MaxInflight int  `yaml:"max_inflight"`
+}
+
+// Rate is a token bucket: Rate tokens a second, up to Burst at once. A Rate of
+// 0 turns the limit off.
+type Rate struct {
+	Rate  float64 `yaml:"rate"`
+	Burst int     `yaml:"burst"`
 }
 
 // Backend is the order-writing process.
@@ -109,6 +144,16 @@ func Default() Config {
 			IdleTimeout: 60 * time.Second, Concurrency: 256 * 1024,
 			AdmitTimeout: 500 * time.Millisecond, PublishTimeout: 2 * time.Second,
 			ShutdownTimeout: 10 * time.Second, SaleRefresh: 5 * time.Second, NodeLeaseTTL: 15 * time.Second,
+			MaxHeaderBytes: 8192, MaxConnsPerIP: 0,
+			TrustedProxies: []string{"127.0.0.1/32", "::1/128"},
+			TokenCacheSize: 100000, LimiterMaxKeys: 1000000,
+			BreakerFailures: 5, BreakerOpen: 2 * time.Second,
+		},
+		RateLimit: RateLimit{
+			PerIP:       Rate{Rate: 20, Burst: 40},
+			PerUser:     Rate{Rate: 5, Burst: 5},
+			PerSale:     Rate{Rate: 50000, Burst: 5000},
+			MaxInflight: 20000,
 		},
 		Backend: Backend{
 			AdminListen: "127.0.0.1:8082", BatchSize: 500, BatchWait: 5 * time.Millisecond,
@@ -144,6 +189,7 @@ func Load(path string) (Config, error) {
 	if err := applyEnv(&c, os.LookupEnv); err != nil {
 		return c, fmt.Errorf("config: %w", err)
 	}
+	c.Source = path
 	return c, c.Validate()
 }
 
@@ -192,6 +238,43 @@ func (c *Config) Validate() error {
 	if c.Auth.JWTSecret != "" && c.Auth.EdDSAPublicKeyFile != "" {
 		errs = append(errs, errors.New("auth: set jwt_secret or eddsa_public_key_file, not both"))
 	}
+	for _, p := range c.Gateway.TrustedProxies {
+		if _, err := netip.ParsePrefix(p); err != nil {
+			errs = append(errs, fmt.Errorf("gateway.trusted_proxies: %w", err))
+		}
+	}
+	if c.Gateway.MaxHeaderBytes < 1024 {
+		errs = append(errs, errors.New("gateway.max_header_bytes must be at least 1024"))
+	}
+	if c.Gateway.LimiterMaxKeys < 1 {
+		errs = append(errs, errors.New("gateway.limiter_max_keys must be positive"))
+	}
+	if c.Gateway.BreakerFailures < 1 || c.Gateway.BreakerOpen <= 0 {
+		errs = append(errs, errors.New("gateway.breaker_failures and breaker_open must be positive"))
+	}
+	return errors.Join(append(errs, c.RateLimit.Validate())...)
+}
+
+// Validate checks the rate-limit block alone: a reload that fails it keeps
+// the limits in force.
+func (r *RateLimit) Validate() error {
+	var errs []error
+	for _, x := range []struct {
+		name string
+		r    Rate
+	}{{"per_ip", r.PerIP}, {"per_user", r.PerUser}, {"per_sale", r.PerSale}} {
+		switch {
+		case x.r.Rate < 0 || x.r.Burst < 0:
+			errs = append(errs, fmt.Errorf("ratelimit.%s: rate and burst must not be negative", x.name))
+		case x.r.Rate > 0 && x.r.Burst < 1:
+			errs = append(errs, fmt.Errorf("ratelimit.%s: burst must be at least 1 when rate is set", x.name))
+		case x.r.Rate > 1e9:
+			errs = append(errs, fmt.Errorf("ratelimit.%s: rate above 1e9/s", x.name))
+		}
+	}
+	if r.MaxInflight < 0 {
+		errs = append(errs, errors.New("ratelimit.max_inflight must not be negative (0: no cap)"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -212,6 +295,9 @@ func walk(v reflect.Value, prefix string, lookup func(string) (string, bool)) er
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
 		name := strings.ToUpper(strings.Split(f.Tag.Get("yaml"), ",")[0])
+		if name == "-" {
+			continue
+		}
 		env := prefix + "_" + name
 		if f.Type.Kind() == reflect.Struct {
 			if err := walk(v.Field(i), env, lookup); err != nil {
@@ -273,6 +359,12 @@ func setValue(v reflect.Value, s string) error {
 	switch v.Kind() {
 	case reflect.String:
 		v.SetString(s)
+	case reflect.Float64:
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return err
+		}
+		v.SetFloat(f)
 	case reflect.Int, reflect.Int64:
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {

@@ -59,7 +59,7 @@ func TestParse(t *testing.T) {
 			check: func(c Config) bool { return c.NATS.MaxStreamMsgs == 1e10 }},
 		{name: "unknown top-level key", yaml: "gatway:\n  listen: :9000\n", err: "gatway"},
 		{name: "unknown nested key", yaml: "gateway:\n  lisen: :9000\n", err: "lisen"},
-		{name: "rate limits are not here", yaml: "ratelimit:\n  max_inflight: 1\n", err: "ratelimit"},
+		{name: "unknown rate-limit key", yaml: "ratelimit:\n  per_planet: {rate: 1, burst: 1}\n", err: "per_planet"},
 		{name: "bare int duration", yaml: "gateway: {read_timeout: 5}", err: "time.Duration"},
 		{name: "bad duration", yaml: "gateway: {read_timeout: soon}", err: "soon"},
 		{name: "string for int", yaml: "backend: {batch_size: many}", err: "many"},
@@ -253,6 +253,10 @@ func TestExampleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c.Source != exampleFile {
+		t.Fatalf("Source %q, want %q", c.Source, exampleFile)
+	}
+	c.Source = ""
 	if !reflect.DeepEqual(c, Default()) {
 		t.Fatalf("%s differs from Default():\n got %+v\nwant %+v", exampleFile, c, Default())
 	}
@@ -265,17 +269,22 @@ func TestExampleFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	comments := map[string]string{} // "gateway.listen" -> its line comment
-	var collect func(n *yaml.Node, prefix string)
-	collect = func(n *yaml.Node, prefix string) {
+	// A key of a flow mapping ({rate: 20, burst: 40}  # …) shares its parent's comment.
+	var collect func(n *yaml.Node, prefix, inherited string)
+	collect = func(n *yaml.Node, prefix, inherited string) {
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
-			comments[prefix+k.Value] = k.LineComment + v.LineComment
+			c := k.LineComment + v.LineComment
+			if c == "" {
+				c = inherited
+			}
+			comments[prefix+k.Value] = c
 			if v.Kind == yaml.MappingNode {
-				collect(v, prefix+k.Value+".")
+				collect(v, prefix+k.Value+".", c)
 			}
 		}
 	}
-	collect(doc.Content[0], "")
+	collect(doc.Content[0], "", "")
 	for _, path := range leafPaths(reflect.TypeOf(Config{}), nil) {
 		key := strings.Join(path, ".")
 		comment, ok := comments[key]
@@ -301,6 +310,9 @@ func leafPaths(t reflect.Type, prefix []string) [][]string {
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "-" {
+			continue
+		}
 		path := append(slices.Clone(prefix), name)
 		if f.Type.Kind() == reflect.Struct {
 			out = append(out, leafPaths(f.Type, path)...)
@@ -338,4 +350,32 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip: %+v != %+v", c, c2)
 		}
 	})
+}
+
+func TestRateLimitValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		mut  func(*RateLimit)
+		err  string
+	}{
+		{"defaults", func(*RateLimit) {}, ""},
+		{"off", func(r *RateLimit) { r.PerIP = Rate{} }, ""},
+		{"negative rate", func(r *RateLimit) { r.PerUser.Rate = -1 }, "per_user"},
+		{"rate without burst", func(r *RateLimit) { r.PerSale = Rate{Rate: 10} }, "per_sale"},
+		{"negative inflight", func(r *RateLimit) { r.MaxInflight = -1 }, "max_inflight"},
+	}
+	for _, c := range cases {
+		r := Default().RateLimit
+		c.mut(&r)
+		err := r.Validate()
+		if (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%s: %v, want error naming %q", c.name, err, c.err)
+		}
+	}
+	t.Setenv("FLASHGATE_RATELIMIT_PER_IP_RATE", "2.5")
+	t.Setenv("FLASHGATE_RATELIMIT_PER_IP_BURST", "7")
+	c, err := Load("")
+	if err != nil || c.RateLimit.PerIP != (Rate{Rate: 2.5, Burst: 7}) {
+		t.Fatalf("env override of a rate: %+v %v", c.RateLimit.PerIP, err)
+	}
 }
