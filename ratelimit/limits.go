@@ -1,0 +1,114 @@
+package ratelimit
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/flashgate/flashgate/config"
+)
+
+// Limits are the gateway's limits, retuned as a whole by Apply.
+type Limits struct {
+	IP       *Keyed
+	User     *Keyed
+	Sale     *Keyed
+	inflight atomic.Int64
+	maxIn    atomic.Int64
+
+	mu      sync.Mutex
+	current config.RateLimit
+	loaded  time.Time
+	source  string
+	lastErr string
+	errAt   time.Time
+}
+
+// New builds the limits of cfg; keyed limiters hold at most maxKeys keys each.
+func New(cfg config.RateLimit, maxKeys int, source string) *Limits {
+	l := &Limits{
+		IP:   NewKeyed(cfg.PerIP, maxKeys),
+		User: NewKeyed(cfg.PerUser, maxKeys),
+		Sale: NewKeyed(cfg.PerSale, maxKeys),
+	}
+	l.apply(cfg, source)
+	return l
+}
+
+// Apply puts validated limits in force at once; invalid ones are refused and
+// recorded, and the limits in force stay.
+func (l *Limits) Apply(cfg config.RateLimit, source string) error {
+	if err := cfg.Validate(); err != nil {
+		l.Refused(err)
+		return err
+	}
+	l.apply(cfg, source)
+	return nil
+}
+
+func (l *Limits) apply(cfg config.RateLimit, source string) {
+	l.IP.SetRate(cfg.PerIP)
+	l.User.SetRate(cfg.PerUser)
+	l.Sale.SetRate(cfg.PerSale)
+	l.maxIn.Store(int64(cfg.MaxInflight))
+	l.mu.Lock()
+	l.current, l.loaded, l.source, l.lastErr = cfg, time.Now(), source, ""
+	l.mu.Unlock()
+}
+
+// Refused records a reload that could not be applied (invalid, unreadable).
+func (l *Limits) Refused(err error) {
+	l.mu.Lock()
+	l.lastErr, l.errAt = err.Error(), time.Now()
+	l.mu.Unlock()
+}
+
+// Enter admits one request past pre-validation unless max_inflight are in
+// flight already; every true must be paired with Leave.
+func (l *Limits) Enter() bool {
+	n := l.inflight.Add(1)
+	if m := l.maxIn.Load(); m > 0 && n > m {
+		l.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+// Leave ends a request Enter admitted.
+func (l *Limits) Leave() { l.inflight.Add(-1) }
+
+// Inflight is the number of requests in flight past pre-validation.
+func (l *Limits) Inflight() int64 { return l.inflight.Load() }
+
+// View is what GET /admin/v1/limits shows.
+type View struct {
+	Limits      config.RateLimit `json:"limits"`
+	LoadedAt    time.Time        `json:"loaded_at"`
+	Source      string           `json:"source"`
+	LastError   string           `json:"last_reload_error,omitempty"`
+	LastErrorAt *time.Time       `json:"last_reload_error_at,omitempty"`
+	Inflight    int64            `json:"inflight"`
+	Keys        map[string]int   `json:"keys"`
+}
+
+// View reports the limits in force.
+func (l *Limits) View() View {
+	l.mu.Lock()
+	v := View{Limits: l.current, LoadedAt: l.loaded, Source: l.source, LastError: l.lastErr}
+	if l.lastErr != "" {
+		at := l.errAt
+		v.LastErrorAt = &at
+	}
+	l.mu.Unlock()
+	v.Inflight = l.Inflight()
+	v.Keys = map[string]int{"ip": l.IP.Len(), "user": l.User.Len(), "sale": l.Sale.Len()}
+	return v
+}
+
+// Sweep drops idle keys of every keyed limiter.
+func (l *Limits) Sweep(now time.Time) {
+	n := now.UnixNano()
+	l.IP.Sweep(n)
+	l.User.Sweep(n)
+	l.Sale.Sweep(n)
+}
