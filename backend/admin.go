@@ -15,6 +15,7 @@ import (
 	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
 )
 
 // maxAdminBody bounds an admin request body.
@@ -23,14 +24,22 @@ const maxAdminBody = 64 << 10
 // codeNotImplemented answers an admin route that a later issue fills in.
 const codeNotImplemented flashgate.Code = "not_implemented"
 
-// adminHandler serves DESIGN.md §4 and the health probes. Everything under
-// /admin/ needs the bearer token; the probes need none.
+// adminHandler serves DESIGN.md §4, the health probes, the metrics and pprof.
+// Everything under /admin/ needs the bearer token; the probes and /metrics need
+// none (Prometheus and orchestrators scrape them; they reveal counts, not
+// orders). /debug/pprof/ needs the token too: profiles expose internals (the
+// command line with any secret passed on it, heap contents, every goroutine's
+// stack) and a CPU profile or trace costs the process while it runs. Fetch one
+// with the header, e.g. curl -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN"
+// -o cpu.pprof http://127.0.0.1:8082/debug/pprof/profile?seconds=30.
 func (b *Backend) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", b.readyz)
+	mux.Handle("GET /metrics", b.metrics.Handler())
+	mux.Handle("/debug/pprof/", b.auth(metrics.PprofHandler().ServeHTTP))
 	mux.Handle("POST /admin/v1/sales", b.auth(b.createSale))
 	mux.Handle("GET /admin/v1/sales/{sale}", b.auth(b.ledger))
 	mux.Handle("POST /admin/v1/sales/{sale}/close", b.auth(b.closeSale))

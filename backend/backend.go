@@ -24,6 +24,7 @@ import (
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
 )
 
 // Backend is one running backend process.
@@ -40,6 +41,7 @@ type Backend struct {
 	sub     *nats.Subscription
 	srv     *http.Server
 	addr    string
+	metrics *metrics.Backend
 
 	// stopFetch ends the consumer loop after the batch in hand; loopDone closes
 	// when it has. procCtx carries that batch's work and is cancelled only when
@@ -48,7 +50,9 @@ type Backend struct {
 	loopDone   chan struct{}
 	procCtx    context.Context
 	procCancel context.CancelFunc
-	// wg owns the admin server's goroutine.
+	// stopLag ends the consumer lag poller.
+	stopLag context.CancelFunc
+	// wg owns the admin server's goroutine and the lag poller.
 	wg sync.WaitGroup
 
 	shutdownOnce sync.Once
@@ -59,7 +63,7 @@ type Backend struct {
 // and the durable consumer, warms every open sale Redis does not know, and starts
 // the consumer loop and the admin server. It returns when the backend is ready.
 func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
-	b := &Backend{cfg: cfg, log: slog.Default().With("component", "backend"), scripts: lua.Load()}
+	b := &Backend{cfg: cfg, log: slog.Default().With("component", "backend"), scripts: lua.Load(), metrics: metrics.NewBackend()}
 	b.procCtx, b.procCancel = context.WithCancel(context.Background())
 	started := false
 	defer func() {
@@ -110,7 +114,7 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 		return nil, fmt.Errorf("consumer %s: %w", cfg.NATS.Consumer, err)
 	}
 
-	b.writer = newOrderWriter(b.db, b.rc, b.scripts, b.log)
+	b.writer = newOrderWriter(b.db, b.rc, b.scripts, b.log, b.metrics)
 	b.warmer = newWarmer(b.db, b.rc, b.scripts, b.log)
 	b.warmOpenSales(ctx)
 	if b.sub, err = bus.SubscribeEvents(b.nc, cfg.NATS, b.onEvent); err != nil {
@@ -144,6 +148,9 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 	fetchCtx, stop := context.WithCancel(context.Background())
 	b.stopFetch, b.loopDone = stop, make(chan struct{})
 	go b.consume(fetchCtx)
+	lagCtx, stopLag := context.WithCancel(context.Background())
+	b.stopLag = stopLag
+	b.wg.Go(func() { b.pollLag(lagCtx) })
 
 	started = true
 	b.log.Info("backend ready", "admin", b.addr, "stream", cfg.NATS.Stream, "consumer", cfg.NATS.Consumer)
@@ -170,6 +177,7 @@ func (b *Backend) shutdown(ctx context.Context) error {
 		}
 	}
 	b.stopFetch()
+	b.stopLag()
 	select {
 	case <-b.loopDone:
 	case <-ctx.Done():

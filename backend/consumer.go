@@ -12,6 +12,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/metrics"
 )
 
 const (
@@ -26,6 +27,8 @@ const (
 	nakBase = 250 * time.Millisecond
 	// loopPauseMax caps the loop's pause after consecutive failed batches.
 	loopPauseMax = 5 * time.Second
+	// lagPoll is how often the consumer's lag is read for the metrics.
+	lagPoll = 2 * time.Second
 )
 
 // consumerConfig is the durable pull consumer every backend shares.
@@ -135,6 +138,9 @@ type entry struct {
 func (b *Backend) handle(msgs []jetstream.Msg) bool {
 	groups := map[string][]entry{}
 	for _, m := range msgs {
+		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+			b.metrics.Redelivered()
+		}
 		o, err := bus.DecodeOrder(m.Data())
 		if err != nil {
 			// It can never be parsed: it must not block the consumer. (A dead-letter
@@ -170,12 +176,14 @@ func (b *Backend) handleSale(sale string, es []entry) bool {
 	}
 	ctx, cancel := context.WithTimeout(b.procCtx, timeout)
 	defer cancel()
+	began := time.Now()
 	orders := make([]bus.OrderMsg, len(es))
 	for i, e := range es {
 		orders[i] = e.order
 	}
 	outs, err := b.writer.process(ctx, sale, orders)
 	if err != nil {
+		b.metrics.BatchFailed()
 		b.log.Error("order batch failed; nak'ed for redelivery", "sale", sale, "orders", len(es), "err", err)
 		for _, e := range es {
 			if err := e.msg.NakWithDelay(nakDelay(e.msg, timeout)); err != nil {
@@ -186,21 +194,24 @@ func (b *Backend) handleSale(sale string, es []entry) bool {
 	}
 	var confirmed, failedN, dropped, existed int
 	for i, e := range es {
-		switch o := outs[i]; {
+		o := outs[i]
+		switch {
 		case o.Dropped:
 			dropped++
-		case o.Existed:
+		case o.Existed || o.Copy:
 			existed++
 		case o.Status == flashgate.OrderFailed:
 			failedN++
 		default:
 			confirmed++
 		}
+		b.recordOutcome(o)
 		if err := e.msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 			// The row is committed and written back: a redelivery is a no-op.
 			b.log.Warn("ack", "sale", sale, "err", err)
 		}
 	}
+	b.metrics.Batch(len(es), time.Since(began))
 	b.log.Debug("order batch written", "sale", sale, "confirmed", confirmed, "failed", failedN,
 		"dropped", dropped, "redelivered", existed)
 	return true
@@ -213,4 +224,42 @@ func nakDelay(m jetstream.Msg, limit time.Duration) time.Duration {
 		n = md.NumDelivered
 	}
 	return min(limit, nakBase<<min(n-1, 10))
+}
+
+// recordOutcome counts one message's outcome: each order decided once (a copy
+// of an order earlier in the same batch shares its outcome and counts as
+// existing, like an order MySQL already held).
+func (b *Backend) recordOutcome(o outcome) {
+	switch {
+	case o.Existed || o.Copy:
+		b.metrics.Existing()
+	case o.Dropped:
+		b.metrics.Outcome(metrics.StatusDropped, "")
+	default:
+		b.metrics.Outcome(o.Status, o.Reason)
+	}
+}
+
+// pollLag records the durable consumer's lag every lagPoll until ctx ends.
+// Every backend reports the same shared consumer: aggregate with max, not sum.
+func (b *Backend) pollLag(ctx context.Context) {
+	t := time.NewTicker(lagPoll)
+	defer t.Stop()
+	for {
+		c, cancel := context.WithTimeout(ctx, lagPoll)
+		info, err := b.cons.Info(c)
+		cancel()
+		switch {
+		case err == nil:
+			b.metrics.Lag(info.NumPending, info.NumAckPending)
+		case ctx.Err() == nil:
+			// The consumer loop already warns about NATS being away.
+			b.log.Debug("reading consumer lag", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -46,7 +47,7 @@ func newEnv(t *testing.T, redisAddrs []string) *env {
 	}
 	rc := testenv.Redis(t, redisAddrs)
 	e := &env{t: t, cfg: cfg, db: db, rc: rc, scripts: lua.Load()}
-	e.w = newOrderWriter(db, rc, e.scripts, quiet)
+	e.w = newOrderWriter(db, rc, e.scripts, quiet, metrics.NewBackend())
 	e.warmer = newWarmer(db, rc, e.scripts, quiet)
 	t.Cleanup(func() { e.warmer.stop(context.Background()) })
 	return e

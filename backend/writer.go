@@ -17,6 +17,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
 )
 
 // reasonUnknownRegion fails an order whose region the sale does not have (or a
@@ -47,6 +48,9 @@ type outcome struct {
 	Dropped bool
 	// Existed: MySQL had the row already (a redelivery); it was not counted again.
 	Existed bool
+	// Copy: an earlier message of the batch carried the same order; this one
+	// shares its outcome.
+	Copy bool
 }
 
 // orderWriter turns admitted orders into MySQL rows under the row guard of
@@ -57,14 +61,15 @@ type orderWriter struct {
 	rc      rueidis.Client
 	scripts *lua.Scripts
 	log     *slog.Logger
+	metrics *metrics.Backend
 	now     func() time.Time
 
 	mu     sync.Mutex
 	shapes map[string]*saleShape
 }
 
-func newOrderWriter(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *slog.Logger) *orderWriter {
-	return &orderWriter{db: db, rc: rc, scripts: scripts, log: log, now: time.Now, shapes: map[string]*saleShape{}}
+func newOrderWriter(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *slog.Logger, m *metrics.Backend) *orderWriter {
+	return &orderWriter{db: db, rc: rc, scripts: scripts, log: log, metrics: m, now: time.Now, shapes: map[string]*saleShape{}}
 }
 
 // saleShape is the part of a sale that never changes after creation, cached so
@@ -169,6 +174,7 @@ func (w *orderWriter) process(ctx context.Context, sale string, msgs []bus.Order
 	}
 	for i, m := range msgs {
 		out[i] = out[first[m.ID]]
+		out[i].Copy = i != first[m.ID]
 	}
 	return out, nil
 }
@@ -185,7 +191,11 @@ func retryable(err error) bool {
 func (w *orderWriter) writeRetrying(ctx context.Context, sale string, orders []bus.OrderMsg) (map[uint64]settlement, error) {
 	for attempt := 1; ; attempt++ {
 		res, err := w.write(ctx, sale, orders)
-		if err == nil || !retryable(err) || attempt == txRetries {
+		if err == nil {
+			return res, nil
+		}
+		w.metrics.MySQLError()
+		if !retryable(err) || attempt == txRetries {
 			return res, err
 		}
 		w.log.Debug("batch transaction retried", "sale", sale, "attempt", attempt, "err", err)
