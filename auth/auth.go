@@ -35,13 +35,14 @@ var ErrUnauthorized = errors.New("unauthorized")
 type Verifier struct {
 	parser *jwt.Parser
 	key    any
+	now    func() time.Time // the parser's clock, for exp; time.Now but in tests
 }
 
 // NewVerifier pins the algorithm from cfg.
 func NewVerifier(cfg config.Auth) (*Verifier, error) {
 	switch {
 	case cfg.JWTSecret != "":
-		return &Verifier{parser: newParser(jwt.SigningMethodHS256.Alg()), key: []byte(cfg.JWTSecret)}, nil
+		return newVerifier(jwt.SigningMethodHS256.Alg(), []byte(cfg.JWTSecret)), nil
 	case cfg.EdDSAPublicKeyFile != "":
 		pem, err := os.ReadFile(cfg.EdDSAPublicKeyFile)
 		if err != nil {
@@ -51,18 +52,24 @@ func NewVerifier(cfg config.Auth) (*Verifier, error) {
 		if err != nil {
 			return nil, fmt.Errorf("auth: %s: %w", cfg.EdDSAPublicKeyFile, err)
 		}
-		return &Verifier{parser: newParser(jwt.SigningMethodEdDSA.Alg()), key: pub}, nil
+		return newVerifier(jwt.SigningMethodEdDSA.Alg(), pub), nil
 	}
 	return nil, errors.New("auth: set auth.jwt_secret (FLASHGATE_JWT_SECRET) or auth.eddsa_public_key_file")
 }
 
-func newParser(alg string) *jwt.Parser {
-	return jwt.NewParser(
+func newVerifier(alg string, key any) *Verifier {
+	v := &Verifier{key: key, now: time.Now}
+	v.parser = jwt.NewParser(
 		jwt.WithValidMethods([]string{alg}),
 		jwt.WithExpirationRequired(),
-		jwt.WithLeeway(5*time.Second),
+		jwt.WithLeeway(leeway),
+		jwt.WithTimeFunc(func() time.Time { return v.now() }),
 	)
+	return v
 }
+
+// leeway is the clock skew tolerated on exp (and nbf).
+const leeway = 5 * time.Second
 
 // Verify checks a token and returns its claims.
 func (v *Verifier) Verify(token string) (*Claims, error) {

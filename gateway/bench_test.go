@@ -6,6 +6,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/config"
 )
 
 // benchPurchase drives the handler directly (no sockets), in parallel, so the
@@ -69,4 +70,21 @@ func BenchmarkParsePurchase(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkPurchaseSoldOutFromMemory: the flood after a sell-out. Every limit
+// is on (with room), the token is cached, the sold-out mark answers 409 from
+// memory: the path wrk hits in `make bench-edge`. It must not allocate.
+func BenchmarkPurchaseSoldOutFromMemory(b *testing.B) {
+	e := start(b, func(c *config.Config) {
+		c.RateLimit = config.RateLimit{
+			PerIP: config.Rate{Rate: 1e9, Burst: 1e9}, PerUser: config.Rate{Rate: 1e9, Burst: 1e9},
+			PerSale: config.Rate{Rate: 1e9, Burst: 1e9}, MaxInflight: 1 << 20,
+		}
+	})
+	s := e.sale(func(s *flashgate.Sale) { s.Total, s.PerUserLimit, s.PerOrderMax = 1, 1, 1 })
+	if r := e.buy(s, e.token("first"), `{}`, nil); r.Status != 202 {
+		b.Fatalf("first purchase: %d", r.Status)
+	}
+	benchPurchase(b, e, s, e.token("bench"), 409)
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,20 +26,26 @@ import (
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/orderid"
+	"github.com/flashgate/flashgate/ratelimit"
 )
 
 // Gateway is one running gateway process.
 type Gateway struct {
-	cfg     config.Config
-	rc      rueidis.Client
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	scripts *lua.Scripts
-	auth    *auth.Verifier
-	lease   atomic.Pointer[orderid.Lease]
-	sales   *sales
-	events  *nats.Subscription
+	cfg      config.Config
+	rc       rueidis.Client
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	scripts  *lua.Scripts
+	auth     *auth.Cache
+	lease    atomic.Pointer[orderid.Lease]
+	sales    *sales
+	events   *nats.Subscription
+	limits   *ratelimit.Limits
+	proxies  proxies
+	breakers *breakers
+	metrics  *metrics.Gateway
 
 	srv     *fasthttp.Server
 	admin   *http.Server
@@ -55,15 +62,22 @@ type Gateway struct {
 // Start connects to Redis and NATS, leases an order-id node, loads the sales,
 // and serves the public and admin ports. It returns once it serves.
 func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
-	g := &Gateway{cfg: cfg, scripts: lua.Load(), sales: newSales(), now: time.Now}
+	g := &Gateway{cfg: cfg, scripts: lua.Load(), sales: newSales(), now: time.Now, metrics: metrics.NewGateway()}
 	defer func() {
 		if err != nil {
 			g.closeClients(context.Background())
 		}
 	}()
-	if g.auth, err = auth.NewVerifier(cfg.Auth); err != nil {
+	v, err := auth.NewVerifier(cfg.Auth)
+	if err != nil {
 		return nil, err
 	}
+	g.auth = auth.NewCache(v, cfg.Gateway.TokenCacheSize)
+	if g.proxies, err = parseProxies(cfg.Gateway.TrustedProxies); err != nil {
+		return nil, fmt.Errorf("gateway: trusted_proxies: %w", err)
+	}
+	g.limits = ratelimit.New(cfg.RateLimit, cfg.Gateway.LimiterMaxKeys, cfg.Source)
+	g.breakers = newBreakers(cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpen, g.metrics)
 	g.rc, err = rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:  cfg.Redis.Addrs,
 		DisableCache: true,
@@ -97,6 +111,7 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 	if err = g.sales.load(ctx, g.rc); err != nil {
 		return nil, fmt.Errorf("gateway: load sales: %w", err)
 	}
+	g.breakers.refreshSlots(ctx, g.rc)
 
 	g.srv = &fasthttp.Server{
 		Handler:               g.handle,
@@ -108,11 +123,17 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 		WriteTimeout:          cfg.Gateway.WriteTimeout,
 		IdleTimeout:           cfg.Gateway.IdleTimeout,
 		MaxRequestBodySize:    cfg.Gateway.MaxBodyBytes,
+		ReadBufferSize:        cfg.Gateway.MaxHeaderBytes,
 		Concurrency:           cfg.Gateway.Concurrency,
 		CloseOnShutdown:       true,
+		Logger:                quietLogger{},
 	}
 	if g.ln, err = net.Listen("tcp", cfg.Gateway.Listen); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if n := cfg.Gateway.MaxConnsPerIP; n > 0 {
+		g.ln = &connLimit{Listener: g.ln, max: n, open: map[netip.Addr]int{},
+			refused: func() { g.metrics.Refused(metrics.LimitConns) }}
 	}
 	if g.adminLn, err = net.Listen("tcp", cfg.Gateway.AdminListen); err != nil {
 		g.ln.Close()
@@ -134,6 +155,7 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 	})
 	g.goBG(func() { g.refreshLoop(bgctx) })
 	g.goBG(func() { g.leaseLoop(bgctx) })
+	g.goBG(func() { g.watchConfig(bgctx) })
 	slog.Info("gateway serving", "addr", g.Addr(), "admin", g.AdminAddr(), "node", lease.Node(), "sales", len(g.sales.list()))
 	return g, nil
 }
@@ -207,11 +229,18 @@ func (g *Gateway) refreshLoop(ctx context.Context) {
 			if err := g.sales.load(c, g.rc); err != nil {
 				slog.Warn("gateway: reload sales", "err", err)
 			}
+			g.breakers.refreshSlots(c, g.rc)
 			cancel()
+			g.limits.Sweep(time.Now())
 		case now := <-stock.C:
 			c, cancel := context.WithTimeout(ctx, time.Second)
 			g.sales.refreshStock(c, g.rc, now)
 			cancel()
+			marks := 0
+			for _, s := range g.sales.list() {
+				marks += s.marks()
+			}
+			g.metrics.SoldOutMarks(marks)
 		}
 	}
 }
@@ -256,6 +285,35 @@ func (g *Gateway) onEvent(ev bus.SaleEvent) {
 			s.closed.Store(true)
 			s.render(g.now())
 		}
+	case bus.EventSoldOut, bus.EventRestocked:
+		if s := g.sales.get([]byte(ev.SaleID)); s != nil {
+			if f := s.soldOutFlag(ev.Region); f != nil {
+				f.Store(ev.Type == bus.EventSoldOut)
+			}
+		}
+	}
+}
+
+// markSoldOut marks a sale (or region) sold out here and tells every gateway.
+func (g *Gateway) markSoldOut(s *sale, region string) {
+	if f := s.soldOutFlag(region); f != nil && !f.Swap(true) {
+		g.metrics.SoldOutMarked()
+		g.broadcast(s, bus.EventSoldOut, region)
+	}
+}
+
+// restocked clears a sold-out mark after units went back, here and everywhere.
+func (g *Gateway) restocked(s *sale, region string) {
+	if f := s.soldOutFlag(region); f != nil {
+		f.Store(false)
+	}
+	g.broadcast(s, bus.EventRestocked, region)
+}
+
+func (g *Gateway) broadcast(s *sale, typ, region string) {
+	if err := bus.PublishEvent(g.nc, g.cfg.NATS, bus.SaleEvent{Type: typ, SaleID: s.spec.ID, Region: region}); err != nil {
+		// The refresh loop reads Redis every 500 ms and heals a lost event.
+		slog.Warn("gateway: sale event", "type", typ, "sale", s.spec.ID, "err", err)
 	}
 }
 
@@ -296,14 +354,31 @@ func (g *Gateway) adminMux() *http.ServeMux {
 		}
 		w.Write([]byte("ready\n"))
 	})
+	mux.HandleFunc("GET /admin/v1/limits", g.serveLimits)
+	mux.Handle("GET /metrics", g.metrics.Handler())
+	// The admin port binds loopback (or a private network): pprof is for operators.
+	mux.Handle("/debug/pprof/", metrics.PprofHandler())
 	return mux
 }
+
+// quietLogger sends fasthttp's own messages (mostly clients that hung up) to
+// slog at debug level.
+type quietLogger struct{}
+
+func (quietLogger) Printf(format string, args ...any) { slog.Debug(fmt.Sprintf(format, args...)) }
 
 // handleError answers what fasthttp refuses before the handler runs.
 func (g *Gateway) handleError(ctx *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		fail(ctx, fasthttp.StatusRequestEntityTooLarge, flashgate.CodeBodyTooLarge,
 			fmt.Sprintf("body over %d bytes", g.cfg.Gateway.MaxBodyBytes))
+		ctx.SetConnectionClose()
+		return
+	}
+	var small *fasthttp.ErrSmallBuffer
+	if errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer) {
+		fail(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, flashgate.CodeInvalidRequest,
+			fmt.Sprintf("request line and headers over %d bytes", g.cfg.Gateway.MaxHeaderBytes))
 		ctx.SetConnectionClose()
 		return
 	}

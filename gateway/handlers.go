@@ -10,12 +10,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sony/gobreaker/v2"
 	"github.com/valyala/fasthttp"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
+	"github.com/flashgate/flashgate/ratelimit"
 )
 
 var (
@@ -28,12 +31,17 @@ var (
 )
 
 // handle routes /v1/sales/{sale}[/orders[/{order}[/pay|/cancel]]] without
-// allocating.
+// allocating, and counts the answer by route and code.
 func (g *Gateway) handle(ctx *fasthttp.RequestCtx) {
+	route := g.route(ctx)
+	g.metrics.Request(route, responseCode(ctx))
+}
+
+func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 	path := ctx.Path()
 	if !bytes.HasPrefix(path, prefixSales) {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
-		return
+		return metrics.RouteOther
 	}
 	saleID, rest, _ := bytes.Cut(path[len(prefixSales):], []byte{'/'})
 	s := g.sales.get(saleID)
@@ -42,28 +50,51 @@ func (g *Gateway) handle(ctx *fasthttp.RequestCtx) {
 	case len(seg) == 0 && len(rest) == 0:
 		if !ctx.IsGet() {
 			g.methodNotAllowed(ctx)
-			return
+		} else {
+			g.getSale(ctx, s)
 		}
-		g.getSale(ctx, s)
+		return metrics.RouteSale
 	case bytes.Equal(seg, segOrders) && len(rest) == 0:
 		if !ctx.IsPost() {
 			g.methodNotAllowed(ctx)
-			return
+		} else {
+			g.purchase(ctx, s)
 		}
-		g.purchase(ctx, s)
+		return metrics.RoutePurchase
 	case bytes.Equal(seg, segOrders):
 		orderID, action, _ := bytes.Cut(rest, []byte{'/'})
 		switch {
 		case len(action) == 0 && ctx.IsGet():
 			g.getOrder(ctx, s, orderID)
-		case (bytes.Equal(action, subPay) || bytes.Equal(action, subCnc)) && ctx.IsPost():
-			fail(ctx, fasthttp.StatusNotImplemented, flashgate.CodeUnavailable, "payment and cancel are not served yet")
-		default:
-			g.methodNotAllowed(ctx)
+			return metrics.RouteOrder
+		case bytes.Equal(action, subPay) && ctx.IsPost():
+			fail(ctx, fasthttp.StatusNotImplemented, flashgate.CodeUnavailable, "payment is not served yet")
+			return metrics.RoutePay
+		case bytes.Equal(action, subCnc) && ctx.IsPost():
+			fail(ctx, fasthttp.StatusNotImplemented, flashgate.CodeUnavailable, "cancel is not served yet")
+			return metrics.RouteCancel
 		}
-	default:
-		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
+		g.methodNotAllowed(ctx)
+		return metrics.RouteOrder
 	}
+	fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
+	return metrics.RouteOther
+}
+
+var codePrefix = []byte(`{"code":"`)
+
+// responseCode reads the code back from the answer's body (every error body
+// starts with it); a body without one is a plain 200.
+func responseCode(ctx *fasthttp.RequestCtx) flashgate.Code {
+	b := ctx.Response.Body()
+	if !bytes.HasPrefix(b, codePrefix) {
+		return metrics.CodeOK
+	}
+	b = b[len(codePrefix):]
+	if i := bytes.IndexByte(b, '"'); i >= 0 {
+		return flashgate.Code(unsafeString(b[:i]))
+	}
+	return metrics.CodeOK
 }
 
 func (g *Gateway) methodNotAllowed(ctx *fasthttp.RequestCtx) {
@@ -80,13 +111,13 @@ func (g *Gateway) getSale(ctx *fasthttp.RequestCtx, s *sale) {
 }
 
 // user verifies the bearer token; on failure it has answered 401.
-func (g *Gateway) user(ctx *fasthttp.RequestCtx) (*auth.Claims, bool) {
+func (g *Gateway) user(ctx *fasthttp.RequestCtx, now time.Time) (*auth.Claims, bool) {
 	h := ctx.Request.Header.PeekBytes(hdrAuth)
 	if len(h) <= len(bearer) || !bytes.EqualFold(h[:len(bearer)], bearer) {
 		fail(ctx, fasthttp.StatusUnauthorized, flashgate.CodeUnauthorized, "missing bearer token")
 		return nil, false
 	}
-	c, err := g.auth.Verify(string(h[len(bearer):]))
+	c, err := g.auth.Verify(h[len(bearer):], now)
 	if err != nil {
 		fail(ctx, fasthttp.StatusUnauthorized, flashgate.CodeUnauthorized, "invalid token")
 		return nil, false
@@ -94,9 +125,32 @@ func (g *Gateway) user(ctx *fasthttp.RequestCtx) (*auth.Claims, bool) {
 	return c, true
 }
 
-// purchase is POST /v1/sales/{sale}/orders: DESIGN.md §1 steps 1 and 4-6.
+// limited answers 429 for limit l with the wait the limiter advised.
+func (g *Gateway) limited(ctx *fasthttp.RequestCtx, l metrics.Limit, msg string, wait time.Duration) {
+	g.metrics.Refused(l)
+	failRetry(ctx, fasthttp.StatusTooManyRequests, flashgate.CodeRateLimited, msg, ceilSeconds(wait.Milliseconds()))
+}
+
+// allowIP applies the per-IP limit to the client's address.
+func (g *Gateway) allowIP(ctx *fasthttp.RequestCtx, now time.Time) bool {
+	a16 := g.proxies.clientIP(ctx).As16()
+	if ok, wait := g.limits.IP.Allow(ratelimit.KeyBytes(a16[:]), now.UnixNano()); !ok {
+		g.limited(ctx, metrics.LimitIP, "too many requests from your address", wait)
+		return false
+	}
+	return true
+}
+
+// purchase is POST /v1/sales/{sale}/orders, DESIGN.md §1 steps 1-6: what needs
+// no I/O first (the per-IP limit before the signature check, as the cheapest
+// refusal of a flood), the sold-out mark before the per-sale limit (a refusal
+// from memory is not an admission), Redis last.
 func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
-	claims, ok := g.user(ctx)
+	now := g.now()
+	if !g.allowIP(ctx, now) {
+		return
+	}
+	claims, ok := g.user(ctx, now)
 	if !ok {
 		return
 	}
@@ -137,7 +191,10 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 		}
 		idem = string(k)
 	}
-	now := g.now()
+	if ok, wait := g.limits.User.Allow(ratelimit.KeyString(claims.Subject), now.UnixNano()); !ok {
+		g.limited(ctx, metrics.LimitUser, "too many requests from your account", wait)
+		return
+	}
 	nowMS := now.UnixMilli()
 	switch {
 	case s.closed.Load() || nowMS >= s.endsMS:
@@ -147,6 +204,32 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 		// With a key, Redis answers: a replay of an earlier order stays a replay.
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
 		return
+	case idem == "" && s.soldOutFlag(region).Load():
+		// From memory. (A request with a key goes on: it may be a replay.)
+		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+		return
+	}
+	if ok, wait := g.limits.Sale.Allow(s.rateKey, now.UnixNano()); !ok {
+		g.limited(ctx, metrics.LimitSale, "this sale is taking too many orders right now", wait)
+		return
+	}
+	if !g.limits.Enter() {
+		g.limited(ctx, metrics.LimitInflight, "the gateway is at capacity", 0)
+		return
+	}
+	defer g.limits.Leave()
+	g.metrics.InflightAdd(1)
+	defer g.metrics.InflightAdd(-1)
+	g.admit(ctx, s, claims.Subject, body.Quantity, region, idem, now)
+}
+
+// admit runs the admission on the sale's shard, behind that shard's breaker,
+// and publishes what it admitted.
+func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int64, region, idem string, now time.Time) {
+	if g.breakers.nats.State() == gobreaker.StateOpen {
+		// Admitting would only reserve units the publish cannot carry.
+		unavailable(ctx, "order queue unavailable")
+		return
 	}
 	lease := g.lease.Load()
 	if !lease.Valid() {
@@ -154,12 +237,23 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 		return
 	}
 	id := lease.Next()
-	actx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	adm, err := g.scripts.Admit(actx, g.rc, s.keys, lua.AdmitArgs{
-		User: claims.Subject, Quantity: body.Quantity, OrderID: id, Now: now,
-		IdemKey: idem, Region: region, PayBy: now.Add(g.cfg.Orders.PaymentTimeout),
+	payBy := now.Add(g.cfg.Orders.PaymentTimeout)
+	var adm lua.Admission
+	start := time.Now()
+	_, err := g.breakers.forSlot(s.slot).Execute(func() (struct{}, error) {
+		actx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+		defer cancel()
+		var err error
+		adm, err = g.scripts.Admit(actx, g.rc, s.keys, lua.AdmitArgs{
+			User: user, Quantity: qty, OrderID: id, Now: now, IdemKey: idem, Region: region, PayBy: payBy,
+		})
+		return struct{}{}, err
 	})
-	cancel()
+	if refusedByBreaker(err) {
+		unavailable(ctx, "stock service unavailable")
+		return
+	}
+	g.metrics.AdmitLatency(time.Since(start))
 	if err != nil {
 		g.undoAdmit(s, id, region, err)
 		unavailable(ctx, "stock service unavailable")
@@ -167,9 +261,12 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	}
 	switch adm.Outcome {
 	case lua.Admitted:
+		if adm.Remaining <= 0 {
+			g.markSoldOut(s, region)
+		}
 		g.publish(ctx, s, &bus.OrderMsg{
-			ID: id, Sale: s.spec.ID, User: claims.Subject, Qty: body.Quantity, Region: region,
-			Created: nowMS, Expires: now.Add(g.cfg.Orders.PaymentTimeout).UnixMilli(), Idem: idem,
+			ID: id, Sale: s.spec.ID, User: user, Qty: qty, Region: region,
+			Created: now.UnixMilli(), Expires: payBy.UnixMilli(), Idem: idem,
 		})
 	case lua.Replayed:
 		g.replay(ctx, s, adm.OrderID)
@@ -185,6 +282,9 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	case lua.LimitReached:
 		fail(ctx, fasthttp.StatusForbidden, flashgate.CodeLimitReached, "per-user limit reached")
 	case lua.SoldOut:
+		if adm.Remaining <= 0 {
+			g.markSoldOut(s, region)
+		}
 		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
 	}
 }
@@ -212,6 +312,7 @@ func (g *Gateway) releaseUntilAnswered(s *sale, id uint64, region, reason string
 		if err == nil {
 			if rel.Released {
 				slog.Info("undid a reservation whose request failed", "sale", s.spec.ID, "order", id, "reason", reason)
+				g.restocked(s, region)
 			}
 			return
 		}
@@ -244,8 +345,10 @@ func ceilSeconds(ms int64) int64 { return (ms + 999) / 1000 }
 // 503 — unless the backend has claimed the order meanwhile, which proves the
 // message did get through (its ack was what got lost): then it is a 202.
 func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
-	err := g.send(s, m)
+	start := time.Now()
+	_, err := g.breakers.nats.Execute(func() (struct{}, error) { return struct{}{}, g.send(s, m) })
 	if err == nil {
+		g.metrics.PublishLatency(time.Since(start))
 		accepted(ctx, m.ID, flashgate.OrderPending)
 		return
 	}
@@ -261,6 +364,9 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
 	case rel.Claimed || (rel.Status != "" && rel.Status != "released"):
 		accepted(ctx, m.ID, flashgate.OrderPending)
 	default:
+		if rel.Released {
+			g.restocked(s, m.Region)
+		}
 		unavailable(ctx, "order queue unavailable")
 	}
 }
@@ -328,7 +434,11 @@ type orderView struct {
 // getOrder is GET /v1/sales/{sale}/orders/{order}: owner only; anyone else,
 // like a missing order, gets 404.
 func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
-	claims, ok := g.user(ctx)
+	now := g.now()
+	if !g.allowIP(ctx, now) {
+		return
+	}
+	claims, ok := g.user(ctx, now)
 	if !ok {
 		return
 	}

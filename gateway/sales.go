@@ -14,6 +14,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/ratelimit"
 )
 
 // sale is the gateway's local view of one sale: the spec (for pre-validation
@@ -29,6 +30,14 @@ type sale struct {
 	byRegion  atomic.Pointer[map[string]int64]
 	info      atomic.Pointer[[]byte] // the public JSON, rebuilt on refresh
 	warmAsked atomic.Int64           // unix ms of our last warm request
+
+	// soldOut marks the sale ("" key) or each region sold out: a purchase
+	// then answers 409 from memory. Set by an admission that found no stock,
+	// by another gateway's event, or by the refresh that reads 0; cleared by a
+	// restocked event or a refresh that reads stock.
+	soldOut map[string]*atomic.Bool
+	slot    uint16 // Redis Cluster hash slot of the sale's keys
+	rateKey uint64 // the sale's key in the per-sale rate limiter
 }
 
 func newSale(spec *flashgate.Sale) *sale {
@@ -40,8 +49,32 @@ func newSale(spec *flashgate.Sale) *sale {
 	}
 	s.closed.Store(spec.Closed)
 	s.remaining.Store(spec.Total)
+	s.soldOut = map[string]*atomic.Bool{}
+	if len(spec.Regions) == 0 {
+		s.soldOut[""] = new(atomic.Bool)
+	}
+	for r := range spec.Regions {
+		s.soldOut[r] = new(atomic.Bool)
+	}
+	s.slot = hashSlot("s:" + spec.ID)
+	s.rateKey = ratelimit.KeyString(spec.ID)
 	s.render(time.Now())
 	return s
+}
+
+// soldOutFlag is the mark of region ("" for a sale without regions); nil for
+// a region the sale does not have.
+func (s *sale) soldOutFlag(region string) *atomic.Bool { return s.soldOut[region] }
+
+// marks counts the sold-out marks held.
+func (s *sale) marks() int {
+	n := 0
+	for _, f := range s.soldOut {
+		if f.Load() {
+			n++
+		}
+	}
+	return n
 }
 
 // publicSale is the body of GET /v1/sales/{sale} (DESIGN.md §3).
@@ -148,8 +181,12 @@ func (s *sales) refreshStock(ctx context.Context, rc rueidis.Client, now time.Ti
 		if !sl.closed.Load() && now.UnixMilli() < sl.endsMS {
 			if rem, err := lua.Remaining(ctx, rc, sl.keys); err == nil {
 				var total int64
-				for _, n := range rem {
+				for r, n := range rem {
 					total += n
+					// Redis is the truth: this heals a lost or reordered event.
+					if f := sl.soldOutFlag(r); f != nil {
+						f.Store(n <= 0)
+					}
 				}
 				sl.remaining.Store(total)
 				if len(sl.spec.Regions) > 0 {

@@ -52,6 +52,11 @@ type Config struct {
 	Region   string
 	// Idempotency sends a fresh Idempotency-Key with every request.
 	Idempotency bool
+	// ClientIPs sends X-Forwarded-For with a fixed address per user, from
+	// 198.18.0.0/15 (the range RFC 2544 sets aside for benchmarks; no packet
+	// goes there), as nginx would for buyers behind it. The gateway believes
+	// the header only from a trusted proxy, which loopback is by default.
+	ClientIPs bool
 	// Progress receives a line a second and a final one; nil means none.
 	Progress io.Writer
 }
@@ -132,8 +137,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	// Every user clicks, in an order shuffled once per run.
 	perm := mrand.Perm(len(cfg.Tokens))
 	users := make([][]byte, len(cfg.Tokens))
+	var ips [][]byte
+	if cfg.ClientIPs {
+		ips = make([][]byte, len(cfg.Tokens))
+	}
 	for i, p := range perm {
 		users[i] = cfg.Tokens[p]
+		if ips != nil {
+			ips[i] = fmt.Appendf(nil, "198.%d.%d.%d", 18+(p>>16)&1, (p>>8)&255, p&255)
+		}
 	}
 	var idemPrefix []byte
 	if cfg.Idempotency {
@@ -143,7 +155,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		idemPrefix = append(idemPrefix, '-')
 	}
 
-	r := &run{cfg: cfg, client: client, uri: reqURI, body: body, users: users, idemPrefix: idemPrefix}
+	r := &run{cfg: cfg, client: client, uri: reqURI, body: body, users: users, ips: ips, idemPrefix: idemPrefix}
 	r.shards = make([]histShard, min(cfg.Concurrency, 4*runtime.GOMAXPROCS(0)))
 	for i := range r.shards {
 		r.shards[i].lat, r.shards[i].accLat = newHist(), newHist()
@@ -256,6 +268,7 @@ type run struct {
 	body       []byte
 	users      [][]byte
 	idemPrefix []byte
+	ips        [][]byte // X-Forwarded-For per user, or nil
 	workers    []*worker
 	shards     []histShard
 
@@ -302,6 +315,7 @@ func newWorker(h *histShard) *worker {
 var (
 	hdrAuthorization  = []byte(fasthttp.HeaderAuthorization)
 	hdrIdempotencyKey = []byte("Idempotency-Key")
+	hdrXFF            = []byte("X-Forwarded-For")
 	jsonContentType   = []byte("application/json")
 )
 
@@ -327,6 +341,9 @@ func (r *run) work(w *worker) {
 			return
 		}
 		req.Header.SetCanonical(hdrAuthorization, r.users[i%n])
+		if r.ips != nil {
+			req.Header.SetCanonical(hdrXFF, r.ips[i%n])
+		}
 		if idem != nil {
 			idem = strconv.AppendInt(idem[:len(r.idemPrefix)], i, 10)
 			req.Header.SetCanonical(hdrIdempotencyKey, idem)

@@ -39,6 +39,7 @@ type benchOptions struct {
 	quantity     int64
 	region       string
 	idempotency  bool
+	oneIP        bool
 	drainTimeout time.Duration
 	noCheck      bool
 	announce     bool // say what is about to happen before the load starts
@@ -60,6 +61,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	c.Int64Var(&o.quantity, "quantity", 1, "units per order")
 	c.StringVar(&o.region, "region", "", "region to buy in")
 	c.BoolVar(&o.idempotency, "idempotency", false, "send a fresh Idempotency-Key with every request")
+	c.BoolVar(&o.oneIP, "one-ip", false, "send no X-Forwarded-For: every user comes from this machine's address (by default each user has its own, from 198.18.0.0/15, as if behind nginx)")
 	c.StringVar(&o.label, "label", "bench", "name on the summary line")
 	c.DurationVar(&o.drainTimeout, "drain-timeout", 60*time.Second, "how long to wait for the backend to write every accepted order")
 	c.BoolVar(&o.noCheck, "no-check", false, "skip the audit of the invariants")
@@ -168,7 +170,7 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 	res, err := loadgen.Run(loadCtx, loadgen.Config{
 		Target: o.target, Sale: o.sale, Tokens: tokens, Concurrency: o.concurrency,
 		Requests: o.requests, Duration: o.duration, Quantity: o.quantity, Region: o.region,
-		Idempotency: o.idempotency, Progress: stderr,
+		Idempotency: o.idempotency, ClientIPs: !o.oneIP, Progress: stderr,
 	})
 	stop()
 	if err != nil {

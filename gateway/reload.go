@@ -1,0 +1,88 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/flashgate/flashgate/config"
+)
+
+// reload reads the configuration file again and puts its rate limits in force.
+// Only the ratelimit block is live; other changes need a restart (and say so).
+// A file that does not load or validate keeps the limits in force.
+func (g *Gateway) reload(why string) {
+	cfg, err := config.Load(g.cfg.Source)
+	if err == nil {
+		err = g.limits.Apply(cfg.RateLimit, g.cfg.Source)
+	} else {
+		g.limits.Refused(err)
+	}
+	if err != nil {
+		slog.Error("rate limits NOT reloaded; the limits in force stay", "why", why, "file", g.cfg.Source, "err", err)
+		return
+	}
+	slog.Info("rate limits reloaded", "why", why, "file", g.cfg.Source, "limits", cfg.RateLimit)
+}
+
+// watchConfig reloads on SIGHUP and when the configuration file changes. It
+// watches the file's directory: editors and config managers replace a file
+// (write a new one, rename it over) rather than write it in place.
+func (g *Gateway) watchConfig(ctx context.Context) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	var events chan fsnotify.Event
+	if g.cfg.Source != "" {
+		w, err := fsnotify.NewWatcher()
+		if err == nil {
+			defer w.Close()
+			if err = w.Add(filepath.Dir(g.cfg.Source)); err == nil {
+				events = w.Events
+			}
+		}
+		if err != nil {
+			slog.Warn("not watching the configuration file; SIGHUP still reloads", "file", g.cfg.Source, "err", err)
+		}
+	}
+	target := filepath.Clean(g.cfg.Source)
+	// Saving a file makes several events: wait for them to settle.
+	var settle <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if g.cfg.Source == "" {
+				slog.Warn("SIGHUP: no configuration file to reload")
+				continue
+			}
+			g.reload("SIGHUP")
+		case ev := <-events:
+			if filepath.Clean(ev.Name) == target && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0 {
+				settle = time.After(100 * time.Millisecond)
+			}
+		case <-settle:
+			settle = nil
+			g.reload("file changed")
+		}
+	}
+}
+
+// serveLimits is GET /admin/v1/limits: the limits in force, when and from
+// where they were loaded, and the last reload that was refused.
+func (g *Gateway) serveLimits(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(g.limits.View())
+}

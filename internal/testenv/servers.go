@@ -1,0 +1,101 @@
+package testenv
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// Server is a Redis or NATS server of the test's own: a real process on a free
+// loopback port that the test may kill and start again (on the same port and
+// data directory) to inject a fault without disturbing other tests.
+type Server struct {
+	Addr string
+	t    testing.TB
+	bin  string
+	args []string
+	cmd  *exec.Cmd
+	log  string
+}
+
+// StartRedis starts a private redis-server (no persistence: a restart loses
+// its data, like a crash without AOF).
+func StartRedis(t testing.TB) *Server {
+	t.Helper()
+	port := FreePort(t)
+	s := &Server{t: t, bin: "redis-server", Addr: "127.0.0.1:" + strconv.Itoa(port), args: []string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", t.TempDir(), "--enable-debug-command", "local"}}
+	s.Start()
+	return s
+}
+
+// StartNATS starts a private nats-server with JetStream.
+func StartNATS(t testing.TB) *Server {
+	t.Helper()
+	port := FreePort(t)
+	s := &Server{t: t, bin: "nats-server", Addr: "127.0.0.1:" + strconv.Itoa(port), args: []string{
+		"-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", t.TempDir()}}
+	s.Start()
+	return s
+}
+
+// URL is the server's address as a nats:// URL.
+func (s *Server) URL() string { return "nats://" + s.Addr }
+
+// Start starts the server (again) and waits until it accepts connections.
+func (s *Server) Start() {
+	s.t.Helper()
+	path, err := exec.LookPath(s.bin)
+	if err != nil {
+		s.t.Fatalf("%s not found (make deps installs it): %v", s.bin, err)
+	}
+	f, err := os.CreateTemp(s.t.TempDir(), filepath.Base(s.bin)+"-*.log")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.log = f.Name()
+	s.cmd = exec.Command(path, s.args...)
+	s.cmd.Stdout, s.cmd.Stderr = f, f
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("start %s: %v", s.bin, err)
+	}
+	s.t.Cleanup(s.Kill)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", s.Addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(s.log)
+			s.t.Fatalf("%s on %s did not come up: %v\n%s", s.bin, s.Addr, err, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill stops the server with SIGKILL and waits for it to be gone.
+func (s *Server) Kill() {
+	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+}
+
+// FreePort returns a loopback port nobody listens on right now.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
