@@ -115,6 +115,13 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 	}
 
 	b.writer = newOrderWriter(b.db, b.rc, b.scripts, b.log, b.metrics)
+	// Units MySQL refused go back on sale: gateways clear their sold-out marks.
+	b.writer.restocked = func(sale, region string) {
+		ev := bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: region}
+		if err := bus.PublishEvent(b.nc, cfg.NATS, ev); err != nil {
+			b.log.Warn("restocked event", "sale", sale, "err", err) // gateways' refresh heals it
+		}
+	}
 	b.warmer = newWarmer(b.db, b.rc, b.scripts, b.log)
 	b.warmOpenSales(ctx)
 	if b.sub, err = bus.SubscribeEvents(b.nc, cfg.NATS, b.onEvent); err != nil {

@@ -619,3 +619,37 @@ func TestTwoBackendsUnderLoad(t *testing.T) {
 		t.Errorf("audit: %v", r)
 	}
 }
+
+// TestRefusedUnitsAreAnnouncedRestocked: Redis over-admitted (it thought 3
+// units were left; MySQL has 1); the orders MySQL refuses give their units back
+// to Redis, and the backend tells the gateways so they clear sold-out marks.
+func TestRefusedUnitsAreAnnouncedRestocked(t *testing.T) {
+	s := start(t, testenv.RedisAddrs(), nil)
+	sale := spec(1, 1, nil)
+	if err := insertSale(ctx(t), s.db, sale, sale.StartsAt); err != nil {
+		t.Fatal(err)
+	}
+	k := s.warmWith(sale, map[string]int64{"": 3})
+	events := make(chan bus.SaleEvent, 16)
+	sub, err := bus.SubscribeEvents(s.nc, s.cfg.NATS, func(ev bus.SaleEvent) {
+		if ev.SaleID == sale.ID && ev.Type == bus.EventRestocked {
+			events <- ev
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	_ = s.nc.Flush()
+	for i := range 3 {
+		s.publish(admit(t, s.rc, k, "r"+strconv.Itoa(i), 1, ""))
+	}
+	eventually(t, 10*time.Second, "1 confirmed, 2 failed", func() bool {
+		return s.rows(sale.ID, "confirmed") == 1 && s.rows(sale.ID, "failed") == 2
+	})
+	for range 2 {
+		if ev := nextEvent(t, events); ev.Region != "" {
+			t.Fatalf("restocked event for region %q", ev.Region)
+		}
+	}
+}

@@ -66,6 +66,9 @@ type orderWriter struct {
 
 	mu     sync.Mutex
 	shapes map[string]*saleShape
+
+	// restocked is told of units a release put back on sale (nil: nobody).
+	restocked func(sale, region string)
 }
 
 func newOrderWriter(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *slog.Logger, m *metrics.Backend) *orderWriter {
@@ -526,6 +529,9 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.O
 			r, err := w.scripts.Release(ctx, w.rc, regionKeys(sale, o.Region), o.ID, o.Region, lua.ReleaseBackend, s.reason)
 			if err != nil {
 				return err
+			}
+			if r.Released && w.restocked != nil {
+				w.restocked(sale, o.Region)
 			}
 			if !r.Unknown {
 				continue
