@@ -14,7 +14,7 @@ GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
 
-.PHONY: help deps build up infra-up down status reset test demo bench lint fmt clean
+.PHONY: help deps build up infra-up down status reset test demo bench bench-edge lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -70,6 +70,12 @@ demo: deps build ## start the stack, create a sale and run the load against it, 
 
 bench: deps ## run the Go benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# wrk against nginx answering a fixed 409 and against a gateway answering a sold-out sale, same
+# threads/connections/duration (BENCH_THREADS, BENCH_CONNS, BENCH_DURATION); the last line is
+# "edge: gateway-soldout/nginx-static = R". Leaves a running stack as it found it.
+bench-edge: deps build ## wrk: gateway sold-out 409 vs nginx static 409 (edge ratio R)
+	@scripts/bench-edge.sh
 
 lint: ## go vet and a gofmt check
 	$(GO) vet ./...

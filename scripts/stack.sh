@@ -10,14 +10,20 @@
 #   scripts/stack.sh infra-up    Redis, Redis Cluster, NATS (JetStream), MariaDB
 #   scripts/stack.sh up          infra-up, backend, gateway (bin/flashgate), nginx
 #   scripts/stack.sh nginx-up    nginx alone (needs no gateway: /v1/ then answers a JSON 502)
+#   scripts/stack.sh nginx-down  stop nginx
+#   scripts/stack.sh nginx-reload  re-render nginx's config, test it, reload the running nginx
+#   scripts/stack.sh apps-down [nginx gateway backend]  stop those (default all three), keep the infra
 #   scripts/stack.sh down        stop everything of ours, in reverse order (idempotent)
 #   scripts/stack.sh status      one line per part: up/down
 #   scripts/stack.sh reset       down, then remove var/
-#   scripts/stack.sh nginx-test  nginx -t on our config
+#   scripts/stack.sh nginx-test  render nginx/nginx.conf into var/nginx/nginx.conf and nginx -t it
+#   scripts/stack.sh nginx-conf [OUT]  only render it (into OUT) and print the path
 #
 # Environment: STACK_TIMEOUT (seconds to wait for each part, default 30), STACK_CONFIG (config
 # file for the apps, default configs/flashgate.yaml),
-# GO (go command), everything else is passed through to the app processes unchanged.
+# GO (go command), NGINX_RATE/NGINX_BURST/NGINX_CONN/NGINX_READ_TIMEOUT/NGINX_GATEWAYS (nginx's
+# per-IP limits and upstream, see the nginx section), everything else is passed through to the
+# app processes unchanged.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,8 +44,9 @@ GATEWAY_PORT=8080
 GATEWAY_ADMIN=8081
 BACKEND_ADMIN=8082
 
-NGINX_CONF="$ROOT/nginx/nginx.conf"
+NGINX_TEMPLATE="$ROOT/nginx/nginx.conf"
 NGINX_PREFIX="$VAR/nginx/"
+NGINX_CONF="$VAR/nginx/nginx.conf"
 
 MYSQL_DATA="$VAR/mysql/data"
 MYSQL_PID="$RUN/mariadb.pid"
@@ -49,7 +56,7 @@ if (( ${#MYSQL_SOCK} > 100 )); then
 	MYSQL_SOCK="/tmp/flashgate-mysqld-$(printf '%s' "$ROOT" | md5sum | cut -c1-12).sock"
 fi
 
-DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx wrk curl gcc libc6-dev)
+DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev)
 
 # Where Debian puts the daemons (/usr/sbin is not on every PATH).
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin"
@@ -185,7 +192,7 @@ cmd_deps() {
 		$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 			-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
 	fi
-	for p in redis-server redis-cli mariadbd mariadb mariadb-install-db mariadb-admin nats-server nginx wrk curl; do
+	for p in redis-server redis-cli mariadbd mariadb mariadb-install-db mariadb-admin nats-server nginx envsubst wrk curl; do
 		command -v "$p" >/dev/null 2>&1 || die "'$p' still missing after installing packages"
 	done
 	local go="${GO:-go}"
@@ -387,8 +394,41 @@ mysql_down() {
 
 # ---------------------------------------------------------------------------------------------
 # nginx
+#
+# nginx/nginx.conf is a template: nginx_render fills in the ${NGINX_*} names (and only those)
+# with envsubst and writes var/nginx/nginx.conf, which is what nginx runs. The per-IP limits and
+# the gateways can be set from the environment:
+#   NGINX_RATE=20 NGINX_BURST=40 NGINX_CONN=32 NGINX_READ_TIMEOUT=5s
+#   NGINX_GATEWAYS="127.0.0.1:8080 10.0.0.2:8080"   (space or comma separated)
 
 NGINX_PID="$RUN/nginx.pid"
+# shellcheck disable=SC2016 # literal ${...}: the names envsubst may substitute
+NGINX_VARS='${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID}'
+
+# nginx_render OUT: render the template into OUT (atomically).
+nginx_render() {
+	local out="$1" rate="${NGINX_RATE:-20}" burst="${NGINX_BURST:-40}" conn="${NGINX_CONN:-32}"
+	local rt="${NGINX_READ_TIMEOUT:-5s}" gws="${NGINX_GATEWAYS:-127.0.0.1:$GATEWAY_PORT}" servers="" gw
+	local hostport='^[][A-Za-z0-9.:_-]+:[0-9]+$'
+	need envsubst
+	[[ "$rate" =~ ^[1-9][0-9]*$ ]] || die "NGINX_RATE must be a whole number of requests/s > 0, not '$rate'"
+	[[ "$burst" =~ ^[0-9]+$ ]] || die "NGINX_BURST must be a whole number >= 0, not '$burst'"
+	{ [[ "$conn" =~ ^[1-9][0-9]*$ ]] && ((conn <= 65535)); } || die "NGINX_CONN must be 1..65535, not '$conn'"
+	[[ "$rt" =~ ^[1-9][0-9]*(ms|s|m)?$ ]] || die "NGINX_READ_TIMEOUT must be an nginx time such as 5s, not '$rt'"
+	for gw in ${gws//,/ }; do
+		[[ "$gw" =~ $hostport ]] || die "NGINX_GATEWAYS: '$gw' is not host:port"
+		servers+="        server $gw max_fails=3 fail_timeout=5s;"$'\n'
+	done
+	[[ -n "$servers" ]] || die "NGINX_GATEWAYS is empty"
+	mkdir -p "$(dirname "$out")"
+	NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_UPSTREAM_SERVERS="${servers%$'\n'}" \
+		NGINX_RATE="$rate" NGINX_BURST="$burst" NGINX_CONN="$conn" NGINX_READ_TIMEOUT="$rt" \
+		NGINX_HTML="$ROOT/nginx/html" NGINX_LOG_DIR="$LOG" NGINX_PID="$NGINX_PID" \
+		envsubst "$NGINX_VARS" <"$NGINX_TEMPLATE" >"$out.tmp.$$" || die "cannot render $NGINX_TEMPLATE"
+	sed -i "1i # GENERATED by scripts/stack.sh from nginx/nginx.conf: edit that file, not this one." "$out.tmp.$$"
+	mv -f "$out.tmp.$$" "$out"
+}
+
 nginx_args() {
 	local a=(-p "$NGINX_PREFIX" -c "$NGINX_CONF" -e "$LOG/nginx-error.log")
 	# Workers run as the invoking user: the checkout may sit under a 0700 home directory that
@@ -402,8 +442,19 @@ nginx_args() {
 	a+=(-g "$g")
 	printf '%s\n' "${a[@]}"
 }
-nginx_prep() { mkdirs "$VAR/nginx/tmp"; }
+nginx_prep() {
+	mkdirs "$VAR/nginx/tmp"
+	nginx_render "$NGINX_CONF"
+}
 nginx_ok() { curl -sS -o /dev/null --max-time 2 "http://127.0.0.1:$NGINX_PORT/"; }
+
+# nginx-conf [OUT]: render only (default var/nginx/nginx.conf) and print the file's path.
+cmd_nginx_conf() {
+	local out="${1:-$NGINX_CONF}"
+	mkdirs
+	nginx_render "$out"
+	printf '%s\n' "$out"
+}
 
 cmd_nginx_test() {
 	need nginx
@@ -415,20 +466,32 @@ cmd_nginx_test() {
 
 nginx_up() {
 	need nginx curl
-	nginx_prep
 	local args
-	mapfile -t args < <(nginx_args)
 	if ours "$NGINX_PID" nginx; then
-		say "nginx already running (pid $(pid_of "$NGINX_PID"))"
+		say "nginx already running (pid $(pid_of "$NGINX_PID")); 'scripts/stack.sh nginx-reload' applies a changed config"
 	else
 		if tcp_open "$NGINX_PORT"; then
 			die "127.0.0.1:$NGINX_PORT is already taken by a process that is not our nginx"
 		fi
-		nginx "${args[@]}" -t -q 2>>"$LOG/nginx-error.log" || die "nginx config test failed" "$LOG/nginx-error.log"
-		say "starting nginx on 127.0.0.1:$NGINX_PORT"
+		nginx_prep
+		mapfile -t args < <(nginx_args)
+		nginx "${args[@]}" -t -q 2>>"$LOG/nginx-error.log" || die "nginx config test failed ($NGINX_CONF)" "$LOG/nginx-error.log"
+		say "starting nginx on 127.0.0.1:$NGINX_PORT (per IP: ${NGINX_RATE:-20} r/s, burst ${NGINX_BURST:-40}, ${NGINX_CONN:-32} connections; gateways ${NGINX_GATEWAYS:-127.0.0.1:$GATEWAY_PORT})"
 		(cd "$ROOT" && nginx "${args[@]}") || die "nginx failed to start" "$LOG/nginx-error.log"
 	fi
 	wait_for "$TIMEOUT" nginx_ok || die "nginx did not answer on 127.0.0.1:$NGINX_PORT within ${TIMEOUT}s" "$LOG/nginx-error.log"
+}
+
+# nginx-reload: re-render, test, and have the running nginx load it (workers finish their requests).
+nginx_reload() {
+	need nginx
+	ours "$NGINX_PID" nginx || die "nginx is not running: 'scripts/stack.sh nginx-up' starts it"
+	nginx_prep
+	local args
+	mapfile -t args < <(nginx_args)
+	nginx "${args[@]}" -t -q 2>>"$LOG/nginx-error.log" || die "nginx config test failed ($NGINX_CONF): the running nginx keeps its config" "$LOG/nginx-error.log"
+	nginx "${args[@]}" -s reload || die "nginx reload failed" "$LOG/nginx-error.log"
+	say "nginx reloaded"
 }
 
 nginx_down() { stop_pid nginx "$NGINX_PID" nginx QUIT 15; }
@@ -494,6 +557,20 @@ cmd_down() {
 	say "down"
 }
 
+# apps-down [nginx|gateway|backend ...]: stop those of our app processes (all three by default),
+# nginx first, and leave the infra running.
+cmd_apps_down() {
+	local want=("$@") w
+	((${#want[@]})) || want=(nginx gateway backend)
+	for w in "${want[@]}"; do
+		case "$w" in nginx | gateway | backend) ;; *) die "apps-down: unknown part '$w' (nginx, gateway, backend)" ;; esac
+	done
+	[[ " ${want[*]} " == *" nginx "* ]] && nginx_down
+	[[ " ${want[*]} " == *" gateway "* ]] && app_down gateway
+	[[ " ${want[*]} " == *" backend "* ]] && app_down backend
+	say "apps down: ${want[*]} (infra left running)"
+}
+
 # part NAME DETAIL CHECK...: print "NAME up|down DETAIL" as CHECK succeeds.
 part() {
 	local name="$1" detail="$2" state=down
@@ -520,7 +597,7 @@ cmd_reset() {
 	say "reset: removed $VAR"
 }
 
-usage() { sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 case "${1:-}" in
 deps) cmd_deps ;;
@@ -529,6 +606,12 @@ up) cmd_up ;;
 nginx-up) nginx_up ;;
 nginx-down) nginx_down ;;
 nginx-test) cmd_nginx_test ;;
+nginx-conf) cmd_nginx_conf "${2:-}" ;;
+nginx-reload) nginx_reload ;;
+apps-down)
+	shift
+	cmd_apps_down "$@"
+	;;
 down) cmd_down ;;
 status) cmd_status ;;
 reset) cmd_reset ;;
