@@ -50,6 +50,9 @@ type Gateway struct {
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	SaleRefresh     time.Duration `yaml:"sale_refresh"`
 	NodeLeaseTTL    time.Duration `yaml:"node_lease_ttl"`
+	// ReusePort lets several gateway processes listen on one port (SO_REUSEPORT),
+	// the kernel spreading connections over them: one process per core.
+	ReusePort bool `yaml:"reuseport"`
 	// MaxHeaderBytes bounds the request line and headers (fasthttp's read buffer).
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	// MaxConnsPerIP bounds concurrent connections from one peer address (0: none).

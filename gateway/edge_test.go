@@ -463,3 +463,23 @@ func TestMetricsCountRequestsByRouteAndCode(t *testing.T) {
 		t.Fatalf("pprof: %v %v", res, err)
 	}
 }
+
+// TestReusePortSharesOnePort: two gateways on one port (one per core); both
+// serve, and a purchase through the shared port works whichever answers.
+func TestReusePortSharesOnePort(t *testing.T) {
+	port := testenv.FreePort(t)
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	reuse := func(c *config.Config) { c.Gateway.Listen, c.Gateway.ReusePort = addr, true }
+	a := start(t, reuse)
+	b := start(t, reuse, func(c *config.Config) { c.NATS, c.Auth = a.cfg.NATS, a.cfg.Auth })
+	if a.g.Addr() != addr || b.g.Addr() != addr {
+		t.Fatalf("listening on %s and %s, want both on %s", a.g.Addr(), b.g.Addr(), addr)
+	}
+	s := a.sale(nil)
+	b.g.sales.put(s)
+	for i := 0; i < 4; i++ {
+		if r := a.buyFrom(s, "u"+strconv.Itoa(i), ""); r.Status != 202 {
+			t.Fatalf("purchase %d through the shared port: %d %s", i, r.Status, r.Raw)
+		}
+	}
+}

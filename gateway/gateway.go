@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/reuseport"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/auth"
@@ -128,7 +129,12 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 		CloseOnShutdown:       true,
 		Logger:                quietLogger{},
 	}
-	if g.ln, err = net.Listen("tcp", cfg.Gateway.Listen); err != nil {
+	if cfg.Gateway.ReusePort {
+		g.ln, err = reuseport.Listen("tcp4", cfg.Gateway.Listen)
+	} else {
+		g.ln, err = net.Listen("tcp", cfg.Gateway.Listen)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if n := cfg.Gateway.MaxConnsPerIP; n > 0 {

@@ -19,7 +19,9 @@
 # Environment: BENCH_THREADS (2), BENCH_CONNS (64), BENCH_DURATION (10s, each run), BENCH_ROUNDS
 # (2: runs per target, in alternating order A B B A …; the rates are the means), BENCH_WARMUP (3s:
 # a first run against each target that counts every answer by status, not measured; 0 skips it),
-# BENCH_NGINX_PORT (18090), BENCH_GATEWAY_PORT (18080), BENCH_GATEWAY_ADMIN_PORT (18081),
+# BENCH_NGINX_PORT (18090), BENCH_GATEWAY_PORT (18080), BENCH_GATEWAY_ADMIN_PORT (18081, and up:
+# one per gateway process), BENCH_GATEWAYS (the core count: gateway processes sharing the port
+# with SO_REUSEPORT, GOMAXPROCS = cores / processes each — as nginx runs one worker per core),
 # BENCH_STRICT=1 (exit 1 when R < 0.9), STACK_CONFIG (configs/flashgate.yaml).
 set -euo pipefail
 
@@ -35,6 +37,10 @@ ROUNDS="${BENCH_ROUNDS:-2}"
 NGINX_PORT="${BENCH_NGINX_PORT:-18090}"
 GW_PORT="${BENCH_GATEWAY_PORT:-18080}"
 GW_ADMIN="${BENCH_GATEWAY_ADMIN_PORT:-18081}"
+CORES="$(nproc)"
+GATEWAYS="${BENCH_GATEWAYS:-$CORES}"
+[[ "$GATEWAYS" =~ ^[1-9][0-9]*$ ]] || { echo "bench-edge: BENCH_GATEWAYS must be a positive number" >&2; exit 2; }
+GW_PROCS=$(( CORES / GATEWAYS > 0 ? CORES / GATEWAYS : 1 ))
 CONFIG="${STACK_CONFIG:-configs/flashgate.yaml}"
 BIN="$ROOT/bin/flashgate"
 STACK="$ROOT/scripts/stack.sh"
@@ -80,7 +86,7 @@ need wrk nginx envsubst curl awk
 [[ "$CONNS" =~ ^[1-9][0-9]*$ && "$THREADS" =~ ^[1-9][0-9]*$ && "$ROUNDS" =~ ^[1-9][0-9]*$ ]] ||
 	die "BENCH_CONNS, BENCH_THREADS and BENCH_ROUNDS must be positive whole numbers"
 ((CONNS >= THREADS)) || die "BENCH_CONNS ($CONNS) must be at least BENCH_THREADS ($THREADS)"
-for p in "$NGINX_PORT" "$GW_PORT" "$GW_ADMIN"; do
+for p in "$NGINX_PORT" "$GW_PORT" $(seq "$GW_ADMIN" $((GW_ADMIN + GATEWAYS - 1))); do
 	tcp_open "$p" && die "127.0.0.1:$p is taken (BENCH_NGINX_PORT / BENCH_GATEWAY_PORT / BENCH_GATEWAY_ADMIN_PORT choose others)"
 done
 mkdir -p "$OUT" "$LOG" "$RUN" "$NGINX_PREFIX/tmp"
@@ -89,15 +95,17 @@ rm -f "$OUT"/edge-*.txt
 # ---------------------------------------------------------------------------------------------
 # clean-up: always the bench gateway and nginx; the stack's apps only if this run started them.
 
-GW_PID=""
+GW_PIDS=()
 STARTED_APPS=()
 cleanup() {
-	local rc=$? i
-	if [[ -n "$GW_PID" ]] && kill -0 "$GW_PID" 2>/dev/null; then
-		kill -TERM "$GW_PID" 2>/dev/null || true
-		for ((i = 0; i < 150; i++)); do kill -0 "$GW_PID" 2>/dev/null || break; sleep 0.1; done
-		if kill -0 "$GW_PID" 2>/dev/null; then kill -KILL "$GW_PID" 2>/dev/null || true; fi
-	fi
+	local rc=$? i pid
+	for pid in "${GW_PIDS[@]}"; do
+		kill -0 "$pid" 2>/dev/null && kill -TERM "$pid" 2>/dev/null || true
+	done
+	for pid in "${GW_PIDS[@]}"; do
+		for ((i = 0; i < 150; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+		if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+	done
 	if [[ -f "$NGINX_PID" ]]; then
 		local np
 		np="$(tr -dc '0-9' <"$NGINX_PID")"
@@ -141,16 +149,24 @@ SALE="bench-edge-$(date +%Y%m%d%H%M%S)-$RANDOM"
 	die "flashgate sale create failed (is the backend running with the same FLASHGATE_ADMIN_TOKEN?)"
 say "sale $SALE created (1 unit)"
 
-say "starting a bench gateway on 127.0.0.1:$GW_PORT (admin $GW_ADMIN), rate limits off"
+say "starting $GATEWAYS bench gateway process(es) on 127.0.0.1:$GW_PORT (SO_REUSEPORT, GOMAXPROCS=$GW_PROCS each, admin from $GW_ADMIN), rate limits off"
 printf '\n==== bench-edge gateway %s ====\n' "$(date -Is)" >>"$LOG/bench-gateway.log"
-(
-	export FLASHGATE_GATEWAY_LISTEN="127.0.0.1:$GW_PORT" FLASHGATE_GATEWAY_ADMIN_LISTEN="127.0.0.1:$GW_ADMIN"
-	export FLASHGATE_RATELIMIT_PER_IP_RATE=0 FLASHGATE_RATELIMIT_PER_USER_RATE=0 FLASHGATE_RATELIMIT_PER_SALE_RATE=0
-	exec setsid "$BIN" gateway --config "$CONFIG" --log-level warn </dev/null >>"$LOG/bench-gateway.log" 2>&1
-) &
-GW_PID=$!
-gw_ready() { [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://127.0.0.1:$GW_ADMIN/readyz")" == 200 ]]; }
-wait_for 30 gw_ready || die "bench gateway not ready on 127.0.0.1:$GW_ADMIN within 30s" "$LOG/bench-gateway.log"
+for ((g = 0; g < GATEWAYS; g++)); do
+	(
+		export FLASHGATE_GATEWAY_LISTEN="127.0.0.1:$GW_PORT" FLASHGATE_GATEWAY_ADMIN_LISTEN="127.0.0.1:$((GW_ADMIN + g))"
+		export FLASHGATE_GATEWAY_REUSEPORT=true GOMAXPROCS="$GW_PROCS"
+		export FLASHGATE_RATELIMIT_PER_IP_RATE=0 FLASHGATE_RATELIMIT_PER_USER_RATE=0 FLASHGATE_RATELIMIT_PER_SALE_RATE=0
+		exec setsid "$BIN" gateway --config "$CONFIG" --log-level warn </dev/null >>"$LOG/bench-gateway.log" 2>&1
+	) &
+	GW_PIDS+=($!)
+done
+gw_ready() {
+	local g
+	for ((g = 0; g < GATEWAYS; g++)); do
+		[[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://127.0.0.1:$((GW_ADMIN + g))/readyz")" == 200 ]] || return 1
+	done
+}
+wait_for 30 gw_ready || die "bench gateways not ready on 127.0.0.1:$GW_ADMIN.. within 30s" "$LOG/bench-gateway.log"
 
 URL_PATH="/v1/sales/$SALE/orders"
 buy() { # buy TOKEN → "status body"
