@@ -27,6 +27,10 @@ func Connect(cfg config.NATS, name string) (*nats.Conn, error) {
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.Timeout(2*time.Second),
 		nats.RetryOnFailedConnect(false),
+		// No reconnect buffer: a publish while NATS is away fails at once (the
+		// gateway answers 503 and releases) instead of being sent later, after
+		// its buyer was told 503.
+		nats.ReconnectBufSize(-1),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("nats %s: %w", cfg.URL, err)

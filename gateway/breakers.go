@@ -107,7 +107,11 @@ func (b *breakers) forSlot(slot uint16) *gobreaker.CircuitBreaker[struct{}] {
 	if cb := m[addr]; cb != nil {
 		return cb
 	}
-	cb := gobreaker.NewCircuitBreaker[struct{}](b.settings("redis " + addr))
+	name := "redis " + addr
+	if addr == standalone {
+		name = standalone
+	}
+	cb := gobreaker.NewCircuitBreaker[struct{}](b.settings(name))
 	m = maps.Clone(m)
 	m[addr] = cb
 	b.redis.Store(&m)

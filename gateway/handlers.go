@@ -200,12 +200,10 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	case s.closed.Load() || nowMS >= s.endsMS:
 		fail(ctx, fasthttp.StatusGone, flashgate.CodeEnded, "the sale has ended")
 		return
-	case nowMS < s.startsMS && idem == "":
-		// With a key, Redis answers: a replay of an earlier order stays a replay.
+	case nowMS < s.startsMS:
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
 		return
-	case idem == "" && s.soldOutFlag(region).Load():
-		// From memory. (A request with a key goes on: it may be a replay.)
+	case s.soldOutFlag(region).Load() && !g.maybeReplay(s, claims.Subject, idem):
 		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
 		return
 	}
@@ -221,6 +219,20 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	g.metrics.InflightAdd(1)
 	defer g.metrics.InflightAdd(-1)
 	g.admit(ctx, s, claims.Subject, body.Quantity, region, idem, now)
+}
+
+// maybeReplay decides whether a purchase on a sold-out sale must still reach
+// the admission: only a replay of an Idempotency-Key used before (which
+// answers its first order) does. One read, no script; if the read fails, the
+// admission decides.
+func (g *Gateway) maybeReplay(s *sale, user, idem string) bool {
+	if idem == "" {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+	defer cancel()
+	known, err := lua.IdemKnown(rctx, g.rc, s.keys, user, idem)
+	return err != nil || known
 }
 
 // admit runs the admission on the sale's shard, behind that shard's breaker,

@@ -451,6 +451,12 @@ func ParseOrder(v string) (Record, error) {
 // ParseResv parses a value of the resv hash.
 func ParseResv(v string) (Record, error) { return ParseOrder("pending||" + v) }
 
+// IdemKnown reports whether user has used idempotency key before on this sale
+// (a read, no script): after a sell-out only a replay needs the admission.
+func IdemKnown(ctx context.Context, c rueidis.Client, k *Keys, user, key string) (bool, error) {
+	return c.Do(ctx, c.B().Hexists().Key(k.Idem).Field(user+"|"+key).Build()).AsBool()
+}
+
 // Order reads one order's record; ok is false when Redis has none.
 func Order(ctx context.Context, c rueidis.Client, k *Keys, id uint64) (Record, bool, error) {
 	v, err := c.Do(ctx, c.B().Hget().Key(k.Orders).Field(strconv.FormatUint(id, 10)).Build()).ToString()

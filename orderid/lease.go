@@ -80,7 +80,10 @@ func Acquire(ctx context.Context, c rueidis.Client, ttl time.Duration) (*Lease, 
 // id, and two generators of one node can make the same id.
 func (l *Lease) keep(ctx context.Context, deadline time.Time) {
 	defer close(l.done)
-	t := time.NewTicker(l.ttl / 3)
+	// Renew at least every second, whatever the TTL: a Redis that restarted
+	// empty has dropped the key, and until a renewal notices, another node
+	// could take the same id. The window is one renewal interval.
+	t := time.NewTicker(min(l.ttl/3, time.Second))
 	defer t.Stop()
 	guard := l.ttl / 6
 	for {

@@ -30,6 +30,7 @@ func StartRedis(t testing.TB) *Server {
 	s := &Server{t: t, bin: "redis-server", Addr: "127.0.0.1:" + strconv.Itoa(port), args: []string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", t.TempDir(), "--enable-debug-command", "local"}}
+	s.t.Cleanup(s.Kill)
 	s.Start()
 	return s
 }
@@ -40,6 +41,7 @@ func StartNATS(t testing.TB) *Server {
 	port := FreePort(t)
 	s := &Server{t: t, bin: "nats-server", Addr: "127.0.0.1:" + strconv.Itoa(port), args: []string{
 		"-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", t.TempDir()}}
+	s.t.Cleanup(s.Kill)
 	s.Start()
 	return s
 }
@@ -64,7 +66,6 @@ func (s *Server) Start() {
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start %s: %v", s.bin, err)
 	}
-	s.t.Cleanup(s.Kill)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c, err := net.DialTimeout("tcp", s.Addr, 200*time.Millisecond)
