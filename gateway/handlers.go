@@ -298,6 +298,9 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 			g.markSoldOut(s, region)
 		}
 		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+	case lua.DuplicateID:
+		slog.Error("order id already taken: the id source is broken", "sale", s.spec.ID, "order", id, "node", lease.Node())
+		unavailable(ctx, "order ids unavailable")
 	}
 }
 

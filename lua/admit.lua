@@ -9,6 +9,7 @@
 --   {'not_warmed'}                no meta or no stock key: unknown, never "sold out"
 --   {'not_started', ms_left} | {'ended'} | {'bad_quantity'} | {'limit_reached', held}
 --   {'sold_out', remaining}
+--   {'duplicate_id'}              the order id is taken: nothing changed (the caller's id source is broken)
 local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'limit', 'omax')
 if not meta[1] then
   return {'not_warmed'}
@@ -45,6 +46,11 @@ end
 stock = tonumber(stock)
 if stock < qty then
   return {'sold_out', tostring(stock)}
+end
+-- An order id is used once. Ids are unique by construction (DESIGN.md §6); if
+-- two ever met, overwriting the first reservation would lose its unit.
+if redis.call('HEXISTS', KEYS[5], id) == 1 then
+  return {'duplicate_id'}
 end
 local left = redis.call('DECRBY', KEYS[2], qty)
 redis.call('HINCRBY', KEYS[3], user, qty)

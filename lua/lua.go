@@ -7,7 +7,9 @@ package lua
 
 import (
 	"context"
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -106,6 +108,13 @@ func Load() *Scripts {
 	}
 }
 
+// AdmitSHA is the SHA1 EVALSHA names the admission script by (for operators
+// and tests that watch Redis: MONITOR, SLOWLOG, LATENCY).
+func AdmitSHA() string {
+	sum := sha1.Sum([]byte(admitSrc))
+	return hex.EncodeToString(sum[:])
+}
+
 // Outcome is what the admit script decided.
 type Outcome uint8
 
@@ -118,9 +127,10 @@ const (
 	BadQuantity
 	LimitReached
 	SoldOut
+	DuplicateID
 )
 
-var outcomeNames = [...]string{"", "ok", "replay", "not_warmed", "not_started", "ended", "bad_quantity", "limit_reached", "sold_out"}
+var outcomeNames = [...]string{"", "ok", "replay", "not_warmed", "not_started", "ended", "bad_quantity", "limit_reached", "sold_out", "duplicate_id"}
 
 func (o Outcome) String() string {
 	if int(o) < len(outcomeNames) {
@@ -202,6 +212,8 @@ func parseAdmission(res []rueidis.RedisMessage) (Admission, error) {
 		a.Outcome = LimitReached
 	case "sold_out":
 		a.Outcome, a.Remaining = SoldOut, arg(1)
+	case "duplicate_id":
+		a.Outcome = DuplicateID
 	default:
 		return a, fmt.Errorf("admit: unexpected reply %q", code)
 	}

@@ -229,7 +229,7 @@ func TestOutcomeString(t *testing.T) {
 	for o, want := range map[lua.Outcome]string{
 		lua.Admitted: "ok", lua.Replayed: "replay", lua.NotWarmed: "not_warmed", lua.NotStarted: "not_started",
 		lua.Ended: "ended", lua.BadQuantity: "bad_quantity", lua.LimitReached: "limit_reached",
-		lua.SoldOut: "sold_out", 0: "", 42: "outcome(42)",
+		lua.SoldOut: "sold_out", lua.DuplicateID: "duplicate_id", 0: "", 42: "outcome(42)",
 	} {
 		if got := o.String(); got != want {
 			t.Errorf("Outcome(%d) = %q, want %q", o, got, want)
@@ -281,6 +281,27 @@ func TestAdmitted(t *testing.T) {
 		resv := s.resv()
 		if len(resv) != 2 || resv[id] != record("pending", a) || resv[res.OrderID] != record("pending", b) {
 			t.Errorf("reservations = %+v", resv)
+		}
+	})
+}
+
+// TestDuplicateOrderIDChangesNothing: an order id met twice must not overwrite
+// the first reservation (its unit would vanish from the ledger).
+func TestDuplicateOrderIDChangesNothing(t *testing.T) {
+	eachTarget(t, func(t *testing.T, c rueidis.Client) {
+		s := newSale(t, c, nil)
+		id, _ := s.mustAdmit(lua.AdmitArgs{User: "alice", Quantity: 1})
+		res, _ := s.admit(lua.AdmitArgs{User: "bob", Quantity: 2, OrderID: id})
+		if res.Outcome != lua.DuplicateID {
+			t.Fatalf("second admission with id %d = %+v, want duplicate_id", id, res)
+		}
+		rem, err := lua.Remaining(ctx(t), c, s.k)
+		if err != nil || rem[""] != 9 {
+			t.Fatalf("remaining %v %v, want 9: the duplicate moved stock", rem, err)
+		}
+		resv, _ := lua.Reservations(ctx(t), c, s.k)
+		if r := resv[id]; len(resv) != 1 || r.User != "alice" || r.Qty != 1 {
+			t.Fatalf("reservations %+v: the first one was overwritten", resv)
 		}
 	})
 }

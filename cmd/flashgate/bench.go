@@ -263,7 +263,13 @@ func awaitDrain(ctx context.Context, cfg config.Config, sale string, accepted []
 		rep, err = audit.Check(cctx, db, rc, sale, accepted)
 		cancel()
 		if err == nil && rep.Lost == 0 && rep.RedisReserved == 0 {
-			return rep, time.Since(start), true, nil
+			// Drained. The report that saw it read MySQL and Redis at different
+			// moments, maybe across the last batch: audit the system at rest.
+			waited := time.Since(start)
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			rep, err = audit.Check(cctx, db, rc, sale, accepted)
+			cancel()
+			return rep, waited, err == nil, err
 		}
 		if errors.Is(err, audit.ErrSaleNotFound) {
 			return rep, time.Since(start), false, err
