@@ -20,8 +20,8 @@
 # (2: runs per target, in alternating order A B B A …; the rates are the means), BENCH_WARMUP (3s:
 # a first run against each target that counts every answer by status, not measured; 0 skips it),
 # BENCH_NGINX_PORT (18090), BENCH_GATEWAY_PORT (18080), BENCH_GATEWAY_ADMIN_PORT (18081, and up:
-# one per gateway process), BENCH_GATEWAYS (the core count: gateway processes sharing the port
-# with SO_REUSEPORT, GOMAXPROCS = cores / processes each — as nginx runs one worker per core),
+# one per gateway process), BENCH_GATEWAYS (1: gateway processes sharing the port with
+# SO_REUSEPORT, GOMAXPROCS = cores / processes each; on 2 cores two measured no better than one),
 # BENCH_STRICT=1 (exit 1 when R < 0.9), STACK_CONFIG (configs/flashgate.yaml).
 set -euo pipefail
 
@@ -38,7 +38,7 @@ NGINX_PORT="${BENCH_NGINX_PORT:-18090}"
 GW_PORT="${BENCH_GATEWAY_PORT:-18080}"
 GW_ADMIN="${BENCH_GATEWAY_ADMIN_PORT:-18081}"
 CORES="$(nproc)"
-GATEWAYS="${BENCH_GATEWAYS:-$CORES}"
+GATEWAYS="${BENCH_GATEWAYS:-1}"
 [[ "$GATEWAYS" =~ ^[1-9][0-9]*$ ]] || { echo "bench-edge: BENCH_GATEWAYS must be a positive number" >&2; exit 2; }
 GW_PROCS=$(( CORES / GATEWAYS > 0 ? CORES / GATEWAYS : 1 ))
 CONFIG="${STACK_CONFIG:-configs/flashgate.yaml}"
