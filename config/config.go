@@ -117,14 +117,17 @@ type Redis struct {
 
 // NATS is JetStream for orders and core NATS for sale events.
 type NATS struct {
-	URL           string        `yaml:"url"`
-	Stream        string        `yaml:"stream"`
-	OrderSubject  string        `yaml:"order_subject"`
-	EventSubject  string        `yaml:"event_subject"`
-	Consumer      string        `yaml:"consumer"`
-	Replicas      int           `yaml:"replicas"`
-	DedupWindow   time.Duration `yaml:"dedup_window"`
-	MaxStreamMsgs int64         `yaml:"max_stream_msgs"`
+	URL          string `yaml:"url"`
+	Stream       string `yaml:"stream"`
+	OrderSubject string `yaml:"order_subject"`
+	EventSubject string `yaml:"event_subject"`
+	// CommandSubject carries pay and cancel from gateways to backends (core
+	// NATS request-reply, one backend of the queue group answers).
+	CommandSubject string        `yaml:"command_subject"`
+	Consumer       string        `yaml:"consumer"`
+	Replicas       int           `yaml:"replicas"`
+	DedupWindow    time.Duration `yaml:"dedup_window"`
+	MaxStreamMsgs  int64         `yaml:"max_stream_msgs"`
 }
 
 // MySQL is the source of truth.
@@ -166,7 +169,7 @@ func Default() Config {
 		Redis: Redis{Addrs: []string{"127.0.0.1:16379"}},
 		NATS: NATS{
 			URL: "nats://127.0.0.1:14222", Stream: "FLASHGATE_ORDERS",
-			OrderSubject: "flashgate.orders", EventSubject: "flashgate.events.sale",
+			OrderSubject: "flashgate.orders", EventSubject: "flashgate.events.sale", CommandSubject: "flashgate.cmd.orders",
 			Consumer: "flashgate-backend", Replicas: 1, DedupWindow: 2 * time.Minute,
 		},
 		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},

@@ -143,6 +143,7 @@ func Config(t testing.TB) config.Config {
 	c.NATS.Stream = "T_" + strings.ToUpper(id)
 	c.NATS.OrderSubject = id + ".orders"
 	c.NATS.EventSubject = id + ".events.sale"
+	c.NATS.CommandSubject = id + ".cmd.orders"
 	c.NATS.Consumer = id + "-backend"
 	c.MySQL.DSN = MySQL(t)
 	// Rate limits are off: a test that is not about them would trip them (a

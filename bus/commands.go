@@ -1,0 +1,91 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/config"
+)
+
+// Order commands: a gateway asks a backend to change an order in MySQL (pay,
+// cancel) over core NATS request-reply; the backends form one queue group, so
+// exactly one answers. No backend answering is an outage (503), never a "no".
+const (
+	CmdPay    = "pay"
+	CmdCancel = "cancel"
+)
+
+// CommandQueue is the queue group backends answer order commands in.
+const CommandQueue = "flashgate-backend"
+
+// OrderCommand is a buyer's request about their order. The gateway has checked
+// the token; the backend checks ownership again against MySQL.
+type OrderCommand struct {
+	Op      string `json:"op"`
+	SaleID  string `json:"sale_id"`
+	OrderID uint64 `json:"order_id,string"`
+	UserID  string `json:"user_id"`
+}
+
+// OrderReply is the backend's answer. Code is flashgate.CodeAccepted-style
+// "ok" on success, else the DESIGN.md §3 code to answer with (order_not_found,
+// order_closed, conflict for an order still pending, unavailable).
+type OrderReply struct {
+	Code      string    `json:"code"`
+	Message   string    `json:"message,omitempty"`
+	Status    string    `json:"status,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+	Quantity  int64     `json:"quantity,omitempty"`
+	Region    string    `json:"region,omitempty"`
+	CreatedAt time.Time `json:"created_at,omitzero"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+}
+
+// ReplyOK is the Code of a command that was carried out (or already was).
+const ReplyOK = "ok"
+
+// ErrNoBackend means no backend answered in time.
+var ErrNoBackend = errors.New("no backend answered")
+
+// Command sends cmd and waits for the reply.
+func Command(ctx context.Context, nc *nats.Conn, cfg config.NATS, cmd OrderCommand) (OrderReply, error) {
+	b, err := json.Marshal(cmd)
+	if err != nil {
+		return OrderReply{}, err
+	}
+	msg, err := nc.RequestWithContext(ctx, cfg.CommandSubject, b)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+			return OrderReply{}, fmt.Errorf("%w: %v", ErrNoBackend, err)
+		}
+		return OrderReply{}, err
+	}
+	var r OrderReply
+	if err := json.Unmarshal(msg.Data, &r); err != nil {
+		return OrderReply{}, fmt.Errorf("order command reply %q: %w", msg.Data, err)
+	}
+	return r, nil
+}
+
+// ServeCommands answers order commands with handle, in the backends' queue
+// group. handle must reply within the gateway's timeout.
+func ServeCommands(nc *nats.Conn, cfg config.NATS, handle func(OrderCommand) OrderReply) (*nats.Subscription, error) {
+	return nc.QueueSubscribe(cfg.CommandSubject, CommandQueue, func(m *nats.Msg) {
+		var cmd OrderCommand
+		var r OrderReply
+		if err := json.Unmarshal(m.Data, &cmd); err != nil || cmd.OrderID == 0 || !flashgate.ValidID(cmd.SaleID) ||
+			!flashgate.ValidID(cmd.UserID) || (cmd.Op != CmdPay && cmd.Op != CmdCancel) {
+			r = OrderReply{Code: string(flashgate.CodeInvalidRequest), Message: "malformed order command"}
+		} else {
+			r = handle(cmd)
+		}
+		b, _ := json.Marshal(r)
+		_ = m.Respond(b)
+	})
+}
