@@ -68,10 +68,10 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 			g.getOrder(ctx, s, orderID)
 			return metrics.RouteOrder
 		case bytes.Equal(action, subPay) && ctx.IsPost():
-			fail(ctx, fasthttp.StatusNotImplemented, flashgate.CodeUnavailable, "payment is not served yet")
+			g.orderCommand(ctx, s, orderID, bus.CmdPay)
 			return metrics.RoutePay
 		case bytes.Equal(action, subCnc) && ctx.IsPost():
-			fail(ctx, fasthttp.StatusNotImplemented, flashgate.CodeUnavailable, "cancel is not served yet")
+			g.orderCommand(ctx, s, orderID, bus.CmdCancel)
 			return metrics.RouteCancel
 		}
 		g.methodNotAllowed(ctx)
@@ -488,4 +488,78 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 	}
 	ctx.SetContentTypeBytes(ctJSON)
 	ctx.SetBody(b)
+}
+
+// orderCommand is POST …/orders/{order}/pay and …/cancel: owner only. MySQL is
+// where an order changes, so a backend carries it out (bus.Command); the
+// gateway refuses what it can answer itself: a bad token, another user's order.
+func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, op string) {
+	now := g.now()
+	if !g.allowIP(ctx, now) {
+		return
+	}
+	claims, ok := g.user(ctx, now)
+	if !ok {
+		return
+	}
+	if s == nil {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeSaleNotFound, "no such sale")
+		return
+	}
+	id, err := strconv.ParseUint(string(rawID), 10, 64)
+	if err != nil {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
+		return
+	}
+	if ok, wait := g.limits.User.Allow(ratelimit.KeyString(claims.Subject), now.UnixNano()); !ok {
+		g.limited(ctx, metrics.LimitUser, "too many requests from your account", wait)
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+	rec, known, err := lua.Order(rctx, g.rc, s.keys, id)
+	cancel()
+	// Another user's order, or one that never existed, is answered here. An
+	// order Redis does not know (it lost its data) goes on: MySQL decides.
+	if err == nil && known && (rec.User != claims.Subject || rec.Status == "released") {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
+	reply, err := bus.Command(cctx, g.nc, g.cfg.NATS, bus.OrderCommand{Op: op, SaleID: s.spec.ID, OrderID: id, UserID: claims.Subject})
+	cancel()
+	if err != nil {
+		slog.Warn("order command", "op", op, "sale", s.spec.ID, "order", id, "err", err)
+		unavailable(ctx, "order service unavailable")
+		return
+	}
+	switch flashgate.Code(reply.Code) {
+	case bus.ReplyOK:
+		b, err := json.Marshal(orderView{
+			OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: claims.Subject, Quantity: reply.Quantity,
+			Region: reply.Region, Status: reply.Status, Reason: reply.Reason, CreatedAt: reply.CreatedAt, ExpiresAt: reply.ExpiresAt,
+		})
+		if err != nil {
+			fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
+			return
+		}
+		ctx.SetContentTypeBytes(ctJSON)
+		ctx.SetBody(b)
+	case flashgate.CodeOrderNotFound:
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
+	case flashgate.CodeOrderClosed:
+		fail(ctx, fasthttp.StatusConflict, flashgate.CodeOrderClosed, nonEmpty(reply.Message, "the order is closed"))
+	case flashgate.CodeConflict:
+		failRetry(ctx, fasthttp.StatusConflict, flashgate.CodeConflict, nonEmpty(reply.Message, "the order is still being confirmed"), 1)
+	case flashgate.CodeInvalidRequest:
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, nonEmpty(reply.Message, "invalid order command"))
+	default:
+		unavailable(ctx, nonEmpty(reply.Message, "order service unavailable"))
+	}
+}
+
+func nonEmpty(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
