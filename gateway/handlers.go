@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"os"
 	"strconv"
 	"time"
 
@@ -273,6 +274,10 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 	}
 	switch adm.Outcome {
 	case lua.Admitted:
+		if g.crashAfter.Load() > 0 && g.crashAfter.Add(-1) == 0 {
+			slog.Error("failpoint: exiting between admission and publish", "sale", s.spec.ID, "order", id)
+			os.Exit(3)
+		}
 		if adm.Remaining <= 0 {
 			g.markSoldOut(s, region)
 		}

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"database/sql"
 	"net"
 	"os"
 	"os/exec"
@@ -20,6 +21,8 @@ type Server struct {
 	args []string
 	cmd  *exec.Cmd
 	log  string
+	// ready reports whether the server serves; nil means "accepts TCP".
+	ready func() error
 }
 
 // StartRedis starts a private redis-server (no persistence: a restart loses
@@ -66,11 +69,10 @@ func (s *Server) Start() {
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start %s: %v", s.bin, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", s.Addr, 200*time.Millisecond)
+		err := s.check()
 		if err == nil {
-			c.Close()
 			return
 		}
 		if time.Now().After(deadline) {
@@ -80,6 +82,56 @@ func (s *Server) Start() {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func (s *Server) check() error {
+	if s.ready != nil {
+		return s.ready()
+	}
+	c, err := net.DialTimeout("tcp", s.Addr, 200*time.Millisecond)
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// StartMariaDB starts a private MariaDB (a data directory of its own, made by
+// mariadb-install-db) with an empty database flashgate; DSN points at it.
+func StartMariaDB(t testing.TB) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	args := []string{"--no-defaults", "--datadir=" + data, "--auth-root-authentication-method=normal", "--skip-test-db"}
+	if os.Geteuid() == 0 {
+		args = append(args, "--user=root")
+	}
+	if out, err := exec.Command("mariadb-install-db", args...).CombinedOutput(); err != nil {
+		t.Fatalf("mariadb-install-db (make deps installs it): %v\n%s", err, out)
+	}
+	port := FreePort(t)
+	s := &Server{t: t, bin: "mariadbd", Addr: "127.0.0.1:" + strconv.Itoa(port)}
+	s.args = []string{"--no-defaults", "--datadir=" + data, "--port=" + strconv.Itoa(port),
+		"--bind-address=127.0.0.1", "--socket=" + filepath.Join(dir, "mysqld.sock"), "--skip-name-resolve",
+		"--innodb-buffer-pool-size=64M", "--max-connections=200", "--character-set-server=utf8mb4",
+		"--log-error=" + filepath.Join(dir, "error.log")}
+	if os.Geteuid() == 0 {
+		s.args = append(s.args, "--user=root")
+	}
+	s.ready = func() error {
+		db, err := sql.Open("mysql", "root@tcp("+s.Addr+")/?timeout=1s")
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		_, err = db.Exec("CREATE DATABASE IF NOT EXISTS flashgate")
+		return err
+	}
+	s.t.Cleanup(s.Kill)
+	s.Start()
+	return s
+}
+
+// DSN is the private MariaDB's database flashgate.
+func (s *Server) DSN() string { return "root@tcp(" + s.Addr + ")/flashgate" }
 
 // Kill stops the server with SIGKILL and waits for it to be gone.
 func (s *Server) Kill() {
