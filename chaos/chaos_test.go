@@ -1,0 +1,393 @@
+// Package chaos is flashgate's fault suite (`make chaos`): each scenario runs
+// the whole funnel — two gateways, a backend, Redis, NATS, MariaDB, every one a
+// real process of the scenario's own — floods it with purchases, injects one
+// fault, drains, reconciles, and checks DESIGN.md §2's invariants by reading
+// MySQL and Redis directly.
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/audit"
+	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/loadgen"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "flashgate-chaos")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "flashgate")
+	if out, err := exec.Command("go", "build", "-o", binary, "../cmd/flashgate").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build flashgate: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a flashgate process of the scenario.
+type proc struct {
+	t     *testing.T
+	name  string
+	args  []string
+	env   []string
+	addr  string // public address (gateways)
+	admin string
+	cmd   *exec.Cmd
+	log   string
+}
+
+func (p *proc) start() {
+	p.t.Helper()
+	p.cmd = exec.Command(binary, p.args...)
+	p.cmd.Env = p.env
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if res, err := http.Get("http://" + p.admin + "/readyz"); err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(p.log)
+	p.t.Fatalf("%s not ready:\n%s", p.name, tail(b, 20))
+}
+
+// kill is kill -9: no drain, no goodbye.
+func (p *proc) kill() {
+	if p.cmd != nil && p.cmd.Process != nil && p.cmd.ProcessState == nil {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+	}
+}
+
+// exited waits for a process that ends by itself (a failpoint).
+func (p *proc) exited(within time.Duration) bool {
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(within):
+		return false
+	}
+}
+
+func tail(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// stack is one scenario's world.
+type stack struct {
+	t        *testing.T
+	cfg      config.Config
+	redis    *testenv.Server
+	nats     *testenv.Server
+	maria    *testenv.Server
+	backend  *proc
+	gateways []*proc
+	dir      string
+}
+
+func newStack(t *testing.T, gatewayEnv ...[]string) *stack {
+	t.Helper()
+	st := &stack{t: t, dir: t.TempDir()}
+	st.redis, st.nats, st.maria = testenv.StartRedis(t), testenv.StartNATS(t), testenv.StartMariaDB(t)
+	cfg := config.Default()
+	cfg.Redis.Addrs = []string{st.redis.Addr}
+	cfg.NATS.URL = st.nats.URL()
+	cfg.MySQL.DSN = st.maria.DSN()
+	cfg.Auth.JWTSecret = testenv.ID("chaos-secret-")
+	cfg.Admin.Token = testenv.ID("chaos-admin-")
+	st.cfg = cfg
+	st.backend = st.newProc("backend", []string{"backend", "--config", ""}, nil)
+	st.backend.start()
+	for i := range 2 {
+		var extra []string
+		if i < len(gatewayEnv) {
+			extra = gatewayEnv[i]
+		}
+		g := st.newProc("gateway-"+strconv.Itoa(i), []string{"gateway", "--config", ""}, extra)
+		g.start()
+		st.gateways = append(st.gateways, g)
+	}
+	t.Cleanup(func() {
+		for _, g := range st.gateways {
+			g.kill()
+		}
+		st.backend.kill()
+	})
+	return st
+}
+
+func (st *stack) newProc(name string, args, extra []string) *proc {
+	p := &proc{t: st.t, name: name, args: args, log: filepath.Join(st.dir, name+".log"),
+		admin: "127.0.0.1:" + strconv.Itoa(testenv.FreePort(st.t))}
+	env := append(os.Environ(),
+		"FLASHGATE_REDIS_ADDRS="+st.redis.Addr,
+		"FLASHGATE_NATS_URL="+st.nats.URL(),
+		"FLASHGATE_MYSQL_DSN="+st.maria.DSN(),
+		"FLASHGATE_JWT_SECRET="+st.cfg.Auth.JWTSecret,
+		"FLASHGATE_ADMIN_TOKEN="+st.cfg.Admin.Token,
+		"FLASHGATE_BACKEND_ACK_WAIT=2s",
+		"FLASHGATE_GATEWAY_BREAKER_OPEN=500ms",
+		// The suite counts invariants, not refusals: no rate limits.
+		"FLASHGATE_RATELIMIT_PER_IP_RATE=0", "FLASHGATE_RATELIMIT_PER_USER_RATE=0", "FLASHGATE_RATELIMIT_PER_SALE_RATE=0",
+	)
+	if strings.HasPrefix(name, "gateway") {
+		p.addr = "127.0.0.1:" + strconv.Itoa(testenv.FreePort(st.t))
+		env = append(env, "FLASHGATE_GATEWAY_LISTEN="+p.addr, "FLASHGATE_GATEWAY_ADMIN_LISTEN="+p.admin)
+	} else {
+		env = append(env, "FLASHGATE_BACKEND_ADMIN_LISTEN="+p.admin)
+	}
+	p.env = append(env, extra...)
+	return p
+}
+
+// admin calls the backend's admin API.
+func (st *stack) admin(method, path string, body any) (int, []byte) {
+	st.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, "http://"+st.backend.admin+path, rd)
+	req.Header.Set("Authorization", "Bearer "+st.cfg.Admin.Token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
+}
+
+func (st *stack) createSale(total, perUser int64) *flashgate.Sale {
+	st.t.Helper()
+	now := time.Now()
+	s := &flashgate.Sale{ID: testenv.ID("chaos"), Title: "chaos", PriceCents: 100, Total: total,
+		StartsAt: now.Add(-time.Second), EndsAt: now.Add(time.Hour), PerUserLimit: perUser, PerOrderMax: 1}
+	if code, b := st.admin("POST", "/admin/v1/sales", s); code != 201 {
+		st.t.Fatalf("create sale: %d %s", code, b)
+	}
+	for _, g := range st.gateways {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			res, err := http.Get("http://" + g.addr + "/v1/sales/" + s.ID)
+			if err == nil {
+				res.Body.Close()
+				if res.StatusCode == 200 {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				st.t.Fatalf("%s never learnt of sale %s", g.name, s.ID)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return s
+}
+
+// flood sends requests purchases through every gateway at once (distinct users
+// per gateway), calling fault once the flood is under way. It returns the
+// requests sent and every order id answered 202.
+func (st *stack) flood(sale string, users, requests int, fault func()) (int64, []uint64) {
+	st.t.Helper()
+	var mu sync.Mutex
+	var accepted []uint64
+	var sent int64
+	var wg sync.WaitGroup
+	for i, g := range st.gateways {
+		toks := make([][]byte, users/len(st.gateways))
+		for j := range toks {
+			tok, err := auth.MintHS256(st.cfg.Auth.JWTSecret, "g"+strconv.Itoa(i)+"u"+strconv.Itoa(j), auth.MintOptions{})
+			if err != nil {
+				st.t.Fatal(err)
+			}
+			toks[j] = []byte("Bearer " + tok)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := loadgen.Run(context.Background(), loadgen.Config{
+				Target: "http://" + g.addr, Sale: sale, Tokens: toks, Concurrency: 32,
+				Requests: int64(requests / len(st.gateways)),
+			})
+			if err != nil {
+				st.t.Errorf("%s flood: %v", g.name, err)
+				return
+			}
+			mu.Lock()
+			accepted = append(accepted, res.Accepted...)
+			sent += res.Requests
+			mu.Unlock()
+		}()
+	}
+	if fault != nil {
+		time.Sleep(300 * time.Millisecond)
+		fault()
+	}
+	wg.Wait()
+	return sent, accepted
+}
+
+// settle drains and reconciles until the sale's invariants hold (or a bounded
+// wait ends), and returns the audit and how long it took.
+func (st *stack) settle(sale string, accepted []uint64) (audit.Report, time.Duration) {
+	st.t.Helper()
+	db, err := audit.OpenDB(st.cfg.MySQL.DSN)
+	if err != nil {
+		st.t.Fatal(err)
+	}
+	defer db.Close()
+	rc := testenv.Redis(st.t, st.cfg.Redis.Addrs)
+	start := time.Now()
+	deadline := start.Add(90 * time.Second)
+	var rep audit.Report
+	for {
+		// What the leader does periodically, now.
+		st.admin("POST", "/admin/v1/sales/"+sale+"/reconcile?older_than=2s", nil)
+		rep, err = audit.Check(context.Background(), db, rc, sale, accepted)
+		if err == nil && rep.Lost == 0 && rep.RedisReserved == 0 && rep.LedgerHolds {
+			// At rest: audit once more, on one moment.
+			if rep, err = audit.Check(context.Background(), db, rc, sale, accepted); err == nil {
+				return rep, time.Since(start)
+			}
+		}
+		if time.Now().After(deadline) {
+			return rep, time.Since(start)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+type row struct {
+	name                                              string
+	requests, accepted, orders                        int64
+	oversold, overLimit, lost, duplicated, ledgerDiff int64
+	recovery                                          time.Duration
+}
+
+var (
+	rowsMu sync.Mutex
+	rows   []row
+)
+
+func record(t *testing.T, name string, requests int64, accepted []uint64, rep audit.Report, recovery time.Duration) {
+	t.Helper()
+	r := row{name: name, requests: requests, accepted: int64(len(accepted)), orders: rep.Orders,
+		oversold: rep.Oversold, overLimit: rep.OverLimitUsers, lost: rep.Lost, duplicated: rep.Duplicated,
+		ledgerDiff: rep.LedgerDiff, recovery: recovery}
+	rowsMu.Lock()
+	rows = append(rows, r)
+	rowsMu.Unlock()
+	t.Logf("%s: %s", name, rep)
+	if !rep.OK() {
+		t.Errorf("%s: invariants broken: %s", name, rep)
+	}
+}
+
+// TestChaos runs every scenario, then prints the table (and writes it to
+// $CHAOS_REPORT if set) with its last line the summary.
+func TestChaos(t *testing.T) {
+	for _, sc := range scenarios {
+		t.Run(sc.name, sc.run)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-28s %9s %9s %7s %9s %10s %5s %11s %12s\n", "scenario", "requests", "accepted", "orders", "oversold", "over-limit", "lost", "duplicated", "recovery")
+	var over, limit, lost, dup int64
+	for _, r := range rows {
+		fmt.Fprintf(&b, "%-28s %9d %9d %7d %9d %10d %5d %11d %12s\n", r.name, r.requests, r.accepted, r.orders,
+			r.oversold, r.overLimit, r.lost, r.duplicated, r.recovery.Round(10*time.Millisecond))
+		over, limit, lost, dup = over+r.oversold, limit+r.overLimit, lost+r.lost, dup+r.duplicated
+	}
+	fmt.Fprintf(&b, "chaos: %d scenarios, oversold %d, over-limit %d, lost %d, duplicated %d\n", len(rows), over, limit, lost, dup)
+	fmt.Print(b.String())
+	if p := os.Getenv("CHAOS_REPORT"); p != "" {
+		_ = os.WriteFile(p, []byte(b.String()), 0o644)
+	}
+}
+
+type scenario struct {
+	name string
+	run  func(t *testing.T)
+}
+
+var scenarios = []scenario{
+	{"backend kill -9 ×2", func(t *testing.T) {
+		st := newStack(t)
+		s := st.createSale(2000, 1)
+		// Kill the backend twice during the flood, restarting it each time.
+		requests, accepted := st.flood(s.ID, 3000, 3000, func() {
+			for range 2 {
+				st.backend.kill()
+				time.Sleep(200 * time.Millisecond)
+				st.backend.start()
+				time.Sleep(300 * time.Millisecond)
+			}
+		})
+		rep, rec := st.settle(s.ID, accepted)
+		record(t, "backend kill -9 ×2", requests, accepted, rep, rec)
+	}},
+	{"mariadb down 10s", func(t *testing.T) {
+		st := newStack(t)
+		s := st.createSale(2000, 1)
+		var down time.Time
+		requests, accepted := st.flood(s.ID, 3000, 3000, func() {
+			st.maria.Kill()
+			down = time.Now()
+		})
+		time.Sleep(time.Until(down.Add(10 * time.Second)))
+		st.maria.Start()
+		rep, rec := st.settle(s.ID, accepted)
+		record(t, "mariadb down 10s", requests, accepted, rep, rec)
+	}},
+	{"nats restart", func(t *testing.T) {
+		st := newStack(t)
+		s := st.createSale(2000, 1)
+		requests, accepted := st.flood(s.ID, 3000, 3000, func() {
+			st.nats.Kill()
+			time.Sleep(time.Second)
+			st.nats.Start()
+		})
+		rep, rec := st.settle(s.ID, accepted)
+		record(t, "nats restart", requests, accepted, rep, rec)
+	}},
+}
