@@ -92,7 +92,7 @@ clean: ## remove bin/
 # processes on free ports), so this runs beside anything else. The last line is the summary.
 chaos: deps ## fault suite: kill/stop each part mid-flood, then check the invariants
 	@mkdir -p var/chaos var/log; rc=0; \
-	CHAOS_REPORT=var/chaos/report.txt $(GO) test -count=1 -v -timeout 20m -run TestChaos ./chaos > var/log/chaos.log 2>&1 || rc=$$?; \
+	CHAOS_REPORT=$(CURDIR)/var/chaos/report.txt $(GO) test -count=1 -v -timeout 20m -run TestChaos ./chaos > var/log/chaos.log 2>&1 || rc=$$?; \
 	grep -E '^\s+chaos_test.go|^--- |^FAIL|^ok' var/log/chaos.log || true; \
 	if [[ -s var/chaos/report.txt ]]; then cat var/chaos/report.txt; else tail -n 30 var/log/chaos.log; fi; \
 	exit $$rc
