@@ -43,5 +43,8 @@ const (
 	ReasonSaleClosed    = "sale_closed"
 	ReasonPublishFailed = "publish_failed"
 	ReasonAdmitFailed   = "admit_failed"
+	ReasonDeadLetter    = "dead_letter" // failed max_deliver times: dead-lettered
+	ReasonCanceled      = "canceled"    // the buyer canceled
+	ReasonExpired       = "expired"     // unpaid at expires_at
 	ReasonUnknownSale   = "unknown_sale"
 )

@@ -21,9 +21,6 @@ import (
 // maxAdminBody bounds an admin request body.
 const maxAdminBody = 64 << 10
 
-// codeNotImplemented answers an admin route that a later issue fills in.
-const codeNotImplemented flashgate.Code = "not_implemented"
-
 // adminHandler serves DESIGN.md §4, the health probes, the metrics and pprof.
 // Everything under /admin/ needs the bearer token; the probes and /metrics need
 // none (Prometheus and orchestrators scrape them; they reveal counts, not
@@ -43,7 +40,7 @@ func (b *Backend) adminHandler() http.Handler {
 	mux.Handle("POST /admin/v1/sales", b.auth(b.createSale))
 	mux.Handle("GET /admin/v1/sales/{sale}", b.auth(b.ledger))
 	mux.Handle("POST /admin/v1/sales/{sale}/close", b.auth(b.closeSale))
-	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", b.auth(b.reconcile))
+	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", b.auth(b.reconcileSale))
 	mux.Handle("/admin/", b.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such admin route: "+r.Method+" "+r.URL.Path)
 	}))
@@ -250,9 +247,36 @@ func (b *Backend) closeSale(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, &row.Sale)
 }
 
-func (b *Backend) reconcile(w http.ResponseWriter, r *http.Request) {
-	writeError(w, http.StatusNotImplemented, codeNotImplemented,
-		"reconcile is not implemented yet (DESIGN.md §8: republish stale reservations, rebuild Redis stock, expire unpaid orders)")
+// reconcileSale repairs the sale now and answers the report (reconcile.go):
+// any backend may run it, leader or not. ?older_than=<duration> (default 30s)
+// is the age past which a reservation is stale.
+func (b *Backend) reconcileSale(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("sale")
+	var opt ReconcileOptions
+	if v := r.URL.Query().Get("older_than"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, "older_than: a positive duration such as 30s")
+			return
+		}
+		opt.StaleAfter = d
+	}
+	if _, ok := b.saleOr404(w, r, id); !ok {
+		return
+	}
+	rep, err := b.ReconcileWith(r.Context(), id, opt)
+	switch {
+	case errors.Is(err, errSaleNotFound):
+		writeError(w, http.StatusNotFound, flashgate.CodeSaleNotFound, "no sale "+id)
+		return
+	case err != nil:
+		b.log.Error("reconcile", "sale", id, "err", err)
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "reconcile: "+err.Error())
+		return
+	}
+	b.log.Info("reconciled on request", "sale", id, "rewarmed", rep.Rewarmed, "republished", rep.Republished,
+		"repaired", rep.Repair.Done, "diff_before", rep.Before.Diff, "diff_after", rep.After.Diff)
+	writeJSON(w, http.StatusOK, rep)
 }
 
 // readyz answers 200 only when MySQL, Redis and NATS all answer.
@@ -278,7 +302,7 @@ func (b *Backend) readyz(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "checks": checks})
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "checks": checks, "leader": b.IsLeader()})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

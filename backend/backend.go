@@ -39,6 +39,12 @@ type Backend struct {
 	writer  *orderWriter
 	warmer  *warmer
 	sub     *nats.Subscription
+	cmds    *commandServer // pay and cancel (lifecycle.go)
+	// js publishes dead letters and republished orders; ops counts them;
+	// leader runs the leader-elected work (deadletter.go, reconcile.go, leader.go).
+	js      jetstream.JetStream
+	ops     *opsMetrics
+	leader  *leadership
 	srv     *http.Server
 	addr    string
 	metrics *metrics.Backend
@@ -71,6 +77,8 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 			if b.sub != nil {
 				_ = b.sub.Unsubscribe()
 			}
+			_ = b.cmds.stop(context.Background())
+			b.stopLeading()
 			if b.warmer != nil {
 				b.warmer.stop(context.Background())
 			}
@@ -123,9 +131,18 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 		}
 	}
 	b.warmer = newWarmer(b.db, b.rc, b.scripts, b.log)
+	if err := b.prepareOps(ctx, js); err != nil {
+		return nil, err
+	}
+	if err := b.startLeading(); err != nil {
+		return nil, err
+	}
 	b.warmOpenSales(ctx)
 	if b.sub, err = bus.SubscribeEvents(b.nc, cfg.NATS, b.onEvent); err != nil {
 		return nil, fmt.Errorf("sale events: %w", err)
+	}
+	if err := b.serveCommands(); err != nil {
+		return nil, err
 	}
 
 	if cfg.Admin.Token == "" {
@@ -182,6 +199,10 @@ func (b *Backend) shutdown(ctx context.Context) error {
 		if err := b.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			errs = append(errs, fmt.Errorf("unsubscribe events: %w", err))
 		}
+	}
+	b.stopLeading()
+	if err := b.cmds.stop(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	b.stopFetch()
 	b.stopLag()

@@ -143,12 +143,8 @@ func (b *Backend) handle(msgs []jetstream.Msg) bool {
 		}
 		o, err := bus.DecodeOrder(m.Data())
 		if err != nil {
-			// It can never be parsed: it must not block the consumer. (A dead-letter
-			// stream comes later; the log keeps the body.)
-			b.log.Error("terminating unparseable order message", "subject", m.Subject(), "err", err)
-			if err := m.Term(); err != nil {
-				b.log.Warn("term", "subject", m.Subject(), "err", err)
-			}
+			// It can never be parsed: it must not block the consumer.
+			b.unparseable(m, err)
 			continue
 		}
 		groups[o.Sale] = append(groups[o.Sale], entry{msg: m, order: o})
@@ -184,11 +180,20 @@ func (b *Backend) handleSale(sale string, es []entry) bool {
 	outs, err := b.writer.process(ctx, sale, orders)
 	if err != nil {
 		b.metrics.BatchFailed()
-		b.log.Error("order batch failed; nak'ed for redelivery", "sale", sale, "orders", len(es), "err", err)
+		outage := b.outage(sale)
+		if !outage && len(es) > 1 {
+			// Not an outage: maybe an order is poison. The halves are tried
+			// now, and theirs, so the others do not wait for it: a poison order
+			// among n costs 2·log2(n) transactions (deadletter.go).
+			b.log.Warn("order batch failed; retrying it in halves", "sale", sale, "orders", len(es), "err", err)
+			half := len(es) / 2
+			left := b.handleSale(sale, es[:half])
+			right := b.handleSale(sale, es[half:])
+			return left && right
+		}
+		b.log.Error("order batch failed; nak'ed for redelivery", "sale", sale, "orders", len(es), "outage", outage, "err", err)
 		for _, e := range es {
-			if err := e.msg.NakWithDelay(nakDelay(e.msg, timeout)); err != nil {
-				b.log.Warn("nak", "sale", sale, "err", err)
-			}
+			b.retryLater(e, outage, err, timeout)
 		}
 		return false
 	}

@@ -151,7 +151,7 @@ func TestMetricsDuringMySQLOutage(t *testing.T) {
 func TestReasonsKnownToMetrics(t *testing.T) {
 	m := metrics.NewBackend()
 	reasons := []string{reasonUnknownRegion, flashgate.ReasonSoldOut, flashgate.ReasonLimitReached,
-		flashgate.ReasonSaleClosed, flashgate.ReasonUnknownSale}
+		flashgate.ReasonSaleClosed, flashgate.ReasonUnknownSale, flashgate.ReasonDeadLetter, flashgate.ReasonCanceled, flashgate.ReasonExpired}
 	for _, r := range reasons {
 		m.Outcome(flashgate.OrderFailed, r)
 	}

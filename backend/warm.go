@@ -41,6 +41,10 @@ type warmer struct {
 	scripts *lua.Scripts
 	log     *slog.Logger
 	unlock  *rueidis.Lua
+	// inFlight, if set, is what Redis should hold of a sale being warmed, the
+	// orders in flight (in the stream, not in MySQL) taken off, and counts their
+	// units in the users hash (Backend.warmRemaining). Unset: total − sold.
+	inFlight func(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -67,9 +71,8 @@ func warmLockKey(sale string) string { return "fg:{s:" + sale + "}:warming" }
 // script refuses everything (not_warmed), so nothing moves the counters
 // meanwhile.
 //
-// The stock is total − sold from MySQL. Orders in flight (admitted, not yet in
-// MySQL) are not subtracted, nor counted in the users hash: when Redis lost
-// them, reconcile (a later issue) rebuilds total − sold − in-flight.
+// The stock is total − sold − in flight (inFlight): after Redis lost its data,
+// the orders admitted and not yet in MySQL are only in the stream.
 func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 	row, err := loadSale(ctx, w.db, sale)
 	if err != nil {
@@ -103,7 +106,13 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 	if err := w.rebuildUsers(ctx, k); err != nil {
 		return false, fmt.Errorf("warm %s: users: %w", sale, err)
 	}
-	return w.scripts.Warm(ctx, w.rc, &row.Sale, row.Remaining())
+	remaining := row.Remaining()
+	if w.inFlight != nil {
+		if remaining, err = w.inFlight(ctx, row, k); err != nil {
+			return false, fmt.Errorf("warm %s: in flight: %w", sale, err)
+		}
+	}
+	return w.scripts.Warm(ctx, w.rc, &row.Sale, remaining)
 }
 
 func (w *warmer) isWarm(ctx context.Context, k *lua.Keys) (bool, error) {

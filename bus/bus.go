@@ -115,7 +115,7 @@ func DecodeOrder(b []byte) (OrderMsg, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return m, fmt.Errorf("%w: %v", ErrBadMsg, err)
 	}
-	if m.ID == 0 || !flashgate.ValidID(m.Sale) || !flashgate.ValidID(m.User) || m.Qty < 1 ||
+	if m.ID == 0 || !flashgate.ValidID(m.Sale) || !flashgate.ValidID(m.User) || m.Qty < 1 || m.Qty > flashgate.MaxSaleUnits ||
 		(m.Region != "" && !flashgate.ValidRegion(m.Region)) || (m.Idem != "" && !flashgate.ValidID(m.Idem)) {
 		return m, fmt.Errorf("%w: %s", ErrBadMsg, b)
 	}

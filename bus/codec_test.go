@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/flashgate/flashgate"
 	"math"
 	"strings"
 	"testing"
@@ -14,9 +15,9 @@ func TestOrderMsgRoundTrip(t *testing.T) {
 	for _, m := range []OrderMsg{
 		{ID: 1, Sale: "s", User: "u", Qty: 1},
 		{ID: 7345119871795200001, Sale: "sale-1", User: "user_42", Qty: 2, Region: "bj", Created: 1767225600000, Expires: 1767226500000, Idem: "K-1_a"},
-		{ID: 42, Sale: "s", User: "u", Qty: 3, Region: "sh-2"},                                                   // region, no idem
-		{ID: 42, Sale: "s", User: "u", Qty: 3, Idem: "only-idem"},                                                // idem, no region
-		{ID: math.MaxUint64, Sale: long, User: long, Qty: math.MaxInt64, Idem: long, Region: "abcdefghijklmnop"}, // the edges
+		{ID: 42, Sale: "s", User: "u", Qty: 3, Region: "sh-2"},                                                            // region, no idem
+		{ID: 42, Sale: "s", User: "u", Qty: 3, Idem: "only-idem"},                                                         // idem, no region
+		{ID: math.MaxUint64, Sale: long, User: long, Qty: flashgate.MaxSaleUnits, Idem: long, Region: "abcdefghijklmnop"}, // the edges
 		{ID: 9, Sale: "S", User: "U", Qty: 1, Created: -1, Expires: math.MinInt64},
 	} {
 		b := m.Append(nil)
@@ -76,6 +77,7 @@ func TestDecodeOrderRejects(t *testing.T) {
 		{"user with a quote", `{"id":"1","sale":"s","user":"u\"","qty":1}`},
 		{"user not ascii", `{"id":"1","sale":"s","user":"ü","qty":1}`},
 		{"qty 0", `{"id":"1","sale":"s","user":"u","qty":0}`},
+		{"qty past any sale", `{"id":"1","sale":"s","user":"u","qty":1099511627777}`},
 		{"qty missing", `{"id":"1","sale":"s","user":"u"}`},
 		{"qty negative", `{"id":"1","sale":"s","user":"u","qty":-2}`},
 		{"qty fractional", `{"id":"1","sale":"s","user":"u","qty":1.5}`},

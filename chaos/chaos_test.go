@@ -122,6 +122,7 @@ type stack struct {
 	backend  *proc
 	gateways []*proc
 	dir      string
+	floods   int
 }
 
 func newStack(t *testing.T, gatewayEnv ...[]string) *stack {
@@ -230,6 +231,7 @@ func (st *stack) createSale(total, perUser int64) *flashgate.Sale {
 // requests sent and every order id answered 202.
 func (st *stack) flood(sale string, users, requests int, fault func()) (int64, []uint64) {
 	st.t.Helper()
+	st.floods++ // each flood's buyers are new people
 	var mu sync.Mutex
 	var accepted []uint64
 	var sent int64
@@ -237,7 +239,7 @@ func (st *stack) flood(sale string, users, requests int, fault func()) (int64, [
 	for i, g := range st.gateways {
 		toks := make([][]byte, users/len(st.gateways))
 		for j := range toks {
-			tok, err := auth.MintHS256(st.cfg.Auth.JWTSecret, "g"+strconv.Itoa(i)+"u"+strconv.Itoa(j), auth.MintOptions{})
+			tok, err := auth.MintHS256(st.cfg.Auth.JWTSecret, "f"+strconv.Itoa(st.floods)+"g"+strconv.Itoa(i)+"u"+strconv.Itoa(j), auth.MintOptions{})
 			if err != nil {
 				st.t.Fatal(err)
 			}

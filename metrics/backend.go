@@ -36,6 +36,9 @@ var reasons = []string{
 	"unknown_region",
 	flashgate.ReasonPublishFailed,
 	flashgate.ReasonAdmitFailed,
+	flashgate.ReasonDeadLetter,
+	flashgate.ReasonCanceled,
+	flashgate.ReasonExpired,
 }
 
 type outcomeKey struct {

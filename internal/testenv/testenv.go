@@ -163,4 +163,6 @@ func deleteStream(c config.NATS) {
 	}
 	defer nc.Close()
 	_, _ = nc.Request("$JS.API.STREAM.DELETE."+c.Stream, nil, 2*time.Second)
+	// The dead-letter stream backends create beside it (bus.DeadLetterStream).
+	_, _ = nc.Request("$JS.API.STREAM.DELETE."+c.Stream+"_DLQ", nil, 2*time.Second)
 }

@@ -1,0 +1,314 @@
+package backend
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/lua"
+)
+
+// Dead letters (DESIGN.md §7). The consumer decides on the message's last
+// delivery, in the loop that failed it, rather than listening to the server's
+// MAX_DELIVERIES advisory: the advisory is core NATS (at most once, lost when
+// no backend listens at that moment), and on nats-server 2.9 a work-queue
+// message that ran out of deliveries stays in the stream, never delivered
+// again, so a lost advisory would strand its order for good. Deciding while the
+// message is in hand, and acting before it is terminated, loses nothing: every
+// step below is idempotent and a backend that dies half-way gets the message
+// once more (lastTry keeps one delivery spare).
+//
+// Not every failure is the message's fault. When MySQL, the sale's Redis or
+// NATS does not answer (outage), the order waits, as DESIGN.md §1 promises:
+// it is nak'ed, and on its last try re-enqueued as a fresh message (recycle)
+// instead of dead-lettered. Only an order that fails on its own while its
+// dependencies answer is poison. A batch that fails is retried at once in
+// halves, and those in halves, so one poison order holds back nobody else's.
+
+// ReasonDeadLetter is the reason of an order whose message was dead-lettered.
+const ReasonDeadLetter = flashgate.ReasonDeadLetter
+
+const (
+	// unlimitedLastTry is the delivery a poison message is dead-lettered on when
+	// backend.max_deliver is unlimited (≤ 0).
+	unlimitedLastTry = 10
+	// deadLetterTimeout bounds dead-lettering (or recycling) one message.
+	deadLetterTimeout = 10 * time.Second
+	// probeTimeout bounds the dependency probe after a failed batch.
+	probeTimeout = 2 * time.Second
+	// maxLoggedBody bounds the body of an unparseable message in a log line.
+	maxLoggedBody = 512
+)
+
+// lastTry is the delivery on which a failing message is given up: one before
+// MaxDeliver, so that a backend dying while dead-lettering it leaves the server
+// one more delivery to finish the job.
+func lastTry(maxDeliver int) uint64 {
+	if maxDeliver <= 0 {
+		return unlimitedLastTry
+	}
+	return uint64(max(1, maxDeliver-1))
+}
+
+// deliveries is how often the server has delivered m (1 if unknown).
+func deliveries(m jetstream.Msg) uint64 {
+	if md, err := m.Metadata(); err == nil && md.NumDelivered > 0 {
+		return md.NumDelivered
+	}
+	return 1
+}
+
+func streamSeq(m jetstream.Msg) uint64 {
+	if md, err := m.Metadata(); err == nil {
+		return md.Sequence.Stream
+	}
+	return 0
+}
+
+// outage reports whether a dependency of sale's orders is away: NATS, MySQL
+// (its tables, not only the connection: a missing table fails every order),
+// or the Redis shard of the sale. A failure then is not the orders' fault.
+func (b *Backend) outage(sale string) bool {
+	if !b.nc.IsConnected() {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(b.procCtx, probeTimeout)
+	defer cancel()
+	var n int64
+	err := b.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM orders WHERE id = 0)
+		+ (SELECT COUNT(*) FROM sales WHERE id = ?) + (SELECT COUNT(*) FROM sale_regions WHERE sale_id = ? AND region = '')
+		+ (SELECT COUNT(*) FROM user_purchases WHERE sale_id = ? AND user_id = '')`, sale, sale, sale).Scan(&n)
+	if err != nil {
+		b.log.Warn("MySQL probe failed: treating the failed batch as an outage", "sale", sale, "err", err)
+		return true
+	}
+	k := lua.KeysFor(sale, nil)
+	if err := b.rc.Do(ctx, b.rc.B().Exists().Key(k.Meta).Build()).Error(); err != nil {
+		b.log.Warn("Redis probe failed: treating the failed batch as an outage", "sale", sale, "err", err)
+		return true
+	}
+	return false
+}
+
+// retryLater handles a message whose processing failed with cause: nak'ed
+// with a delay before its last try; on it, dead-lettered (poison) or
+// re-enqueued fresh (outage).
+func (b *Backend) retryLater(e entry, outage bool, cause error, limit time.Duration) {
+	n := deliveries(e.msg)
+	sale, id := e.order.Sale, e.order.ID
+	if n < lastTry(b.cfg.Backend.MaxDeliver) || (outage && b.cfg.Backend.MaxDeliver <= 0) {
+		if err := e.msg.NakWithDelay(nakDelay(e.msg, limit)); err != nil {
+			b.log.Warn("nak", "sale", sale, "order", id, "err", err)
+		}
+		return
+	}
+	ctx, cancel := context.WithTimeout(b.procCtx, deadLetterTimeout)
+	defer cancel()
+	var err error
+	if outage {
+		if err = b.recycle(ctx, e); err == nil {
+			b.ops.recycled.Inc()
+			b.log.Warn("order outlived its deliveries in an outage: re-enqueued fresh", "sale", sale, "order", id,
+				"deliveries", n, "err", cause)
+			return
+		}
+	} else {
+		if err = b.deadLetter(ctx, e, cause); err == nil {
+			b.ops.deadLetters.WithLabelValues(bus.DeadPoison).Inc()
+			b.log.Error("poison order dead-lettered: it ends failed and its units went back", "sale", sale, "order", id,
+				"deliveries", n, "reason", ReasonDeadLetter, "err", cause)
+			return
+		}
+	}
+	// Redelivered if the server has deliveries left (lastTry keeps one); if
+	// not, the order's reservation is republished by reconcile.
+	b.log.Error("giving up on an order failed; nak'ed", "sale", sale, "order", id, "deliveries", n,
+		"outage", outage, "err", err, "cause", cause)
+	if err := e.msg.NakWithDelay(nakDelay(e.msg, limit)); err != nil {
+		b.log.Warn("nak", "sale", sale, "order", id, "err", err)
+	}
+}
+
+// deadHeader is the header of a dead-lettered copy of m.
+func (b *Backend) deadHeader(m jetstream.Msg, kind string, cause error) nats.Header {
+	h := nats.Header{}
+	h.Set(bus.HdrDeadKind, kind)
+	if cause != nil {
+		h.Set(bus.HdrDeadError, cause.Error())
+	}
+	h.Set(bus.HdrDeadSubject, m.Subject())
+	h.Set(bus.HdrDeadSequence, strconv.FormatUint(streamSeq(m), 10))
+	h.Set(bus.HdrDeadDeliveries, strconv.FormatUint(deliveries(m), 10))
+	h.Set(bus.HdrDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
+	h.Set(bus.HdrDeadConsumer, b.cfg.NATS.Consumer)
+	return h
+}
+
+// deadLetter gives up on a poison order: a copy goes to the dead-letter
+// stream, the order ends failed (dead_letter) in MySQL unless MySQL has decided
+// it already, its reservation goes back to Redis, and the original is
+// terminated. Each step is idempotent, so a rerun after a crash is harmless.
+func (b *Backend) deadLetter(ctx context.Context, e entry, cause error) error {
+	o := e.order
+	id := strconv.FormatUint(o.ID, 10)
+	h := b.deadHeader(e.msg, bus.DeadPoison, cause)
+	h.Set(bus.HdrDeadOrder, id)
+	copyMsg := &nats.Msg{Subject: bus.DeadLetterSubject(b.cfg.NATS, bus.DeadPoison, o.Sale), Header: h, Data: e.msg.Data()}
+	if _, err := b.js.PublishMsg(ctx, copyMsg, jetstream.WithMsgID("dlq-"+id)); err != nil {
+		return fmt.Errorf("dead-letter %s/%d: publish: %w", o.Sale, o.ID, err)
+	}
+	st, inserted, err := failOrderRow(ctx, b.db, o, ReasonDeadLetter, time.Now().UTC())
+	if err != nil {
+		return fmt.Errorf("dead-letter %s/%d: %w", o.Sale, o.ID, err)
+	}
+	if st.status == flashgate.OrderFailed {
+		if err := b.releaseFailed(ctx, o, st.reason); err != nil {
+			return fmt.Errorf("dead-letter %s/%d: %w", o.Sale, o.ID, err)
+		}
+		if inserted {
+			b.metrics.Outcome(flashgate.OrderFailed, ReasonDeadLetter)
+		}
+	} else {
+		// MySQL counted the order: only the write-back to Redis failed. Its
+		// reservation stays until reconcile writes MySQL's word back.
+		b.log.Warn("dead-lettered order is in MySQL already: left as it is", "sale", o.Sale, "order", o.ID, "status", st.status)
+	}
+	if err := e.msg.Term(); err != nil {
+		return fmt.Errorf("dead-letter %s/%d: term: %w", o.Sale, o.ID, err)
+	}
+	return nil
+}
+
+// releaseFailed gives a failed order's units back to Redis, exactly once, with
+// the region of its reservation (the message's may be what made it poison). A
+// Redis that does not know the order is told it failed, so the buyer sees why.
+func (b *Backend) releaseFailed(ctx context.Context, o bus.OrderMsg, reason string) error {
+	region := o.Region
+	rec, ok, err := lua.Order(ctx, b.rc, lua.KeysFor(o.Sale, nil), o.ID)
+	if err != nil {
+		return err
+	}
+	if ok {
+		region = rec.Region
+	}
+	r, err := b.scripts.Release(ctx, b.rc, regionKeys(o.Sale, region), o.ID, region, lua.ReleaseBackend, reason)
+	if err != nil {
+		return err
+	}
+	if r.Released && b.writer.restocked != nil {
+		b.writer.restocked(o.Sale, region)
+	}
+	if r.Unknown {
+		s := lua.Settled{ID: o.ID, Status: flashgate.OrderFailed, Record: lua.Record{Reason: reason, User: o.User,
+			Qty: o.Qty, Region: o.Region, Created: o.Created, Expires: o.Expires, Idem: o.Idem}}
+		if _, err := b.scripts.Confirm(ctx, b.rc, lua.KeysFor(o.Sale, nil), []lua.Settled{s}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DATETIME(3) bounds: a poison message may carry any time.
+var (
+	minRowTime = time.Unix(0, 0).UTC()
+	maxRowTime = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+)
+
+func rowTime(ms int64) time.Time {
+	t := time.UnixMilli(ms).UTC()
+	switch {
+	case t.Before(minRowTime):
+		return minRowTime
+	case t.After(maxRowTime):
+		return maxRowTime
+	}
+	return t
+}
+
+// failOrderRow writes o as failed with reason, if MySQL has no row of it, and
+// answers the row's status and reason (what MySQL decided, if it had the row)
+// and whether it wrote it. Failed orders count nowhere: no counter moves.
+func failOrderRow(ctx context.Context, db *sql.DB, o bus.OrderMsg, reason string, now time.Time) (settlement, bool, error) {
+	var idem any
+	if o.Idem != "" {
+		idem = o.Idem
+	}
+	res, err := db.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
+		idem_key, created_at, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON DUPLICATE KEY UPDATE id = id`,
+		o.ID, o.Sale, o.User, o.Qty, o.Region, string(flashgate.OrderFailed), reason, idem,
+		rowTime(o.Created), rowTime(o.Expires), now)
+	if err != nil {
+		return settlement{}, false, fmt.Errorf("failed row: %w", err)
+	}
+	n, _ := res.RowsAffected() // 1: inserted; 0: the row was there
+	var st settlement
+	var status string
+	if err := db.QueryRowContext(ctx, `SELECT status, reason FROM orders WHERE id = ?`, o.ID).Scan(&status, &st.reason); err != nil {
+		return settlement{}, false, fmt.Errorf("failed row: %w", err)
+	}
+	st.status, st.existed = flashgate.OrderStatus(status), n == 0
+	return st, n == 1, nil
+}
+
+// recycle re-enqueues a message that ran out of deliveries in an outage: a
+// fresh copy (its own delivery count) under a message id of its own (the
+// order's may still be in the duplicate window), then the original goes. A
+// crash in between republishes the same id: deduplicated.
+func (b *Backend) recycle(ctx context.Context, e entry) error {
+	msgID := strconv.FormatUint(e.order.ID, 10) + "-r" + strconv.FormatUint(streamSeq(e.msg), 10)
+	fresh := &nats.Msg{Subject: e.msg.Subject(), Data: e.msg.Data(), Header: nats.Header{}}
+	if _, err := b.js.PublishMsg(ctx, fresh, jetstream.WithMsgID(msgID)); err != nil {
+		return fmt.Errorf("recycle %s/%d: %w", e.order.Sale, e.order.ID, err)
+	}
+	if err := e.msg.Term(); err != nil {
+		return fmt.Errorf("recycle %s/%d: term: %w", e.order.Sale, e.order.ID, err)
+	}
+	return nil
+}
+
+// unparseable handles a message that can never be decoded: it must not block
+// the consumer. It goes to the dead-letter stream as it is and is terminated;
+// if that fails it is retried later, and on its last try terminated anyway
+// with its body in the log.
+func (b *Backend) unparseable(m jetstream.Msg, cause error) {
+	ctx, cancel := context.WithTimeout(b.procCtx, deadLetterTimeout)
+	defer cancel()
+	sale := bus.SaleOfSubject(b.cfg.NATS, m.Subject())
+	seq := streamSeq(m)
+	copyMsg := &nats.Msg{Subject: bus.DeadLetterSubject(b.cfg.NATS, bus.DeadUnparseable, sale),
+		Header: b.deadHeader(m, bus.DeadUnparseable, cause), Data: m.Data()}
+	_, err := b.js.PublishMsg(ctx, copyMsg, jetstream.WithMsgID("dlq-seq-"+strconv.FormatUint(seq, 10)))
+	if err == nil {
+		b.ops.deadLetters.WithLabelValues(bus.DeadUnparseable).Inc()
+		b.log.Error("unparseable order message dead-lettered", "subject", m.Subject(), "seq", seq, "err", cause)
+		if err := m.Term(); err != nil {
+			b.log.Warn("term", "subject", m.Subject(), "err", err)
+		}
+		return
+	}
+	if deliveries(m) < lastTry(b.cfg.Backend.MaxDeliver) {
+		b.log.Warn("dead-lettering an unparseable message failed; nak'ed", "subject", m.Subject(), "err", err)
+		if err := m.NakWithDelay(nakDelay(m, time.Second)); err != nil {
+			b.log.Warn("nak", "subject", m.Subject(), "err", err)
+		}
+		return
+	}
+	body := m.Data()
+	if len(body) > maxLoggedBody {
+		body = body[:maxLoggedBody]
+	}
+	b.log.Error("terminating an unparseable order message that could not be dead-lettered: the log keeps it",
+		"subject", m.Subject(), "seq", seq, "body", string(body), "err", cause, "dlq_err", err)
+	if err := m.Term(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		b.log.Warn("term", "subject", m.Subject(), "err", err)
+	}
+}

@@ -1,0 +1,197 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidislock"
+
+	"github.com/flashgate/flashgate/bus"
+)
+
+// Leader election (DESIGN.md §8). The background work that must run on exactly
+// one backend at a time, the reconciler and the expiry sweeper, runs under a
+// Redis lock (rueidislock) that renews itself every half validity and whose
+// context is cancelled the moment the lock is lost: Redis gone, the key
+// deleted, or a renewal that found the key taken. The work stops with that
+// context; the backend then queues for the lock again. A leader that dies
+// without releasing (kill -9) holds the lock at most leaderValidity longer.
+//
+// The lock is named after the durable consumer: the backends sharing one
+// consumer are one group, with one leader. (Two groups on one Redis, as tests
+// run them, do not elect each other.)
+
+const (
+	// leaderKeyPrefix prefixes the lock key: <prefix>:0:<consumer>. With
+	// KeyMajority 1 the lock is this one key (on one shard of a Cluster).
+	leaderKeyPrefix = "flashgate:leader"
+	// leaderValidity is how long the lock outlives a leader that stopped
+	// renewing it; renewals come every half of it.
+	leaderValidity = 5 * time.Second
+	// reconcileEvery is how often the leader reconciles every recent sale.
+	reconcileEvery = 5 * time.Second
+	// electionRetry paces attempts to queue for the lock after an error.
+	electionRetry = time.Second
+)
+
+// leaderSweepEvery is how often the leader's expiry sweeper runs; 0: the
+// leader runs none (this package's tests drive the sweeper themselves and
+// count what it expired, which the leader's own would race).
+var leaderSweepEvery = time.Second
+
+// leadership is one backend's part in the election.
+type leadership struct {
+	locker rueidislock.Locker
+	name   string
+	is     atomic.Bool
+	stop   context.CancelFunc
+	done   chan struct{}
+}
+
+// opsMetrics counts what the leader and the dead-letter path do. They live on
+// the backend's registry, beside metrics.Backend's collectors.
+type opsMetrics struct {
+	leader       prometheus.Gauge
+	elected      prometheus.Counter
+	deadLetters  *prometheus.CounterVec
+	recycled     prometheus.Counter
+	reconciles   *prometheus.CounterVec
+	republished  prometheus.Counter
+	stockRepairs prometheus.Counter
+}
+
+func newOpsMetrics(reg prometheus.Registerer) *opsMetrics {
+	const ns, sub = "flashgate", "backend"
+	m := &opsMetrics{
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "leader",
+			Help: "1 while this backend holds the leader lock (runs the reconciler and the expiry sweeper)."}),
+		elected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "leader_elections_total",
+			Help: "Times this backend took the leader lock."}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "dead_letters_total",
+			Help: "Order messages moved to the dead-letter stream, by kind (poison: failed every delivery; unparseable)."}, []string{"kind"}),
+		recycled: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "recycled_total",
+			Help: "Order messages that ran out of deliveries during an outage and were re-enqueued fresh."}),
+		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "reconciles_total",
+			Help: "Sale reconciliations, by result (ok, error)."}, []string{"result"}),
+		republished: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "republished_total",
+			Help: "Stale reservations whose order MySQL lacked, published again by reconcile (same message id)."}),
+		stockRepairs: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "stock_repairs_total",
+			Help: "Stock keys reconcile set from MySQL (ledger repairs and restored keys)."}),
+	}
+	m.deadLetters.WithLabelValues(bus.DeadPoison)
+	m.deadLetters.WithLabelValues(bus.DeadUnparseable)
+	m.reconciles.WithLabelValues("ok")
+	m.reconciles.WithLabelValues("error")
+	reg.MustRegister(m.leader, m.elected, m.deadLetters, m.recycled, m.reconciles, m.republished, m.stockRepairs)
+	return m
+}
+
+// prepareOps readies what the dead-letter path, reconcile and the leader need
+// before the consumer and the warms start: the JetStream handle, the
+// dead-letter stream, the metrics, the in-flight count for warms.
+func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error {
+	b.js = js
+	if _, err := bus.EnsureDeadLetterStream(ctx, js, b.cfg.NATS); err != nil {
+		return err
+	}
+	b.ops = newOpsMetrics(b.metrics.Registry())
+	b.warmer.inFlight = b.warmRemaining
+	return nil
+}
+
+// startLeading joins the election: a goroutine queues for the lock and runs the
+// leader's work while it holds it, until stopLeading.
+func (b *Backend) startLeading() error {
+	locker, err := newLeaderLocker(b.cfg.Redis.Addrs, leaderValidity)
+	if err != nil {
+		return err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	b.leader = &leadership{locker: locker, name: b.cfg.NATS.Consumer, stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(b.leader.done)
+		b.lead(ctx)
+	}()
+	return nil
+}
+
+// newLeaderLocker is the leader lock's locker: one key (KeyMajority 1: one
+// Redis, or one shard of a Cluster), renewed every validity/2, watched with
+// client-side caching so that a deleted or taken key cancels the holder's
+// context at once and wakes those queuing.
+func newLeaderLocker(addrs []string, validity time.Duration) (rueidislock.Locker, error) {
+	l, err := rueidislock.NewLocker(rueidislock.LockerOption{
+		ClientOption: rueidis.ClientOption{InitAddress: addrs},
+		KeyPrefix:    leaderKeyPrefix,
+		KeyValidity:  validity,
+		KeyMajority:  1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("leader lock on %v: %w", addrs, err)
+	}
+	return l, nil
+}
+
+// stopLeading stops the leader's work, releases the lock (the next backend
+// takes it at once, not after its validity) and leaves the election.
+func (b *Backend) stopLeading() {
+	if b.leader == nil {
+		return
+	}
+	b.leader.stop()
+	<-b.leader.done
+	b.leader.locker.Close()
+}
+
+// IsLeader reports whether this backend holds the leader lock now.
+func (b *Backend) IsLeader() bool { return b.leader != nil && b.leader.is.Load() }
+
+// lead queues for the leader lock and, while holding it, runs the leader's
+// work under the lock's context; when the lock is lost the work stops and it
+// queues again, until ctx ends. It releases the lock on the way out.
+func (b *Backend) lead(ctx context.Context) {
+	l := b.leader
+	for ctx.Err() == nil {
+		lctx, release, err := l.locker.WithContext(ctx, l.name)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, rueidislock.ErrLockerClosed) {
+				return
+			}
+			b.log.Warn("leader election", "err", err)
+			_ = sleep(ctx, electionRetry)
+			continue
+		}
+		began := time.Now()
+		l.is.Store(true)
+		b.ops.leader.Set(1)
+		b.ops.elected.Inc()
+		b.log.Info("leading: reconciler and expiry sweeper run here", "lock", leaderKeyPrefix+":0:"+l.name)
+		b.leaderWork(lctx)
+		l.is.Store(false)
+		b.ops.leader.Set(0)
+		release()
+		if ctx.Err() != nil {
+			b.log.Info("leadership released", "led", time.Since(began).Round(time.Millisecond))
+			return
+		}
+		b.log.Warn("leadership lost: leader work stopped", "led", time.Since(began).Round(time.Millisecond))
+	}
+}
+
+// leaderWork runs the leader's loops until ctx (the lock's) ends, and returns
+// when all of them have.
+func (b *Backend) leaderWork(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { b.reconcileLoop(ctx) })
+	if leaderSweepEvery > 0 {
+		wg.Go(func() { b.runSweeper(ctx, leaderSweepEvery) })
+	}
+	wg.Wait()
+}

@@ -1,0 +1,702 @@
+package backend
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/lua"
+)
+
+// The order life cycle after MySQL confirmed an order (DESIGN.md §3, issue 4): the
+// buyer pays it, or cancels it, or lets the payment deadline pass and the sweeper
+// expires it. MySQL decides. Every transaction that moves units takes the sale
+// row lock first, as the batch writer does, so they queue there and cannot
+// deadlock; a payment moves no unit and locks only its order's row. A
+// canceled or expired order gives its units back to sales.sold, its region's
+// sold and its buyer's units in the same transaction, and then to Redis (stock
+// and the buyer's counter, lua.RestockMany, exactly once per order), and the
+// gateways hear bus.EventRestocked so their sold-out marks go.
+
+// Reasons of a canceled order, as MySQL stores them.
+const (
+	reasonCanceled = "canceled" // the buyer canceled it
+	reasonExpired  = "expired"  // the payment deadline passed
+)
+
+const (
+	// commandTimeout bounds one pay or cancel. The gateway waits
+	// gateway.publish_timeout (2 s by default); a command that finishes after it
+	// gave up is still right, and the buyer's retry sees it: both are idempotent.
+	commandTimeout = 5 * time.Second
+	// commandWorkers is how many commands one backend carries out at once: each
+	// NATS subscription runs its handler on one goroutine, so the backend joins
+	// the queue group this many times.
+	commandWorkers = 16
+	// commandRetries bounds the attempts of a command's transaction (deadlocks
+	// and lock wait timeouts).
+	commandRetries = 4
+	// drainTimeout bounds how long Shutdown waits for queued commands.
+	drainTimeout = 2 * time.Second
+	// redisTimeout bounds the Redis step after a commit: it runs even when the
+	// command's own time is up, MySQL having changed already.
+	redisTimeout = 2 * time.Second
+
+	// sweepLimit is how many expired orders one sweep pass takes.
+	sweepLimit = 10000
+	// sweepChunk is the orders of one transaction (and one restock call): it
+	// bounds how long the sweeper holds a sale's row lock, which the sale's
+	// order batches wait for.
+	sweepChunk = 500
+)
+
+// commandServer carries out order commands for the gateways: the subscriptions
+// of the backends' queue group and the handlers in progress.
+type commandServer struct {
+	subs []*nats.Subscription
+
+	mu       sync.Mutex
+	stopping bool
+	wg       sync.WaitGroup
+}
+
+// enter counts a handler in; false once stop has drained the subscriptions.
+func (cs *commandServer) enter() bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.stopping {
+		return false
+	}
+	cs.wg.Add(1)
+	return true
+}
+
+// serveCommands joins the queue group of order commands (bus.ServeCommands)
+// commandWorkers times.
+func (b *Backend) serveCommands() error {
+	cs := &commandServer{}
+	handle := func(cmd bus.OrderCommand) bus.OrderReply {
+		if !cs.enter() {
+			return bus.OrderReply{Code: string(flashgate.CodeUnavailable), Message: "backend shutting down; retry"}
+		}
+		defer cs.wg.Done()
+		return b.handleCommand(cmd)
+	}
+	for range commandWorkers {
+		sub, err := bus.ServeCommands(b.nc, b.cfg.NATS, handle)
+		if err != nil {
+			for _, s := range cs.subs {
+				_ = s.Unsubscribe()
+			}
+			return fmt.Errorf("order commands: %w", err)
+		}
+		cs.subs = append(cs.subs, sub)
+	}
+	b.cmds = cs
+	return nil
+}
+
+// stop leaves the queue group and answers the commands already received
+// (NATS drain), then waits for the handlers. The drain gets drainTimeout at
+// most (it needs NATS, which may be the thing that is down): commands still
+// queued then are dropped, and their gateways answer 503 (a retry is safe).
+func (cs *commandServer) stop(ctx context.Context) error {
+	if cs == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
+	defer cancel()
+	var errs []error
+	closed := make([]<-chan nats.SubStatus, len(cs.subs))
+	for i, s := range cs.subs {
+		closed[i] = s.StatusChanged(nats.SubscriptionClosed)
+		if err := s.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubscription) {
+			errs = append(errs, fmt.Errorf("drain order commands: %w", err))
+		}
+	}
+	undrained := 0
+	for i, ch := range closed {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			_ = cs.subs[i].Unsubscribe()
+			undrained++
+		}
+	}
+	if undrained > 0 {
+		errs = append(errs, fmt.Errorf("order commands: %d of %d subscriptions not drained: %w", undrained, len(cs.subs), ctx.Err()))
+	}
+	cs.mu.Lock()
+	cs.stopping = true
+	cs.mu.Unlock()
+	cs.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// handleCommand carries out one pay or cancel. A failure of MySQL or Redis
+// answers unavailable (the gateway's 503): the buyer may retry, both commands
+// being idempotent.
+func (b *Backend) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
+	ctx, cancel := context.WithTimeout(b.procCtx, commandTimeout)
+	defer cancel()
+	var (
+		r   bus.OrderReply
+		err error
+	)
+	switch cmd.Op {
+	case bus.CmdPay:
+		r, err = b.pay(ctx, cmd, time.Now())
+	case bus.CmdCancel:
+		r, err = b.cancel(ctx, cmd, time.Now())
+	default:
+		return bus.OrderReply{Code: string(flashgate.CodeInvalidRequest), Message: "unknown order command"}
+	}
+	if err != nil {
+		b.log.Error("order command failed", "op", cmd.Op, "sale", cmd.SaleID, "order", cmd.OrderID, "err", err)
+		return bus.OrderReply{Code: string(flashgate.CodeUnavailable), Message: "order service unavailable; retry"}
+	}
+	return r
+}
+
+// orderRow is one order as MySQL holds it.
+type orderRow struct {
+	ID      uint64
+	Sale    string
+	User    string
+	Qty     int64
+	Region  string
+	Status  flashgate.OrderStatus
+	Reason  string
+	Idem    string
+	Created time.Time
+	Expires time.Time
+}
+
+const orderCols = `id, sale_id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''), created_at, expires_at`
+
+func scanOrder(row interface{ Scan(...any) error }) (orderRow, error) {
+	var o orderRow
+	var st string
+	err := row.Scan(&o.ID, &o.Sale, &o.User, &o.Qty, &o.Region, &st, &o.Reason, &o.Idem, &o.Created, &o.Expires)
+	o.Status = flashgate.OrderStatus(st)
+	return o, err
+}
+
+// record is the order as Redis keeps it (Status and Reason aside).
+func (o *orderRow) record() lua.Record {
+	return lua.Record{Reason: o.Reason, User: o.User, Qty: o.Qty, Region: o.Region,
+		Created: o.Created.UnixMilli(), Expires: o.Expires.UnixMilli(), Idem: o.Idem}
+}
+
+// reply answers with code and the order as it now stands.
+func (o *orderRow) reply(code flashgate.Code, msg string) bus.OrderReply {
+	c := string(code)
+	if code == "" {
+		c = bus.ReplyOK
+	}
+	return bus.OrderReply{Code: c, Message: msg, Status: string(o.Status), Reason: o.Reason, Quantity: o.Qty,
+		Region: o.Region, CreatedAt: o.Created, ExpiresAt: o.Expires}
+}
+
+// closed answers a command on an order that can no longer change that way.
+func (o *orderRow) closed() bus.OrderReply {
+	var msg string
+	switch {
+	case o.Status == flashgate.OrderPaid:
+		msg = "paid orders cannot be canceled"
+	case o.Status == flashgate.OrderCanceled && o.Reason == reasonExpired:
+		msg = "the order expired unpaid"
+	case o.Status == flashgate.OrderCanceled:
+		msg = "the order was canceled"
+	case o.Status == flashgate.OrderFailed:
+		msg = "the order failed: " + o.Reason
+	default:
+		msg = "the order is closed"
+	}
+	return o.reply(flashgate.CodeOrderClosed, msg)
+}
+
+var notFound = bus.OrderReply{Code: string(flashgate.CodeOrderNotFound), Message: "no such order"}
+
+var errNoOrder = errors.New("no such order")
+
+// lockOrder reads one order of sale and locks its row.
+func lockOrder(ctx context.Context, tx *sql.Tx, sale string, id uint64) (orderRow, error) {
+	o, err := scanOrder(tx.QueryRowContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id = ? AND sale_id = ? FOR UPDATE`, id, sale))
+	if errors.Is(err, sql.ErrNoRows) {
+		return o, errNoOrder
+	}
+	if err != nil {
+		return o, fmt.Errorf("order %d: %w", id, err)
+	}
+	return o, nil
+}
+
+// absent answers a command on an order MySQL has no row of: one Redis still
+// holds as pending is on its way (conflict: retry); anything else, like another
+// user's order, is not found.
+func (b *Backend) absent(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
+	rec, ok, err := lua.Order(ctx, b.rc, lua.KeysFor(cmd.SaleID, nil), cmd.OrderID)
+	if err != nil {
+		return bus.OrderReply{}, fmt.Errorf("order %d in redis: %w", cmd.OrderID, err)
+	}
+	if ok && rec.User == cmd.UserID && (rec.Status == "pending" || rec.Status == "processing") {
+		return bus.OrderReply{Code: string(flashgate.CodeConflict), Message: "order is still being confirmed; retry",
+			Status: string(flashgate.OrderPending)}, nil
+	}
+	return notFound, nil
+}
+
+// retryTx runs fn until it succeeds, fails for good, or has run attempts times;
+// deadlocks and lock wait timeouts are retried after a jittered back-off.
+func retryTx[T any](ctx context.Context, attempts int, fn func() (T, error)) (T, error) {
+	for attempt := 1; ; attempt++ {
+		v, err := fn()
+		if err == nil || attempt == attempts {
+			return v, err
+		}
+		switch mysqlErrno(err) {
+		case erLockDeadlock, erLockWaitTimeout:
+		default:
+			return v, err
+		}
+		d := txRetryBase << (attempt - 1)
+		if err := sleep(ctx, d+rand.N(d)); err != nil {
+			return v, err
+		}
+	}
+}
+
+// pay records the payment of a confirmed order before its deadline. Paying a
+// paid order answers ok again; a canceled, failed or expired one is closed (an
+// expired one the sweeper has not reached yet is expired here and now).
+func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
+	type result struct {
+		o       orderRow
+		missing bool
+		expired bool
+	}
+	res, err := retryTx(ctx, commandRetries, func() (result, error) {
+		tx, err := beginRC(ctx, b.db)
+		if err != nil {
+			return result{}, err
+		}
+		defer tx.Rollback()
+		// Only the order's row: a payment moves no unit, so it need not queue
+		// behind the sale's batches for the sale row.
+		o, err := lockOrder(ctx, tx, cmd.SaleID, cmd.OrderID)
+		if errors.Is(err, errNoOrder) {
+			return result{missing: true}, nil
+		}
+		if err != nil || o.User != cmd.UserID || o.Status != flashgate.OrderConfirmed {
+			return result{o: o}, err
+		}
+		if !now.Before(o.Expires) {
+			return result{o: o, expired: true}, nil
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, updated_at = ? WHERE id = ?`,
+			string(flashgate.OrderPaid), now.UTC(), o.ID); err != nil {
+			return result{}, fmt.Errorf("pay %d: %w", o.ID, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return result{}, fmt.Errorf("pay %d: commit: %w", o.ID, err)
+		}
+		o.Status = flashgate.OrderPaid
+		return result{o: o}, nil
+	})
+	if err != nil {
+		return bus.OrderReply{}, err
+	}
+	o := res.o
+	switch {
+	case res.missing:
+		return b.absent(ctx, cmd)
+	case o.User != cmd.UserID:
+		return notFound, nil
+	case res.expired:
+		// Expire it now, under the sale lock like the sweeper (it may beat us
+		// to it: then there is nothing left to do).
+		if _, err := b.expireOrders(ctx, cmd.SaleID, []uint64{o.ID}, now); err != nil {
+			b.log.Warn("expiring an order at payment", "sale", cmd.SaleID, "order", o.ID, "err", err) // the sweeper retries
+		}
+		o.Status, o.Reason = flashgate.OrderCanceled, reasonExpired
+		return o.closed(), nil
+	case o.Status == flashgate.OrderPaid:
+		// Paid now or before: tell Redis (again: it heals a write-back a
+		// crash or a late confirm lost).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
+		defer cancel()
+		if err := b.scripts.MarkPaid(rctx, b.rc, lua.KeysFor(o.Sale, nil), o.ID, o.record()); err != nil {
+			b.log.Warn("paid status to redis", "sale", o.Sale, "order", o.ID, "err", err)
+		}
+		return o.reply("", ""), nil
+	default:
+		return o.closed(), nil
+	}
+}
+
+// cancel cancels a confirmed order for its buyer and gives its units back.
+// Canceling a canceled order answers ok again (its units are not returned
+// twice); a paid or failed order is closed.
+func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
+	type result struct {
+		o       orderRow
+		missing bool
+	}
+	res, err := retryTx(ctx, commandRetries, func() (result, error) {
+		tx, err := beginRC(ctx, b.db)
+		if err != nil {
+			return result{}, err
+		}
+		defer tx.Rollback()
+		// The sale row first, as the batch writer takes it. No row: the sale is
+		// unknown to MySQL, and so any order of it failed (unknown_sale).
+		var one int
+		err = tx.QueryRowContext(ctx, `SELECT 1 FROM sales WHERE id = ? FOR UPDATE`, cmd.SaleID).Scan(&one)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return result{}, fmt.Errorf("cancel %d: lock sale: %w", cmd.OrderID, err)
+		}
+		o, err := lockOrder(ctx, tx, cmd.SaleID, cmd.OrderID)
+		if errors.Is(err, errNoOrder) {
+			return result{missing: true}, nil
+		}
+		if err != nil || o.User != cmd.UserID || o.Status != flashgate.OrderConfirmed {
+			return result{o: o}, err
+		}
+		o.Status, o.Reason = flashgate.OrderCanceled, reasonCanceled
+		if err := returnUnits(ctx, tx, cmd.SaleID, []orderRow{o}, reasonCanceled, now); err != nil {
+			return result{}, fmt.Errorf("cancel %d: %w", o.ID, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return result{}, fmt.Errorf("cancel %d: commit: %w", o.ID, err)
+		}
+		return result{o: o}, nil
+	})
+	if err != nil {
+		return bus.OrderReply{}, err
+	}
+	o := res.o
+	switch {
+	case res.missing:
+		return b.absent(ctx, cmd)
+	case o.User != cmd.UserID:
+		return notFound, nil
+	case o.Status == flashgate.OrderCanceled:
+		// Canceled now, or before (by the buyer or the sweeper): restock is
+		// idempotent, so running it again heals a Redis step that failed.
+		b.restock(ctx, o.Sale, []orderRow{o})
+		return o.reply("", ""), nil
+	default:
+		return o.closed(), nil
+	}
+}
+
+// returnUnits cancels orders (confirmed, locked, of sale, whose row the caller
+// holds) with reason and takes their units off sales.sold, sale_regions.sold
+// and user_purchases.units, in the writer's order: sales, regions, users, orders.
+func returnUnits(ctx context.Context, tx *sql.Tx, sale string, orders []orderRow, reason string, now time.Time) error {
+	var units int64
+	regions := map[string]int64{}
+	users := map[string]int64{}
+	for _, o := range orders {
+		units += o.Qty
+		if o.Region != "" {
+			regions[o.Region] += o.Qty
+		}
+		users[o.User] += o.Qty
+	}
+	now = now.UTC()
+	r, err := tx.ExecContext(ctx, `UPDATE sales SET sold = sold - ?, updated_at = ? WHERE id = ?`, units, now, sale)
+	if ok, err := changed(r, err); err != nil {
+		return fmt.Errorf("sale %s: %w", sale, err)
+	} else if !ok {
+		return fmt.Errorf("sale %s: %w", sale, errSaleNotFound)
+	}
+	for _, region := range sortedKeys(regions) {
+		if _, err := tx.ExecContext(ctx, `UPDATE sale_regions SET sold = sold - ? WHERE sale_id = ? AND region = ?`,
+			regions[region], sale, region); err != nil {
+			return fmt.Errorf("sale %s region %s: %w", sale, region, err)
+		}
+	}
+	names := sortedKeys(users)
+	for part := range slices.Chunk(names, sqlChunk) {
+		var q strings.Builder
+		args := make([]any, 0, 3*len(part)+1)
+		q.WriteString(`UPDATE user_purchases SET units = units - CASE user_id`)
+		for _, u := range part {
+			q.WriteString(` WHEN ? THEN ?`)
+			args = append(args, u, users[u])
+		}
+		q.WriteString(` END WHERE sale_id = ? AND user_id IN (` + placeholders(len(part)) + `)`)
+		args = append(args, sale)
+		for _, u := range part {
+			args = append(args, u)
+		}
+		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+			return fmt.Errorf("sale %s: buyers: %w", sale, err)
+		}
+	}
+	for part := range slices.Chunk(orders, sqlChunk) {
+		args := make([]any, 0, len(part)+3)
+		args = append(args, string(flashgate.OrderCanceled), reason, now)
+		for _, o := range part {
+			args = append(args, o.ID)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, reason = ?, updated_at = ?
+			WHERE id IN (`+placeholders(len(part))+`)`, args...); err != nil {
+			return fmt.Errorf("sale %s: cancel orders: %w", sale, err)
+		}
+	}
+	return nil
+}
+
+// restock gives the units of orders MySQL has canceled back to Redis and tells
+// the gateways. It runs after the commit, so it only logs a failure: MySQL is
+// the truth, and running it again (a repeated cancel, reconcile's
+// restockCanceled) is safe. It answers how many orders' units went back.
+func (b *Backend) restock(ctx context.Context, sale string, orders []orderRow) int {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
+	defer cancel()
+	n, err := b.restockOrders(ctx, sale, orders)
+	if err != nil {
+		b.log.Error("restock in redis failed; a retried cancel or reconcile repairs it", "sale", sale,
+			"orders", len(orders), "restocked", n, "err", err)
+	}
+	return n
+}
+
+// restockOrders runs lua.RestockMany over orders (canceled in MySQL) in calls of
+// sweepChunk, and publishes one restocked event per region that got units back.
+func (b *Backend) restockOrders(ctx context.Context, sale string, orders []orderRow) (int, error) {
+	var regions []string
+	for _, o := range orders {
+		if o.Region != "" && !slices.Contains(regions, o.Region) {
+			regions = append(regions, o.Region)
+		}
+	}
+	k := lua.KeysFor(sale, regions)
+	back := map[string]bool{}
+	n := 0
+	var err error
+	for part := range slices.Chunk(orders, sweepChunk) {
+		batch := make([]lua.Restocking, len(part))
+		for i, o := range part {
+			batch[i] = lua.Restocking{ID: o.ID, Status: o.Status, Reason: o.Reason, Record: o.record()}
+		}
+		var out []lua.RestockOutcome
+		if out, err = b.scripts.RestockMany(ctx, b.rc, k, batch); err != nil {
+			break
+		}
+		for i, r := range out {
+			if r == lua.Restocked {
+				back[part[i].Region] = true
+				n++
+			}
+		}
+	}
+	for _, region := range sortedKeys(back) {
+		b.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: region})
+	}
+	return n, err
+}
+
+// restockCanceled runs the Redis half of a cancel again for every order of sale
+// canceled (or expired) in MySQL since then (zero: all of them): the units of
+// those whose restock never ran (a backend died after the commit, Redis was
+// away) go back now, the others only get their record rewritten. It is
+// reconcile's repair for "MySQL canceled, Redis still holds the units"; run it
+// BEFORE setting stock from MySQL (under the sale row lock), so the orders are
+// marked settled and a late restock cannot add their units on top of the new
+// stock. It answers how many orders' units went back.
+func (b *Backend) restockCanceled(ctx context.Context, sale string, since time.Time) (int, error) {
+	rows, err := b.db.QueryContext(ctx, `SELECT `+orderCols+` FROM orders WHERE sale_id = ? AND status = ? AND updated_at >= ?`,
+		sale, string(flashgate.OrderCanceled), since.UTC())
+	if err != nil {
+		return 0, fmt.Errorf("canceled orders of %s: %w", sale, err)
+	}
+	defer rows.Close()
+	n := 0
+	batch := make([]orderRow, 0, sweepChunk)
+	flush := func() error {
+		m, err := b.restockOrders(ctx, sale, batch)
+		n += m
+		batch = batch[:0]
+		return err
+	}
+	for rows.Next() {
+		o, err := scanOrder(rows)
+		if err != nil {
+			return n, fmt.Errorf("canceled orders of %s: %w", sale, err)
+		}
+		if batch = append(batch, o); len(batch) == sweepChunk {
+			if err := flush(); err != nil {
+				return n, err
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return n, fmt.Errorf("canceled orders of %s: %w", sale, err)
+	}
+	return n, flush()
+}
+
+// expireOrders expires those of ids (orders of sale) that are still confirmed
+// and past their deadline at now, in one transaction under the sale row lock,
+// then restocks them. It answers how many it expired: an order paid, canceled
+// or expired meanwhile (by another sweeper) is left alone.
+func (b *Backend) expireOrders(ctx context.Context, sale string, ids []uint64, now time.Time) (int, error) {
+	orders, err := b.expireTx(ctx, sale, ids, now)
+	if err != nil || len(orders) == 0 {
+		return 0, err
+	}
+	b.restock(ctx, sale, orders)
+	return len(orders), nil
+}
+
+// expireTx is the MySQL half of expireOrders: it answers the orders it expired.
+func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now time.Time) ([]orderRow, error) {
+	return retryTx(ctx, txRetries, func() ([]orderRow, error) {
+		tx, err := beginRC(ctx, b.db)
+		if err != nil {
+			return nil, err
+		}
+		defer tx.Rollback()
+		var one int
+		err = tx.QueryRowContext(ctx, `SELECT 1 FROM sales WHERE id = ? FOR UPDATE`, sale).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, nil // no sale, so none of its orders is confirmed
+		}
+		if err != nil {
+			return nil, fmt.Errorf("expire %s: lock sale: %w", sale, err)
+		}
+		args := make([]any, 0, len(ids)+3)
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		args = append(args, sale, string(flashgate.OrderConfirmed), now.UTC())
+		rows, err := tx.QueryContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id IN (`+placeholders(len(ids))+`)
+			AND sale_id = ? AND status = ? AND expires_at <= ? FOR UPDATE`, args...)
+		if err != nil {
+			return nil, fmt.Errorf("expire %s: %w", sale, err)
+		}
+		var orders []orderRow
+		for rows.Next() {
+			o, err := scanOrder(rows)
+			if err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("expire %s: %w", sale, err)
+			}
+			o.Status, o.Reason = flashgate.OrderCanceled, reasonExpired
+			orders = append(orders, o)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("expire %s: %w", sale, err)
+		}
+		if len(orders) == 0 {
+			return nil, nil
+		}
+		if err := returnUnits(ctx, tx, sale, orders, reasonExpired, now); err != nil {
+			return nil, fmt.Errorf("expire %s: %w", sale, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return nil, fmt.Errorf("expire %s: commit: %w", sale, err)
+		}
+		return orders, nil
+	})
+}
+
+// sweepExpired expires up to limit confirmed orders whose payment deadline is
+// at or before now, oldest deadline first, sale by sale in transactions of up to
+// sweepChunk orders. It answers how many it expired. Sweepers may run at once
+// (a leader hand-over): each order is expired by one of them.
+func (b *Backend) sweepExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+	rows, err := b.db.QueryContext(ctx, `SELECT sale_id, id FROM orders WHERE status = ? AND expires_at <= ?
+		ORDER BY expires_at LIMIT ?`, string(flashgate.OrderConfirmed), now.UTC(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("sweep: %w", err)
+	}
+	bySale := map[string][]uint64{}
+	var sales []string
+	for rows.Next() {
+		var sale string
+		var id uint64
+		if err := rows.Scan(&sale, &id); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("sweep: %w", err)
+		}
+		if _, ok := bySale[sale]; !ok {
+			sales = append(sales, sale)
+		}
+		bySale[sale] = append(bySale[sale], id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("sweep: %w", err)
+	}
+	// One chunk's Redis restock runs while the next chunk's transaction does
+	// (a quarter of a chunk's time): at most one restock at a time.
+	var restocking sync.WaitGroup
+	defer restocking.Wait()
+	expired := 0
+	var errs []error
+	for _, sale := range sales {
+		for part := range slices.Chunk(bySale[sale], sweepChunk) {
+			orders, err := b.expireTx(ctx, sale, part, now)
+			if err != nil {
+				if ctx.Err() != nil {
+					return expired, err
+				}
+				errs = append(errs, err) // the next pass retries it; other sales go on
+				break
+			}
+			expired += len(orders)
+			restocking.Wait()
+			if len(orders) > 0 {
+				restocking.Go(func() { b.restock(ctx, sale, orders) })
+			}
+		}
+	}
+	return expired, errors.Join(errs...)
+}
+
+// runSweeper expires unpaid orders every interval until ctx ends, taking the
+// whole backlog at once. Only the leader runs it (one sweeper suffices, though
+// two at once do no harm).
+func (b *Backend) runSweeper(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		for {
+			start := time.Now()
+			n, err := b.sweepExpired(ctx, start, sweepLimit)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				b.log.Error("expiry sweep", "expired", n, "err", err)
+			}
+			if n > 0 {
+				b.log.Info("expired unpaid orders", "orders", n, "took", time.Since(start))
+			}
+			if err != nil || n < sweepLimit {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

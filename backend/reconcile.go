@@ -1,0 +1,774 @@
+package backend
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/rueidis"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/lua"
+)
+
+// Reconcile (DESIGN.md §8, invariant 3 of §2) brings Redis back in line with
+// MySQL, the source of truth, and JetStream, which holds the orders in flight:
+//
+//   - Redis lost the sale (no meta): it is warmed from MySQL with
+//     remaining = total − sold − in flight. In flight is read from the orders
+//     stream itself: after a Redis loss its messages are the only record of
+//     the orders admitted and not yet written. A second consumer cannot read
+//     them (a work-queue stream allows one consumer per subject), so they are
+//     read one by one with STREAM.MSG.GET next_by_subj, which neither delivers
+//     nor acks. The stream is read first, MySQL after, in one snapshot: an
+//     order acked in between is a row (and in sold) there, so nothing is
+//     counted twice or missed. Warms on a gateway's request or at start count
+//     in flight the same way (warmer.inFlight).
+//   - Redis lost stock keys but kept the meta: the absent keys are restored the
+//     same way, the reservations Redis still has counted too.
+//   - Stale reservations (older than StaleAfter) whose order MySQL lacks are
+//     published again with their order id as message id (a gateway died between
+//     admission and publish, or NATS lost the message); those MySQL has decided
+//     get MySQL's word written back (a write-back that never happened).
+//   - Orders canceled or expired in MySQL whose units never went back to Redis
+//     (the backend died after the commit, Redis was away) get their restock
+//     again (restockCanceled: once per order, whoever runs it).
+//   - The ledger: once nothing of the sale is in flight (no message in the
+//     stream, no reservation younger than StaleAfter, none MySQL has decided),
+//     each stock key is set to total − sold − reserved, under the sale's MySQL
+//     row lock (no batch, cancel or expiry of the sale commits meanwhile) and in
+//     a script that counts the reservations itself and writes nothing if they
+//     moved since they were read (lua.ResetStock). After a Redis loss, orders
+//     that were in flight and then failed could not give their units back (Redis
+//     had no record): this is where they come back.
+//
+// Every step is idempotent: reconcile may run at any time, concurrently with
+// traffic and with itself, on any backend (the leader runs it every
+// reconcileEvery; POST /admin/v1/sales/{sale}/reconcile runs it at once).
+
+// DefaultStaleAfter is the age past which a reservation is stale.
+const DefaultStaleAfter = 30 * time.Second
+
+const (
+	// reconcileRecent: the leader reconciles sales that ended (or were
+	// closed) up to this long ago too: their last orders may still be in flight.
+	reconcileRecent = time.Hour
+	// repairQuiet: the leader repairs a sale's ledger only after it has not
+	// moved for this long (an operator's reconcile does not wait).
+	repairQuiet = 30 * time.Second
+	// reconcileSaleTimeout bounds the leader's reconcile of one sale.
+	reconcileSaleTimeout = 30 * time.Second
+	// repairTimeout bounds the time the sale row stays locked for a repair.
+	repairTimeout = 5 * time.Second
+	// restockWindow: the leader restocks orders canceled this recently on
+	// every run; older ones it leaves to the repair, which takes them all.
+	restockWindow = time.Minute
+)
+
+// ReconcileOptions tune one reconcile.
+type ReconcileOptions struct {
+	// StaleAfter is the age past which a reservation is stale (0: DefaultStaleAfter).
+	StaleAfter time.Duration
+	// quiet, if set, is asked with the ledger's fingerprint before a repair;
+	// false postpones it (the leader's periodic run waits for a quiet sale).
+	quiet func(fingerprint string) bool
+	// restockSince: orders canceled since then are restocked (zero: all).
+	restockSince time.Time
+}
+
+// ReconcileReport is what one reconcile found and did (the body of POST
+// /admin/v1/sales/{sale}/reconcile).
+type ReconcileReport struct {
+	SaleID     string `json:"sale_id"`
+	StaleAfter string `json:"stale_after"`
+	// Rewarmed: Redis had no meta; the sale was warmed as total − sold − in flight.
+	Rewarmed bool `json:"rewarmed"`
+	// Restored lists stock keys Redis had lost (meta kept), set from MySQL.
+	Restored []lua.StockChange `json:"restored,omitempty"`
+	// Stale counts reservations older than StaleAfter; of them, Republished were
+	// published again (RepublishDeduplicated of those JetStream still held
+	// within its duplicate window), Waiting are still in the stream, Settled
+	// were decided by MySQL and written back, Unsettled MySQL holds in another
+	// state (canceled: the sweeper's business).
+	Stale                 int `json:"stale"`
+	Republished           int `json:"republished"`
+	RepublishDeduplicated int `json:"republish_deduplicated"`
+	Waiting               int `json:"waiting"`
+	Settled               int `json:"settled"`
+	Unsettled             int `json:"unsettled"`
+	// Restocked counts canceled orders whose units only now went back to Redis.
+	Restocked int `json:"restocked"`
+	// Repair is the ledger repair: done, or why not.
+	Repair StockRepair `json:"repair"`
+	// Before and After are the ledger when reconcile began and ended.
+	Before LedgerState `json:"before"`
+	After  LedgerState `json:"after"`
+	// Invariant3Holds: after reconcile, remaining + reserved + sold = total, per
+	// region too.
+	Invariant3Holds bool `json:"invariant3_holds"`
+}
+
+// StockRepair is the ledger repair of one reconcile.
+type StockRepair struct {
+	Done    bool              `json:"done"`
+	Skipped string            `json:"skipped,omitempty"`
+	Changes []lua.StockChange `json:"changes,omitempty"`
+}
+
+// LedgerState is invariant 3 of one sale at one moment, per region too.
+type LedgerState struct {
+	invariant3
+	Warm         bool                    `json:"warm"`
+	Reservations int                     `json:"reservations"`
+	ByRegion     map[string]RegionLedger `json:"by_region,omitempty"`
+}
+
+// RegionLedger is one region's part of the ledger.
+type RegionLedger struct {
+	Total     int64 `json:"total"`
+	Sold      int64 `json:"sold"`
+	Remaining int64 `json:"remaining"`
+	Reserved  int64 `json:"reserved"`
+	// Diff is remaining + reserved + sold − total.
+	Diff int64 `json:"diff"`
+	// Warm: Redis has the stock key.
+	Warm bool `json:"warm"`
+}
+
+// changed reports whether the reconcile did anything.
+func (r *ReconcileReport) changed() bool {
+	return r.Rewarmed || len(r.Restored) > 0 || r.Republished > 0 || r.Settled > 0 || r.Restocked > 0 || r.Repair.Done
+}
+
+// Reconcile reconciles saleID with the default options.
+func (b *Backend) Reconcile(ctx context.Context, saleID string) (ReconcileReport, error) {
+	return b.ReconcileWith(ctx, saleID, ReconcileOptions{})
+}
+
+// ReconcileWith reconciles saleID: see the top of this file.
+func (b *Backend) ReconcileWith(ctx context.Context, saleID string, opt ReconcileOptions) (ReconcileReport, error) {
+	if opt.StaleAfter <= 0 {
+		opt.StaleAfter = DefaultStaleAfter
+	}
+	rep := ReconcileReport{SaleID: saleID, StaleAfter: opt.StaleAfter.String()}
+	err := b.reconcile(ctx, saleID, opt, &rep)
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	b.ops.reconciles.WithLabelValues(result).Inc()
+	return rep, err
+}
+
+func (b *Backend) reconcile(ctx context.Context, id string, opt ReconcileOptions, rep *ReconcileReport) error {
+	before, err := b.readLedger(ctx, id)
+	if err != nil {
+		return err
+	}
+	rep.Before = before.state()
+
+	// Redis lost the sale, or some of its stock keys.
+	switch {
+	case !before.meta:
+		if rep.Rewarmed, err = b.warmer.warm(ctx, id); err != nil {
+			return err
+		}
+	case before.missingStock():
+		changes, restocked, skipped, err := b.fixStock(ctx, id, true, opt.StaleAfter)
+		rep.Restocked += restocked
+		if err != nil {
+			return err
+		}
+		if skipped != "" {
+			b.log.Warn("restoring lost stock keys postponed", "sale", id, "why", skipped)
+		}
+		rep.Restored = changes
+	}
+
+	if err := b.staleReservations(ctx, before, opt.StaleAfter, rep); err != nil {
+		return err
+	}
+	n, err := b.restockCanceled(ctx, id, opt.restockSince)
+	rep.Restocked += n
+	if err != nil {
+		return err
+	}
+
+	// The leader reads again only if it moved something (a read costs an
+	// HGETALL of the reservations on the sale's shard); an operator gets the
+	// ledger as it is now.
+	manual := opt.quiet == nil
+	cur := before
+	if rep.changed() || manual {
+		if cur, err = b.readLedger(ctx, id); err != nil {
+			return err
+		}
+	}
+	switch {
+	case !cur.meta || cur.missingStock():
+		rep.Repair.Skipped = "the sale is not warm in Redis"
+	case cur.holds():
+		rep.Repair.Skipped = "the ledger holds"
+	case opt.quiet != nil && !opt.quiet(cur.fingerprint()):
+		rep.Repair.Skipped = "waiting for the sale to be quiet for " + repairQuiet.String()
+	default:
+		changes, restocked, skipped, err := b.fixStock(ctx, id, false, opt.StaleAfter)
+		rep.Restocked += restocked
+		if err != nil {
+			return err
+		}
+		rep.Repair = StockRepair{Done: skipped == "", Skipped: skipped, Changes: changes}
+	}
+
+	after := cur
+	if rep.Repair.Done || manual {
+		if after, err = b.readLedger(ctx, id); err != nil {
+			return err
+		}
+	}
+	rep.After = after.state()
+	rep.Invariant3Holds = after.holds()
+	return nil
+}
+
+// ledgerRead is a sale's ledger as read now: MySQL's sale row, Redis's meta,
+// stock keys and reservations.
+type ledgerRead struct {
+	row     *saleRow
+	meta    bool
+	resv    map[uint64]lua.Record
+	regions map[string]*RegionLedger // "" for a sale without regions
+	orphans int64                    // reserved units of regions the sale lacks
+}
+
+func (b *Backend) readLedger(ctx context.Context, id string) (*ledgerRead, error) {
+	row, err := loadSale(ctx, b.db, id)
+	if err != nil {
+		return nil, err
+	}
+	k := lua.KeysFor(id, row.RegionNames())
+	n, err := b.rc.Do(ctx, b.rc.B().Exists().Key(k.Meta).Build()).AsInt64()
+	if err != nil {
+		return nil, fmt.Errorf("ledger %s: %w", id, err)
+	}
+	rem, err := lua.Remaining(ctx, b.rc, k)
+	if err != nil {
+		return nil, err
+	}
+	resv, err := lua.Reservations(ctx, b.rc, k)
+	if err != nil {
+		return nil, err
+	}
+	l := &ledgerRead{row: row, meta: n == 1, resv: resv, regions: map[string]*RegionLedger{}}
+	if len(row.Regions) == 0 {
+		l.regions[""] = &RegionLedger{Total: row.Total, Sold: row.Sold}
+	}
+	for r, total := range row.Regions {
+		l.regions[r] = &RegionLedger{Total: total, Sold: row.RegionSold[r]}
+	}
+	for r, g := range l.regions {
+		g.Remaining, g.Warm = rem[r]
+	}
+	for _, rec := range resv {
+		if g := l.regions[rec.Region]; g != nil {
+			g.Reserved += rec.Qty
+		} else {
+			l.orphans += rec.Qty
+		}
+	}
+	for _, g := range l.regions {
+		g.Diff = g.Remaining + g.Reserved + g.Sold - g.Total
+	}
+	return l, nil
+}
+
+func (l *ledgerRead) missingStock() bool {
+	for _, g := range l.regions {
+		if !g.Warm {
+			return true
+		}
+	}
+	return false
+}
+
+// holds reports invariant 3, for every region.
+func (l *ledgerRead) holds() bool {
+	for _, g := range l.regions {
+		if !g.Warm || g.Diff != 0 {
+			return false
+		}
+	}
+	return l.orphans == 0
+}
+
+func (l *ledgerRead) state() LedgerState {
+	s := LedgerState{Warm: l.meta && !l.missingStock(), Reservations: len(l.resv)}
+	s.Total, s.Sold, s.Reserved = l.row.Total, l.row.Sold, l.orphans
+	for r, g := range l.regions {
+		s.Remaining += g.Remaining
+		s.Reserved += g.Reserved
+		if r != "" {
+			if s.ByRegion == nil {
+				s.ByRegion = map[string]RegionLedger{}
+			}
+			s.ByRegion[r] = *g
+		}
+	}
+	s.Diff = s.Remaining + s.Reserved + s.Sold - s.Total
+	s.Holds = l.holds()
+	return s
+}
+
+// fingerprint changes whenever anything of the ledger moves.
+func (l *ledgerRead) fingerprint() string {
+	var sb strings.Builder
+	for _, r := range sortedKeys(l.regions) {
+		g := l.regions[r]
+		fmt.Fprintf(&sb, "%s:%d/%d/%d/%t;", r, g.Sold, g.Remaining, g.Reserved, g.Warm)
+	}
+	fmt.Fprintf(&sb, "resv:%d;orphans:%d", len(l.resv), l.orphans)
+	return sb.String()
+}
+
+// fixStock sets the sale's stock keys from MySQL: every key (onlyMissing false:
+// the ledger repair, only when nothing is in flight) or only the absent ones
+// (counting what is in flight). It answers the changes, or why it changed
+// nothing.
+func (b *Backend) fixStock(ctx context.Context, sale string, onlyMissing bool, staleAfter time.Duration) (changes []lua.StockChange, restocked int, skipped string, err error) {
+	// The stream first, MySQL after: an order acked in between is a row below.
+	var msgs map[uint64]bus.OrderMsg
+	if onlyMissing {
+		if msgs, err = b.streamOrders(ctx, sale); err != nil {
+			return nil, restocked, "", err
+		}
+	} else {
+		n, err := b.streamCount(ctx, sale)
+		if err != nil {
+			return nil, restocked, "", err
+		}
+		if n > 0 {
+			return nil, restocked, fmt.Sprintf("%d order messages of the sale are in the stream", n), nil
+		}
+	}
+	// Canceled orders whose restock never ran get it now (the bulk of them,
+	// before the lock; those of the last moments again under it).
+	since := time.Now().Add(-restockWindow)
+	if restocked, err = b.restockCanceled(ctx, sale, time.Time{}); err != nil {
+		return nil, restocked, "", err
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, repairTimeout)
+	defer cancel()
+	tx, err := beginRC(ctx, b.db)
+	if err != nil {
+		return nil, restocked, "", fmt.Errorf("stock of %s: %w", sale, err)
+	}
+	defer tx.Rollback()
+	// The sale row lock: no batch, cancel or expiry of the sale moves sold until
+	// the stock is set.
+	var one int
+	if err := tx.QueryRowContext(ctx, `SELECT 1 FROM sales WHERE id = ? FOR UPDATE`, sale).Scan(&one); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, restocked, "", fmt.Errorf("sale %s: %w", sale, errSaleNotFound)
+		}
+		return nil, restocked, "", fmt.Errorf("stock of %s: lock: %w", sale, err)
+	}
+	// Under the lock no cancel commits: once these have had their restock, no
+	// late one can add units on top of the stock set below (the restocked set
+	// makes every later restock of an order a no-op).
+	n, err := b.restockCanceled(ctx, sale, since)
+	if restocked += n; err != nil {
+		return nil, restocked, "", err
+	}
+	row, err := loadSale(ctx, tx, sale)
+	if err != nil {
+		return nil, restocked, "", err
+	}
+	k := lua.KeysFor(sale, row.RegionNames())
+	resv, err := lua.Reservations(ctx, b.rc, k)
+	if err != nil {
+		return nil, restocked, "", err
+	}
+	ids := make([]uint64, 0, len(resv)+len(msgs))
+	for id := range resv {
+		ids = append(ids, id)
+	}
+	for id := range msgs {
+		if _, ok := resv[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	rows, err := orderRows(ctx, tx, ids)
+	if err != nil {
+		return nil, restocked, "", err
+	}
+
+	reserved, extra := map[string]int64{}, map[string]int64{}
+	young, decided := 0, 0
+	cutoff := time.Now().Add(-staleAfter).UnixMilli()
+	for id, rec := range resv {
+		reserved[rec.Region] += rec.Qty
+		if rec.Created > cutoff {
+			young++
+		}
+		if st, ok := rows[id]; ok {
+			decided++
+			if st.status == flashgate.OrderConfirmed || st.status == flashgate.OrderPaid {
+				// Counted in sold and still reserved until its write-back.
+				extra[rec.Region] -= rec.Qty
+			}
+		}
+	}
+	for id, m := range msgs {
+		if _, ok := resv[id]; ok {
+			continue
+		}
+		if _, ok := rows[id]; ok {
+			continue
+		}
+		extra[m.Region] += m.Qty // in flight, unknown to Redis
+	}
+	if !onlyMissing {
+		switch {
+		case young > 0:
+			return nil, restocked, fmt.Sprintf("%d reservations are younger than %v", young, staleAfter), nil
+		case decided > 0:
+			return nil, restocked, fmt.Sprintf("%d reservations await the write-back of MySQL's decision", decided), nil
+		}
+	}
+	avail := row.Remaining()
+	plans := make([]lua.StockPlan, 0, len(avail))
+	for _, r := range sortedKeys(avail) {
+		plans = append(plans, lua.StockPlan{Region: r, Avail: avail[r], Extra: extra[r], Reserved: reserved[r]})
+	}
+	changes, err = b.scripts.ResetStock(ctx, b.rc, k, onlyMissing, plans)
+	if errors.Is(err, lua.ErrReservationsChanged) {
+		return nil, restocked, "the reservations changed meanwhile", nil
+	}
+	if err != nil {
+		return nil, restocked, "", err
+	}
+	if err := tx.Commit(); err != nil {
+		// The stock is set; the lock was only a lock.
+		b.log.Warn("releasing the sale row lock", "sale", sale, "err", err)
+	}
+	for _, c := range changes {
+		if c.After == nil {
+			continue
+		}
+		b.ops.stockRepairs.Inc()
+		b.log.Warn("stock set from MySQL", "sale", sale, "region", c.Region, "before", ptrString(c.Before),
+			"after", *c.After, "only_missing", onlyMissing)
+		if c.Before == nil || *c.After > *c.Before {
+			b.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: c.Region})
+		}
+	}
+	return changes, restocked, "", nil
+}
+
+func ptrString(p *int64) string {
+	if p == nil {
+		return "absent"
+	}
+	return strconv.FormatInt(*p, 10)
+}
+
+// staleReservations republishes the stale reservations whose order MySQL
+// lacks and writes back MySQL's decision on those it has.
+func (b *Backend) staleReservations(ctx context.Context, l *ledgerRead, staleAfter time.Duration, rep *ReconcileReport) error {
+	sale := l.row.ID
+	cutoff := time.Now().Add(-staleAfter).UnixMilli()
+	var stale []uint64
+	for id, rec := range l.resv {
+		if rec.Created <= cutoff {
+			stale = append(stale, id)
+		}
+	}
+	rep.Stale = len(stale)
+	if len(stale) == 0 {
+		return nil
+	}
+	slices.Sort(stale)
+	rows, err := orderRows(ctx, b.db, stale)
+	if err != nil {
+		return err
+	}
+	msgOf := func(id uint64) bus.OrderMsg {
+		r := l.resv[id]
+		return bus.OrderMsg{ID: id, Sale: sale, User: r.User, Qty: r.Qty, Region: r.Region,
+			Created: r.Created, Expires: r.Expires, Idem: r.Idem}
+	}
+	var decided []bus.OrderMsg
+	var missing []uint64
+	for _, id := range stale {
+		st, ok := rows[id]
+		switch {
+		case !ok:
+			missing = append(missing, id)
+		case st.status == flashgate.OrderConfirmed || st.status == flashgate.OrderPaid || st.status == flashgate.OrderFailed:
+			decided = append(decided, msgOf(id))
+		default:
+			rep.Unsettled++
+		}
+	}
+	if len(decided) > 0 {
+		if err := b.writer.writeBack(ctx, sale, decided, rows); err != nil {
+			return err
+		}
+		rep.Settled = len(decided)
+		b.log.Warn("reconcile wrote back MySQL's decision on stale reservations", "sale", sale, "orders", len(decided))
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	inStream, err := b.streamOrders(ctx, sale)
+	if err != nil {
+		return err
+	}
+	subject := bus.OrderSubject(b.cfg.NATS, sale)
+	var buf []byte
+	for _, id := range missing {
+		if _, ok := inStream[id]; ok {
+			rep.Waiting++
+			continue
+		}
+		m := msgOf(id)
+		buf = m.Append(buf[:0])
+		ack, err := b.js.Publish(ctx, subject, buf, jetstream.WithMsgID(strconv.FormatUint(id, 10)))
+		if err != nil {
+			return fmt.Errorf("republish %s/%d: %w", sale, id, err)
+		}
+		if ack.Duplicate {
+			rep.RepublishDeduplicated++
+		}
+		rep.Republished++
+		b.ops.republished.Inc()
+	}
+	if rep.Republished > 0 {
+		b.log.Warn("reconcile republished stale reservations MySQL lacks", "sale", sale, "orders", rep.Republished,
+			"deduplicated", rep.RepublishDeduplicated)
+	}
+	return nil
+}
+
+// orderRows reads the status and reason of those of ids MySQL has.
+func orderRows(ctx context.Context, q queryer, ids []uint64) (map[uint64]settlement, error) {
+	res := make(map[uint64]settlement, len(ids))
+	for part := range slices.Chunk(ids, sqlChunk) {
+		args := make([]any, len(part))
+		for i, id := range part {
+			args[i] = id
+		}
+		rows, err := q.QueryContext(ctx, `SELECT id, status, reason FROM orders WHERE id IN (`+placeholders(len(part))+`)`, args...)
+		if err != nil {
+			return nil, fmt.Errorf("order rows: %w", err)
+		}
+		for rows.Next() {
+			var id uint64
+			var st, reason string
+			if err := rows.Scan(&id, &st, &reason); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("order rows: %w", err)
+			}
+			res[id] = settlement{status: flashgate.OrderStatus(st), reason: reason, existed: true}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("order rows: %w", err)
+		}
+	}
+	return res, nil
+}
+
+// streamCount is how many messages of sale the orders stream holds: under
+// work-queue retention, those not yet acked.
+func (b *Backend) streamCount(ctx context.Context, sale string) (uint64, error) {
+	_, n, _, err := b.streamState(ctx, sale)
+	return n, err
+}
+
+func (b *Backend) streamState(ctx context.Context, sale string) (jetstream.Stream, uint64, jetstream.StreamState, error) {
+	s, err := b.js.Stream(ctx, b.cfg.NATS.Stream)
+	if err != nil {
+		return nil, 0, jetstream.StreamState{}, fmt.Errorf("stream %s: %w", b.cfg.NATS.Stream, err)
+	}
+	subject := bus.OrderSubject(b.cfg.NATS, sale)
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		return nil, 0, jetstream.StreamState{}, fmt.Errorf("stream %s: %w", b.cfg.NATS.Stream, err)
+	}
+	return s, info.State.Subjects[subject], info.State, nil
+}
+
+// streamOrders reads the sale's order messages still in the orders stream, by
+// order id, without consuming them: STREAM.MSG.GET next_by_subj, one message
+// per request, up to the stream's last sequence when it began (later messages
+// are admissions Redis knows). Undecodable messages are skipped (the consumer
+// dead-letters them).
+func (b *Backend) streamOrders(ctx context.Context, sale string) (map[uint64]bus.OrderMsg, error) {
+	s, n, st, err := b.streamState(ctx, sale)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	subject := bus.OrderSubject(b.cfg.NATS, sale)
+	out := make(map[uint64]bus.OrderMsg, n)
+	for seq := st.FirstSeq; seq <= st.LastSeq; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: reading %s: %w", b.cfg.NATS.Stream, subject, err)
+		}
+		if o, err := bus.DecodeOrder(m.Data); err == nil && o.Sale == sale {
+			if _, dup := out[o.ID]; !dup {
+				out[o.ID] = o
+			}
+		}
+		seq = m.Sequence + 1
+	}
+	return out, nil
+}
+
+// warmRemaining is the warmer's in-flight count: what Redis should hold of a
+// sale it is warming, total − sold − the units of orders in the stream that
+// MySQL has no row of. Their buyers' units go into the users hash too (which
+// the warm just rebuilt from MySQL). The stream is read first, MySQL after in
+// one snapshot, so an order acked in between is counted once, as sold.
+func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error) {
+	msgs, err := b.streamOrders(ctx, row.ID)
+	if err != nil {
+		return nil, err
+	}
+	if len(msgs) == 0 {
+		return row.Remaining(), nil
+	}
+	tx, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	now, err := loadSale(ctx, tx, row.ID)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]uint64, 0, len(msgs))
+	for id := range msgs {
+		ids = append(ids, id)
+	}
+	rows, err := orderRows(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	_ = tx.Commit()
+	rem := now.Remaining()
+	users := map[string]int64{}
+	var orders, units int64
+	for id, m := range msgs {
+		if _, ok := rows[id]; ok {
+			continue
+		}
+		if _, ok := rem[m.Region]; !ok {
+			continue // a region the sale lacks: MySQL fails it
+		}
+		rem[m.Region] -= m.Qty
+		users[m.User] += m.Qty
+		orders, units = orders+1, units+m.Qty
+	}
+	cmds := make(rueidis.Commands, 0, len(users))
+	for u, n := range users {
+		cmds = append(cmds, b.rc.B().Hincrby().Key(k.Users).Field(u).Increment(n).Build())
+	}
+	for _, r := range b.rc.DoMulti(ctx, cmds...) {
+		if err := r.Error(); err != nil {
+			return nil, fmt.Errorf("users in flight: %w", err)
+		}
+	}
+	if orders > 0 {
+		b.log.Info("warm: orders in flight subtracted", "sale", row.ID, "orders", orders, "units", units)
+	}
+	return rem, nil
+}
+
+// reconcileLoop reconciles every recent sale every reconcileEvery until ctx
+// (the leader lock's) ends. A sale's ledger is repaired only once it has been
+// still for repairQuiet.
+func (b *Backend) reconcileLoop(ctx context.Context) {
+	type mark struct {
+		fp    string
+		since time.Time
+	}
+	marks := map[string]mark{}
+	t := time.NewTicker(reconcileEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ids, err := recentSaleIDs(ctx, b.db, time.Now().UTC().Add(-reconcileRecent))
+		if err != nil {
+			if ctx.Err() == nil {
+				b.log.Warn("reconcile: listing sales", "err", err)
+			}
+			continue
+		}
+		seen := make(map[string]bool, len(ids))
+		for _, id := range ids {
+			if ctx.Err() != nil {
+				return
+			}
+			seen[id] = true
+			opt := ReconcileOptions{restockSince: time.Now().Add(-restockWindow), quiet: func(fp string) bool {
+				m, ok := marks[id]
+				if !ok || m.fp != fp {
+					marks[id] = mark{fp: fp, since: time.Now()}
+					return false
+				}
+				return time.Since(m.since) >= repairQuiet
+			}}
+			sctx, cancel := context.WithTimeout(ctx, reconcileSaleTimeout)
+			rep, err := b.ReconcileWith(sctx, id, opt)
+			cancel()
+			switch {
+			case err != nil && ctx.Err() == nil:
+				b.log.Warn("reconcile", "sale", id, "err", err)
+			case err == nil && rep.changed():
+				b.log.Info("reconciled", "sale", id, "rewarmed", rep.Rewarmed, "restored", len(rep.Restored),
+					"republished", rep.Republished, "settled", rep.Settled, "repaired", rep.Repair.Done,
+					"diff_before", rep.Before.Diff, "diff_after", rep.After.Diff)
+			}
+		}
+		for id := range marks {
+			if !seen[id] {
+				delete(marks, id)
+			}
+		}
+	}
+}
+
+// recentSaleIDs lists the sales that end after since (closed ones too).
+func recentSaleIDs(ctx context.Context, db *sql.DB, since time.Time) ([]string, error) {
+	rows, err := db.QueryContext(ctx, `SELECT id FROM sales WHERE ends_at > ? ORDER BY starts_at`, since)
+	if err != nil {
+		return nil, fmt.Errorf("recent sales: %w", err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("recent sales: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}

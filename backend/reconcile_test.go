@@ -1,0 +1,335 @@
+package backend
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
+)
+
+// idleBackend is a Backend with its clients and no consumer, no leader: what
+// reconcile needs while the orders it looks at stay in the stream.
+func idleBackend(t *testing.T, e *env) *Backend {
+	t.Helper()
+	nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.EnsureStream(ctx(t), js, e.cfg.NATS); err != nil {
+		t.Fatal(err)
+	}
+	b := &Backend{cfg: e.cfg, log: quiet, db: e.db, rc: e.rc, nc: nc, js: js, scripts: e.scripts,
+		writer: e.w, warmer: e.warmer, metrics: metrics.NewBackend(), procCtx: context.Background()}
+	b.ops = newOpsMetrics(b.metrics.Registry())
+	b.warmer.inFlight = b.warmRemaining
+	return b
+}
+
+// publishTo sends an order like a gateway: Nats-Msg-Id = order id.
+func publishTo(t *testing.T, js jetstream.JetStream, e *env, m bus.OrderMsg) {
+	t.Helper()
+	if _, err := js.Publish(ctx(t), bus.OrderSubject(e.cfg.NATS, m.Sale), m.Append(nil),
+		jetstream.WithMsgID(strconv.FormatUint(m.ID, 10))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func reconcileNow(t *testing.T, b *Backend, sale string, opt ReconcileOptions) ReconcileReport {
+	t.Helper()
+	rep, err := b.ReconcileWith(ctx(t), sale, opt)
+	if err != nil {
+		t.Fatalf("reconcile %s: %v", sale, err)
+	}
+	return rep
+}
+
+func userUnits(t *testing.T, e *env, k *lua.Keys, user string) int64 {
+	t.Helper()
+	n, err := e.rc.Do(ctx(t), e.rc.B().Hget().Key(k.Users).Field(user).Build()).AsInt64()
+	if err != nil {
+		t.Fatalf("users %s: %v", user, err)
+	}
+	return n
+}
+
+// Redis restarts empty while orders are in flight. Reconcile warms the sale
+// as total − sold − in flight (read from the stream), counting the buyers'
+// units in flight; once the stream drained it repairs the ledger: the unit of
+// an in-flight order MySQL refused, which could not go back to a Redis that
+// had no record of it, goes back on sale.
+func TestReconcileAfterRedisLoss(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	e := newEnv(t, []string{srv.Addr})
+	r := idleBackend(t, e)
+	sale := spec(10, 2, nil)
+	k := e.createSale(sale)
+
+	done := []bus.OrderMsg{admit(t, e.rc, k, "u1", 2, ""), admit(t, e.rc, k, "u2", 1, "")}
+	e.process(sale.ID, done) // sold 3
+	inFlight := []bus.OrderMsg{admit(t, e.rc, k, "u3", 1, ""), admit(t, e.rc, k, "u4", 2, "")}
+	// And one MySQL will refuse: u1 holds the limit already.
+	now := time.Now()
+	refused := bus.OrderMsg{ID: nextID.Add(1), Sale: sale.ID, User: "u1", Qty: 1, Created: now.UnixMilli(), Expires: now.Add(time.Hour).UnixMilli()}
+	for _, m := range append(inFlight, refused) {
+		publishTo(t, r.js, e, m)
+	}
+
+	srv.Kill()
+	srv.Start() // empty: no persistence
+	eventually(t, 10*time.Second, "redis back", func() bool {
+		return e.rc.Do(context.Background(), e.rc.B().Ping().Build()).Error() == nil
+	})
+
+	// The first commands on connections the restart broke fail: the leader's
+	// periodic reconcile retries like this.
+	var rep ReconcileReport
+	eventually(t, 10*time.Second, "a reconcile on the restarted Redis", func() bool {
+		var err error
+		rep, err = r.Reconcile(ctx(t), sale.ID)
+		return err == nil
+	})
+	t.Logf("after the loss: %+v", rep)
+	if !rep.Rewarmed || rep.Before.Warm || !rep.After.Warm {
+		t.Fatalf("not rewarmed: %+v", rep)
+	}
+	if got := remaining(t, e.rc, k, ""); got != 10-3-4 {
+		t.Fatalf("remaining after rewarm %d, want total 10 - sold 3 - in flight 4", got)
+	}
+	if rep.Repair.Done || rep.Repair.Skipped == "" {
+		t.Fatalf("repaired with orders in flight: %+v", rep.Repair)
+	}
+	if u1, u4 := userUnits(t, e, k, "u1"), userUnits(t, e, k, "u4"); u1 != 3 || u4 != 2 {
+		t.Fatalf("users hash: u1 %d (want 2 sold + 1 in flight), u4 %d", u1, u4)
+	}
+	// Admissions resume on the rebuilt stock.
+	later := admit(t, e.rc, k, "u5", 1, "")
+	publishTo(t, r.js, e, later)
+
+	// A backend drains the stream.
+	s, err := Start(ctx(t), e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	eventually(t, 15*time.Second, "in-flight orders written", func() bool {
+		return e.queryInt(`SELECT COUNT(*) FROM orders WHERE sale_id = ?`, sale.ID) == 6
+	})
+	eventually(t, 10*time.Second, "stream drained", func() bool {
+		n, err := r.streamCount(ctx(t), sale.ID)
+		return err == nil && n == 0
+	})
+	if st, why, _ := e.order(refused.ID); st != "failed" || why != "limit_reached" {
+		t.Fatalf("refused order: %s/%s", st, why)
+	}
+	before := check(t, e, sale.ID, nil)
+	if before.LedgerDiff != -1 {
+		t.Fatalf("ledger before repair: %v (want diff -1: the refused order's unit)", before)
+	}
+
+	rep = reconcileNow(t, r, sale.ID, ReconcileOptions{})
+	t.Logf("after the drain: %+v", rep)
+	if !rep.Repair.Done || len(rep.Repair.Changes) != 1 || *rep.Repair.Changes[0].Before != 2 || *rep.Repair.Changes[0].After != 3 {
+		t.Fatalf("repair: %+v", rep.Repair)
+	}
+	if !rep.Invariant3Holds || rep.Before.Diff != -1 || rep.After.Diff != 0 {
+		t.Fatalf("ledger: before %+v after %+v", rep.Before, rep.After)
+	}
+	accepted := append(ids(done), ids(inFlight)...)
+	accepted = append(accepted, refused.ID, later.ID)
+	if r := check(t, e, sale.ID, accepted); !r.OK() || r.Sold != 7 {
+		t.Fatalf("audit: %v", r)
+	}
+	// Idempotent: nothing more to do.
+	if rep := reconcileNow(t, r, sale.ID, ReconcileOptions{}); rep.changed() || !rep.Invariant3Holds {
+		t.Fatalf("second reconcile: %+v", rep)
+	}
+}
+
+// Stale reservations: one whose order never reached NATS is republished (same
+// message id) and written; one MySQL decided but whose write-back never
+// happened gets MySQL's word; a young one is left alone, and holds back the
+// ledger repair until it settles.
+func TestReconcileStaleReservations(t *testing.T) {
+	t.Parallel()
+	s := start(t, testenv.RedisAddrs(), nil)
+	sale := spec(10, 2, nil)
+	k := s.createSale(sale)
+	old := time.Now().Add(-time.Minute)
+	admitAt := func(user string, at time.Time) bus.OrderMsg {
+		a := lua.AdmitArgs{User: user, Quantity: 1, OrderID: nextID.Add(1), Now: at, PayBy: at.Add(15 * time.Minute)}
+		if got, err := s.scripts.Admit(ctx(t), s.rc, k, a); err != nil || got.Outcome != lua.Admitted {
+			t.Fatalf("admit: %v %v", got, err)
+		}
+		return bus.OrderMsg{ID: a.OrderID, Sale: sale.ID, User: user, Qty: 1, Created: at.UnixMilli(), Expires: a.PayBy.UnixMilli()}
+	}
+	orphan := admitAt("orphan", old)   // its gateway died before publishing
+	decided := admitAt("decided", old) // written, not written back
+	if _, err := s.w.writeRetrying(ctx(t), sale.ID, []bus.OrderMsg{decided}); err != nil {
+		t.Fatal(err)
+	}
+	young := admitAt("young", time.Now())
+
+	rep := reconcileNow(t, s.b, sale.ID, ReconcileOptions{})
+	t.Logf("%+v", rep)
+	if rep.Stale != 2 || rep.Republished != 1 || rep.RepublishDeduplicated != 0 || rep.Settled != 1 {
+		t.Fatalf("report: %+v", rep)
+	}
+	if st, _ := redisStatus(t, s.rc, k, decided.ID); st != "confirmed" {
+		t.Fatalf("decided order in Redis: %s", st)
+	}
+	eventually(t, 10*time.Second, "orphan written", func() bool {
+		st, _, ok := s.order(orphan.ID)
+		return ok && st == "confirmed"
+	})
+	eventually(t, 5*time.Second, "orphan settled", func() bool { return reservations(t, s.rc, k) == 1 })
+
+	// A ledger gone wrong is not repaired while a young reservation is open.
+	key, _ := k.Stock("")
+	if err := s.rc.Do(ctx(t), s.rc.B().Set().Key(key).Value("100").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	rep = reconcileNow(t, s.b, sale.ID, ReconcileOptions{})
+	if rep.Repair.Done || rep.Republished != 0 || rep.Stale != 0 {
+		t.Fatalf("with a young reservation: %+v", rep)
+	}
+	t.Logf("repair skipped: %s", rep.Repair.Skipped)
+
+	// The young order's gateway gives up on it; the operator's reconcile
+	// repairs the ledger.
+	if r, err := s.scripts.Release(ctx(t), s.rc, k, young.ID, "", lua.ReleaseGateway, "publish_failed"); err != nil || !r.Released {
+		t.Fatalf("release: %+v %v", r, err)
+	}
+	// The leader's periodic run waits for a quiet sale; an operator's does not.
+	waiting := reconcileNow(t, s.b, sale.ID, ReconcileOptions{quiet: func(string) bool { return false }})
+	if waiting.Repair.Done || !strings.HasPrefix(waiting.Repair.Skipped, "waiting for the sale to be quiet") {
+		t.Fatalf("not quiet: %+v", waiting.Repair)
+	}
+	if status, _ := s.call("POST", "/admin/v1/sales/"+sale.ID+"/reconcile?older_than=soon", s.cfg.Admin.Token, ""); status != 400 {
+		t.Fatalf("reconcile with a bad older_than: %d", status)
+	}
+	status, body := s.call("POST", "/admin/v1/sales/"+sale.ID+"/reconcile?older_than=2s", s.cfg.Admin.Token, "")
+	if status != 200 || body["invariant3_holds"] != true || body["stale_after"] != "2s" {
+		t.Fatalf("reconcile endpoint: %d %v", status, body)
+	}
+	repair := body["repair"].(map[string]any)
+	changes := repair["changes"].([]any)
+	if repair["done"] != true || len(changes) != 1 || changes[0].(map[string]any)["before"] != 101.0 || changes[0].(map[string]any)["after"] != 8.0 {
+		t.Fatalf("repair: %v", repair)
+	}
+	if r := check(t, s.env, sale.ID, []uint64{orphan.ID, decided.ID}); !r.OK() || r.Sold != 2 {
+		t.Fatalf("audit: %v", r)
+	}
+	if status, _ := s.call("POST", "/admin/v1/sales/nosuchsale/reconcile", s.cfg.Admin.Token, ""); status != 404 {
+		t.Fatalf("reconcile of an unknown sale: %d", status)
+	}
+}
+
+// Redis lost one region's stock key but kept the rest: the key is restored
+// as region total − sold − reserved there − in flight there; the other region
+// is left alone.
+func TestReconcileRestoresLostStockKey(t *testing.T) {
+	t.Parallel()
+	for _, target := range []struct {
+		name  string
+		addrs []string
+	}{{"standalone", testenv.RedisAddrs()}, {"cluster", testenv.ClusterAddrs()}} {
+		t.Run(target.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, target.addrs)
+			r := idleBackend(t, e)
+			sale := spec(10, 3, map[string]int64{"bj": 6, "sh": 4})
+			k := e.createSale(sale)
+			e.process(sale.ID, []bus.OrderMsg{admit(t, e.rc, k, "u1", 1, "bj")}) // bj sold 1
+			admit(t, e.rc, k, "u2", 2, "bj")                                     // bj reserved 2
+			admit(t, e.rc, k, "u3", 1, "sh")                                     // sh reserved 1
+			// In flight in bj, unknown to Redis (it lost the reservation too).
+			now := time.Now()
+			publishTo(t, r.js, e, bus.OrderMsg{ID: nextID.Add(1), Sale: sale.ID, User: "u4", Qty: 1, Region: "bj",
+				Created: now.UnixMilli(), Expires: now.Add(time.Hour).UnixMilli()})
+			bj, _ := k.Stock("bj")
+			if err := e.rc.Do(ctx(t), e.rc.B().Del().Key(bj).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			rep := reconcileNow(t, r, sale.ID, ReconcileOptions{})
+			if rep.Rewarmed || len(rep.Restored) != 2 {
+				t.Fatalf("report: %+v", rep)
+			}
+			for _, c := range rep.Restored {
+				switch c.Region {
+				case "bj":
+					if c.Before != nil || c.After == nil || *c.After != 6-1-2-1 {
+						t.Fatalf("bj: %+v", c)
+					}
+				case "sh":
+					if c.After != nil || *c.Before != 3 {
+						t.Fatalf("sh touched: %+v", c)
+					}
+				}
+			}
+			if got := remaining(t, e.rc, k, "bj"); got != 2 {
+				t.Fatalf("bj remaining %d", got)
+			}
+		})
+	}
+}
+
+// An order canceled in MySQL whose Redis half never ran (the backend died
+// after the commit) gets its units back from reconcile, once.
+func TestReconcileRestocksCanceled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.RedisAddrs())
+	r := idleBackend(t, e)
+	sale := spec(10, 2, nil)
+	k := e.createSale(sale)
+	msgs := []bus.OrderMsg{admit(t, e.rc, k, "u1", 2, ""), admit(t, e.rc, k, "u2", 1, "")}
+	e.process(sale.ID, msgs)
+	// MySQL's half of a cancel of u1's order, and nothing in Redis.
+	tx, err := e.db.BeginTx(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`UPDATE sales SET sold = sold - 2 WHERE id = ?`,
+		`UPDATE user_purchases SET units = units - 2 WHERE sale_id = ? AND user_id = 'u1'`,
+	} {
+		if _, err := tx.ExecContext(ctx(t), q, sale.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx(t), `UPDATE orders SET status = 'canceled', reason = 'canceled', updated_at = ? WHERE id = ?`,
+		time.Now().UTC(), msgs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if r := check(t, e, sale.ID, nil); r.LedgerDiff != -2 {
+		t.Fatalf("ledger before: %v", r)
+	}
+	rep := reconcileNow(t, r, sale.ID, ReconcileOptions{})
+	if rep.Restocked != 1 || !rep.Invariant3Holds || rep.Repair.Done {
+		t.Fatalf("report: %+v", rep)
+	}
+	if st, why := redisStatus(t, e.rc, k, msgs[0].ID); st != "canceled" || why != "canceled" {
+		t.Fatalf("redis: %s/%s", st, why)
+	}
+	if got := remaining(t, e.rc, k, ""); got != 9 {
+		t.Fatalf("remaining %d", got)
+	}
+	if rep := reconcileNow(t, r, sale.ID, ReconcileOptions{}); rep.Restocked != 0 || rep.changed() {
+		t.Fatalf("second reconcile: %+v", rep)
+	}
+	if r := check(t, e, sale.ID, ids(msgs)); !r.OK() {
+		t.Fatalf("audit: %v", r)
+	}
+}

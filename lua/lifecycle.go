@@ -1,0 +1,135 @@
+package lua
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/rueidis"
+
+	"github.com/flashgate/flashgate"
+)
+
+// The order life cycle after MySQL confirmed an order: paid, or canceled (by the
+// buyer, or expired unpaid) with its units back on sale. MySQL decides; these
+// bindings tell Redis afterwards.
+
+//go:embed restock.lua
+var restockSrc string
+
+// restockScript is loaded like the others (EVALSHA, EVAL on NOSCRIPT); it lives
+// beside its binding rather than in Scripts.
+var restockScript = rueidis.NewLuaScript(restockSrc)
+
+// Restocked is the key of the set of orders whose units restock.lua has settled.
+// It is what makes a restock happen once: an order's record can be rewritten
+// from MySQL by a late confirm, the set cannot.
+func (k *Keys) Restocked() string { return "fg:{s:" + k.Sale + "}:restocked" }
+
+// RestockOutcome is what restock did for one order.
+type RestockOutcome uint8
+
+const (
+	// Restocked: the order's units went back now (stock up, buyer's counter down).
+	Restocked RestockOutcome = iota + 1
+	// RestockAlready: they went back before (an earlier restock, or the order
+	// failed and release gave them back); only the record was rewritten.
+	RestockAlready
+	// RestockUnknown: Redis had no record of the order (it lost its data, and its
+	// counters were rebuilt from MySQL without the order): the record was
+	// written, the counters left alone.
+	RestockUnknown
+)
+
+var restockNames = [...]string{"", "restocked", "already", "unknown"}
+
+func (o RestockOutcome) String() string {
+	if int(o) < len(restockNames) {
+		return restockNames[o]
+	}
+	return "restock(" + strconv.Itoa(int(o)) + ")"
+}
+
+// RestockResult is what Restock did.
+type RestockResult struct {
+	Outcome RestockOutcome
+}
+
+// Restocking is one order MySQL has canceled: its id, the status and reason
+// MySQL gave it, and its record as MySQL has it (Record.Region picks the stock
+// key; Record.Status and Record.Reason are ignored).
+type Restocking struct {
+	ID     uint64
+	Status flashgate.OrderStatus
+	Reason string
+	Record Record
+}
+
+// Restock puts the units of one order MySQL has canceled back into Redis,
+// exactly once however often it is called (see RestockMany).
+func (s *Scripts) Restock(ctx context.Context, c rueidis.Client, k *Keys, orderID uint64, region, status, reason string, rec Record) (RestockResult, error) {
+	rec.Region = region
+	out, err := s.RestockMany(ctx, c, k, []Restocking{{ID: orderID, Status: flashgate.OrderStatus(status), Reason: reason, Record: rec}})
+	if err != nil {
+		return RestockResult{}, err
+	}
+	return RestockResult{Outcome: out[0]}, nil
+}
+
+// RestockMany puts the units of orders MySQL has canceled back into Redis in one
+// script call: each order's stock key goes up by its quantity and its buyer's
+// counter down, its reservation ends, and its record gets MySQL's status and
+// reason. Each order's units go back once, however often it is called and
+// whatever a concurrent confirm wrote into its record. An order Redis has no
+// record of only gets its record (RestockUnknown). k must carry every region
+// the orders are in; it answers one outcome per order, in order.
+func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, orders []Restocking) ([]RestockOutcome, error) {
+	if len(orders) == 0 {
+		return nil, nil
+	}
+	keys := []string{k.Users, k.Resv, k.Orders, k.Restocked()}
+	index := map[string]string{}
+	args := make([]string, 0, 5*len(orders))
+	for _, o := range orders {
+		idx, ok := index[o.Record.Region]
+		if !ok {
+			stock, known := k.Stock(o.Record.Region)
+			if !known {
+				return nil, fmt.Errorf("restock %s/%d: %w %q", k.Sale, o.ID, ErrUnknownRegion, o.Record.Region)
+			}
+			keys = append(keys, stock)
+			idx = strconv.Itoa(len(keys))
+			index[o.Record.Region] = idx
+		}
+		args = append(args, strconv.FormatUint(o.ID, 10), idx, string(o.Status), o.Reason, o.Record.resv())
+	}
+	words, err := restockScript.Exec(ctx, c, keys, args).AsStrSlice()
+	if err != nil {
+		return nil, fmt.Errorf("restock %s: %w", k.Sale, err)
+	}
+	if len(words) != len(orders) {
+		return nil, fmt.Errorf("restock %s: %d answers for %d orders", k.Sale, len(words), len(orders))
+	}
+	out := make([]RestockOutcome, len(words))
+	for i, w := range words {
+		switch w {
+		case "restocked":
+			out[i] = Restocked
+		case "already":
+			out[i] = RestockAlready
+		case "unknown":
+			out[i] = RestockUnknown
+		default:
+			return nil, fmt.Errorf("restock %s: unexpected reply %q", k.Sale, w)
+		}
+	}
+	return out, nil
+}
+
+// MarkPaid writes an order's paid status back to Redis (after MySQL recorded
+// the payment), rewriting the record from rec if Redis lost it.
+func (s *Scripts) MarkPaid(ctx context.Context, c rueidis.Client, k *Keys, orderID uint64, rec Record) error {
+	_, err := s.Confirm(ctx, c, k, []Settled{{ID: orderID, Status: flashgate.OrderPaid, Record: rec}})
+	return err
+}

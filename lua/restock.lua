@@ -1,0 +1,60 @@
+-- restock: give back to Redis the units of orders MySQL has just canceled (by the
+-- buyer, or for want of payment), exactly once per order however often it runs.
+-- KEYS: 1 users, 2 resv, 3 orders, 4 restocked (set of the order ids this script
+--       settled), 5.. the stock keys the orders' regions use
+-- ARGV: quintuples of order id, index into KEYS of its stock key (>= 5), status,
+--       reason, record ('user|qty|region|created|expires|idem', as MySQL has it)
+-- Returns one word per order:
+--   'restocked'  its units went back now: stock up, the buyer's counter down, the
+--                reservation (if any) gone
+--   'already'    they went back before: this script ran for the order, or the order
+--                failed and release.lua gave them back
+--   'unknown'    Redis had no record of the order (it lost its data): its counters
+--                were rebuilt from MySQL, which no longer counts the order, so they
+--                are left alone
+-- In every case the order's record ends as status|reason|record, and the order
+-- joins the restocked set.
+--
+-- Whether the units went back is the restocked set's word, not the record's: the
+-- backend's confirm.lua rewrites records from MySQL (a redelivery of a canceled
+-- order writes 'canceled' before this script ran; a stale one writes 'confirmed'
+-- after it did), so a status can lie in both directions.
+local n = #ARGV / 5
+local words, users, qtys = {}, {}, {}
+-- Decide everything first: an error must not leave half the orders written.
+for j = 1, n do
+  local i = 5 * (j - 1) + 1
+  local id = ARGV[i]
+  local ord = redis.call('HGET', KEYS[3], id)
+  if redis.call('SISMEMBER', KEYS[4], id) == 1 then
+    words[j] = 'already'
+  elseif not ord then
+    words[j] = 'unknown'
+  else
+    local st, user, qty, region = string.match(ord, '^([^|]*)|[^|]*|([^|]*)|([^|]*)|([^|]*)|')
+    if st == 'failed' or st == 'released' then
+      words[j] = 'already'
+    else
+      local want = string.match(ARGV[i + 4], '^[^|]*|[^|]*|([^|]*)|')
+      if region ~= want then
+        return redis.error_reply('restock: order ' .. id .. ' is in region "' .. tostring(region) ..
+          '" in Redis, "' .. tostring(want) .. '" in MySQL')
+      end
+      words[j], users[j], qtys[j] = 'restocked', user, tonumber(qty)
+    end
+  end
+end
+for j = 1, n do
+  local i = 5 * (j - 1) + 1
+  local id = ARGV[i]
+  if words[j] == 'restocked' then
+    redis.call('INCRBY', KEYS[tonumber(ARGV[i + 1])], qtys[j])
+    if redis.call('HINCRBY', KEYS[1], users[j], -qtys[j]) <= 0 then
+      redis.call('HDEL', KEYS[1], users[j])
+    end
+  end
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('HSET', KEYS[3], id, ARGV[i + 2] .. '|' .. ARGV[i + 3] .. '|' .. ARGV[i + 4])
+  redis.call('SADD', KEYS[4], id)
+end
+return words
