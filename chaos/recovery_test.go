@@ -68,6 +68,7 @@ func init() {
 				start := time.Now()
 				waitCount(t, db, s.ID, expired, int64(len(first)), 90*time.Second)
 				rate = float64(len(first)) / time.Since(start).Seconds()
+				st.faultEnd = time.Now() // the storm is over when the last one expired
 			})
 			accepted := append(first, later...)
 			rep, rec := st.settle(s.ID, accepted)
