@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/config"
+)
+
+type answer struct {
+	status int
+	Code   string `json:"code"`
+	Order  string `json:"order_id"`
+	State  string `json:"status"`
+	Reason string `json:"reason"`
+}
+
+func call(t *testing.T, cfg config.Config, method, url, user string) answer {
+	t.Helper()
+	tok, _ := auth.MintHS256(cfg.Auth.JWTSecret, user, auth.MintOptions{})
+	req, _ := http.NewRequest(method, url, strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer "+tok)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	a := answer{status: res.StatusCode}
+	_ = json.Unmarshal(b, &a)
+	return a
+}
+
+// TestPayAndCancelThroughTheGateway: the public API of an order's life, end to
+// end: buy, pay; buy, cancel, and the canceled unit sells again — to someone
+// else, and to the same buyer.
+func TestPayAndCancelThroughTheGateway(t *testing.T) {
+	cfg := e2eConfig(t)
+	be := startBackend(t, cfg)
+	gw := startGateway(t, cfg)
+	s := newSale(2, 1)
+	createSale(t, cfg, be.AdminAddr(), s)
+	awaitSale(t, gw, s.ID)
+	base := "http://" + gw.Addr() + "/v1/sales/" + s.ID + "/orders"
+
+	confirmed := func(user, id string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for call(t, cfg, "GET", base+"/"+id, user).State != "confirmed" {
+			if time.Now().After(deadline) {
+				t.Fatalf("order %s never confirmed", id)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	a := call(t, cfg, "POST", base, "alice")
+	b := call(t, cfg, "POST", base, "bob")
+	if a.status != 202 || b.status != 202 {
+		t.Fatalf("purchases: %d %d", a.status, b.status)
+	}
+	if r := call(t, cfg, "POST", base, "carol"); r.status != 409 {
+		t.Fatalf("third buyer of two units: %d %s", r.status, r.Code)
+	}
+	confirmed("alice", a.Order)
+	confirmed("bob", b.Order)
+
+	if r := call(t, cfg, "POST", base+"/"+a.Order+"/pay", "bob"); r.status != 404 {
+		t.Fatalf("bob pays alice's order: %d", r.status)
+	}
+	if r := call(t, cfg, "POST", base+"/"+a.Order+"/pay", "alice"); r.status != 200 || r.State != "paid" {
+		t.Fatalf("alice pays: %d %+v", r.status, r)
+	}
+	if r := call(t, cfg, "POST", base+"/"+a.Order+"/cancel", "alice"); r.status != 409 || r.Code != "order_closed" {
+		t.Fatalf("cancel a paid order: %d %+v", r.status, r)
+	}
+	if r := call(t, cfg, "POST", base+"/"+b.Order+"/cancel", "bob"); r.status != 200 || r.State != "canceled" {
+		t.Fatalf("bob cancels: %d %+v", r.status, r)
+	}
+	if r := call(t, cfg, "POST", base+"/"+b.Order+"/pay", "bob"); r.status != 409 || r.Code != "order_closed" {
+		t.Fatalf("pay a canceled order: %d %+v", r.status, r)
+	}
+	// Bob's unit is for sale again: carol gets it (once the sold-out mark
+	// clears, by event or refresh), and after another cancel, bob himself.
+	deadline := time.Now().Add(10 * time.Second)
+	var c answer
+	for c = call(t, cfg, "POST", base, "carol"); c.status != 202; c = call(t, cfg, "POST", base, "carol") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the canceled unit never sold again: %d %s", c.status, c.Code)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	confirmed("carol", c.Order)
+	if r := call(t, cfg, "POST", base+"/"+c.Order+"/cancel", "carol"); r.status != 200 {
+		t.Fatalf("carol cancels: %d", r.status)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for r := call(t, cfg, "POST", base, "bob"); r.status != 202; r = call(t, cfg, "POST", base, "bob") {
+		if time.Now().After(deadline) {
+			t.Fatalf("bob cannot buy again after his cancel: %d %s", r.status, r.Code)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
