@@ -451,24 +451,35 @@ type orderView struct {
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
-// getOrder is GET /v1/sales/{sale}/orders/{order}: owner only; anyone else,
-// like a missing order, gets 404.
-func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
+// orderRequest is what every request about one order checks first: the per-IP
+// limit, the token, the sale and the order id. When it answers false, it has
+// answered the request.
+func (g *Gateway) orderRequest(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) (*auth.Claims, uint64, time.Time, bool) {
 	now := g.now()
 	if !g.allowIP(ctx, now) {
-		return
+		return nil, 0, now, false
 	}
 	claims, ok := g.user(ctx, now)
 	if !ok {
-		return
+		return nil, 0, now, false
 	}
 	if s == nil {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeSaleNotFound, "no such sale")
-		return
+		return nil, 0, now, false
 	}
 	id, err := strconv.ParseUint(string(rawID), 10, 64)
 	if err != nil {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
+		return nil, 0, now, false
+	}
+	return claims, id, now, true
+}
+
+// getOrder is GET /v1/sales/{sale}/orders/{order}: owner only; anyone else,
+// like a missing order, gets 404.
+func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
+	claims, id, _, ok := g.orderRequest(ctx, s, rawID)
+	if !ok {
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
@@ -499,21 +510,8 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 // where an order changes, so a backend carries it out (bus.Command); the
 // gateway refuses what it can answer itself: a bad token, another user's order.
 func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, op string) {
-	now := g.now()
-	if !g.allowIP(ctx, now) {
-		return
-	}
-	claims, ok := g.user(ctx, now)
+	claims, id, now, ok := g.orderRequest(ctx, s, rawID)
 	if !ok {
-		return
-	}
-	if s == nil {
-		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeSaleNotFound, "no such sale")
-		return
-	}
-	id, err := strconv.ParseUint(string(rawID), 10, 64)
-	if err != nil {
-		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
 	if ok, wait := g.limits.User.Allow(ratelimit.KeyString(claims.Subject), now.UnixNano()); !ok {
