@@ -128,7 +128,8 @@ func TestLeaderLockRenews(t *testing.T) {
 	for _, target := range testenv.RedisTargets(t) {
 		t.Run(target.Name, func(t *testing.T) {
 			t.Parallel()
-			const validity = time.Second
+			// Renewed at half the validity: 2 s leaves room for a loaded machine.
+			const validity = 2 * time.Second
 			name := testenv.ID("lock")
 			a := testLocker(t, target.Addrs, validity, false)
 			other := testLocker(t, target.Addrs, validity, false)
@@ -246,7 +247,9 @@ func TestLeaderKilledTakenOver(t *testing.T) {
 	killed := time.Now()
 	proc.Process.Kill() // SIGKILL: no release
 	proc.Wait()
-	eventually(t, leaderValidity+time.Second, "the in-process backend leads", b.IsLeader)
+	// Within the validity in practice (logged); the bound only guards liveness
+	// on a loaded machine.
+	eventually(t, leaderValidity+10*time.Second, "the in-process backend leads", b.IsLeader)
 	took := time.Since(killed)
 	t.Logf("takeover after kill -9: %v (lock validity %v)", took.Round(time.Millisecond), leaderValidity)
 
