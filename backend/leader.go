@@ -126,12 +126,21 @@ func (b *Backend) startLeading() error {
 // Redis, or one shard of a Cluster), renewed every validity/2, watched with
 // client-side caching so that a deleted or taken key cancels the holder's
 // context at once and wakes those queuing.
+// electionPoll is how often a follower tries to take the leader lock.
+const electionPoll = 250 * time.Millisecond
+
+// lockAttemptTimeout bounds one attempt to take or extend the leader lock.
+const lockAttemptTimeout = 500 * time.Millisecond
+
 func newLeaderLocker(addrs []string, validity time.Duration) (rueidislock.Locker, error) {
 	l, err := rueidislock.NewLocker(rueidislock.LockerOption{
 		ClientOption: rueidis.ClientOption{InitAddress: addrs},
 		KeyPrefix:    leaderKeyPrefix,
 		KeyValidity:  validity,
 		KeyMajority:  1,
+		// rueidislock's per-attempt timeout (default 20 ms): on a loaded
+		// machine a round trip takes longer, and leadership would flap.
+		TryNextAfter: lockAttemptTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("leader lock on %v: %w", addrs, err)
@@ -159,13 +168,21 @@ func (b *Backend) IsLeader() bool { return b.leader != nil && b.leader.is.Load()
 func (b *Backend) lead(ctx context.Context) {
 	l := b.leader
 	for ctx.Err() == nil {
-		lctx, release, err := l.locker.WithContext(ctx, l.name)
+		// Poll rather than wait for the lock's key to change: WithContext
+		// waits for a client-side-cache invalidation with no timer, and one
+		// missed message (a reconnect) would leave this backend waiting for
+		// good. A poll bounds a takeover by the lock's validity plus electionPoll.
+		lctx, release, err := l.locker.TryWithContext(ctx, l.name)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, rueidislock.ErrLockerClosed) {
+			switch {
+			case ctx.Err() != nil || errors.Is(err, rueidislock.ErrLockerClosed):
 				return
+			case errors.Is(err, rueidislock.ErrNotLocked):
+				_ = sleep(ctx, electionPoll) // another backend leads
+			default:
+				b.log.Warn("leader election", "err", err)
+				_ = sleep(ctx, electionRetry)
 			}
-			b.log.Warn("leader election", "err", err)
-			_ = sleep(ctx, electionRetry)
 			continue
 		}
 		began := time.Now()

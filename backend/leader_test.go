@@ -36,7 +36,7 @@ func testLocker(t *testing.T, addrs []string, validity time.Duration, noCache bo
 		// renewal finds the key taken (a paused or partitioned process).
 		l, err = rueidislock.NewLocker(rueidislock.LockerOption{
 			ClientOption: rueidis.ClientOption{InitAddress: addrs, DisableCache: true},
-			KeyPrefix:    leaderKeyPrefix, KeyValidity: validity, KeyMajority: 1,
+			KeyPrefix:    leaderKeyPrefix, KeyValidity: validity, KeyMajority: 1, TryNextAfter: lockAttemptTimeout,
 		})
 	} else {
 		l, err = newLeaderLocker(addrs, validity)
