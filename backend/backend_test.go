@@ -606,17 +606,22 @@ func TestTwoBackendsUnderLoad(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if len(accepted) != 60 {
-		t.Fatalf("Redis admitted %d, want 60", len(accepted))
+	// At least the 60 units Redis was given; more if MySQL refused some early
+	// and their units came back to Redis while the admissions went on.
+	n := int64(len(accepted))
+	if n < 60 {
+		t.Fatalf("Redis admitted %d, want at least 60", n)
 	}
 	eventually(t, 20*time.Second, "every accepted order has a row", func() bool {
-		return s.queryInt(`SELECT COUNT(*) FROM orders WHERE sale_id = ?`, sale.ID) == 60
+		return s.queryInt(`SELECT COUNT(*) FROM orders WHERE sale_id = ?`, sale.ID) == n
 	})
 	eventually(t, 5*time.Second, "consumer drained", s.consumerIdle)
 	r := check(t, s.env, sale.ID, accepted)
+	// MySQL sold exactly its 50 and refused the rest; Redis ends with the 10
+	// units it was given beyond MySQL's total (every refused unit went back).
 	if r.Oversold != 0 || r.OverLimitUsers != 0 || r.Lost != 0 || r.Duplicated != 0 || r.Sold != 50 ||
-		r.ByStatus["failed"] != 10 || r.RedisReserved != 0 || r.LedgerDiff != 10 {
-		t.Errorf("audit: %v", r)
+		r.ByStatus["failed"] != n-50 || r.RedisReserved != 0 || r.LedgerDiff != 10 {
+		t.Errorf("audit after %d admissions: %v", n, r)
 	}
 }
 
