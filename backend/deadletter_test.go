@@ -88,9 +88,11 @@ func TestPoisonOrderDeadLettered(t *testing.T) {
 	if st, why, _ := s.order(poison.ID); st != "failed" || why != ReasonDeadLetter {
 		t.Fatalf("poison row: %s/%s", st, why)
 	}
-	if st, why := redisStatus(t, s.rc, k, poison.ID); st != "failed" || why != ReasonDeadLetter {
-		t.Fatalf("poison in Redis: %s/%s", st, why)
-	}
+	// Redis hears of it after MySQL: wait for the write-back.
+	eventually(t, 10*time.Second, "poison failed in Redis", func() bool {
+		st, why := redisStatus(t, s.rc, k, poison.ID)
+		return st == "failed" && why == ReasonDeadLetter
+	})
 	if got := remaining(t, s.rc, k, ""); got != 30-21 {
 		t.Fatalf("remaining %d: the poison's unit did not come back", got)
 	}

@@ -103,6 +103,11 @@ func (b *Backend) serveCommands() error {
 		cs.subs = append(cs.subs, sub)
 	}
 	b.cmds = cs
+	// Ready means answering: the server must know the subscriptions before
+	// a gateway's first pay, or that pay finds no responder (503).
+	if err := b.nc.Flush(); err != nil {
+		return fmt.Errorf("order commands: %w", err)
+	}
 	return nil
 }
 

@@ -30,7 +30,8 @@ func TestPayAndCancelMapBackendReplies(t *testing.T) {
 
 	var next atomic.Value
 	var seen atomic.Int64
-	sub, err := bus.ServeCommands(testenv.NATS(t), e.cfg.NATS, func(cmd bus.OrderCommand) bus.OrderReply {
+	stub := testenv.NATS(t)
+	sub, err := bus.ServeCommands(stub, e.cfg.NATS, func(cmd bus.OrderCommand) bus.OrderReply {
 		seen.Add(1)
 		if cmd.UserID != "alice" || cmd.SaleID != s.ID || cmd.OrderID == 0 {
 			return bus.OrderReply{Code: "invalid_request", Message: "unexpected command"}
@@ -41,6 +42,9 @@ func TestPayAndCancelMapBackendReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
+	if err := stub.Flush(); err != nil { // the server knows the responder before we ask
+		t.Fatal(err)
+	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	cases := []struct {
 		op     string
