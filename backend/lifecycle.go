@@ -28,12 +28,6 @@ import (
 // and the buyer's counter, lua.RestockMany, exactly once per order), and the
 // gateways hear bus.EventRestocked so their sold-out marks go.
 
-// Reasons of a canceled order, as MySQL stores them.
-const (
-	reasonCanceled = "canceled" // the buyer canceled it
-	reasonExpired  = "expired"  // the payment deadline passed
-)
-
 const (
 	// commandTimeout bounds one pay or cancel. The gateway waits
 	// gateway.publish_timeout (2 s by default); a command that finishes after it
@@ -219,7 +213,7 @@ func (o *orderRow) closed() bus.OrderReply {
 	switch {
 	case o.Status == flashgate.OrderPaid:
 		msg = "paid orders cannot be canceled"
-	case o.Status == flashgate.OrderCanceled && o.Reason == reasonExpired:
+	case o.Status == flashgate.OrderCanceled && o.Reason == flashgate.ReasonExpired:
 		msg = "the order expired unpaid"
 	case o.Status == flashgate.OrderCanceled:
 		msg = "the order was canceled"
@@ -334,7 +328,7 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 		if _, err := b.expireOrders(ctx, cmd.SaleID, []uint64{o.ID}, now); err != nil {
 			b.log.Warn("expiring an order at payment", "sale", cmd.SaleID, "order", o.ID, "err", err) // the sweeper retries
 		}
-		o.Status, o.Reason = flashgate.OrderCanceled, reasonExpired
+		o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
 		return o.closed(), nil
 	case o.Status == flashgate.OrderPaid:
 		// Paid now or before: tell Redis (again: it heals a write-back a
@@ -378,8 +372,8 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 		if err != nil || o.User != cmd.UserID || o.Status != flashgate.OrderConfirmed {
 			return result{o: o}, err
 		}
-		o.Status, o.Reason = flashgate.OrderCanceled, reasonCanceled
-		if err := returnUnits(ctx, tx, cmd.SaleID, []orderRow{o}, reasonCanceled, now); err != nil {
+		o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonCanceled
+		if err := returnUnits(ctx, tx, cmd.SaleID, []orderRow{o}, flashgate.ReasonCanceled, now); err != nil {
 			return result{}, fmt.Errorf("cancel %d: %w", o.ID, err)
 		}
 		if err := tx.Commit(); err != nil {
@@ -601,7 +595,7 @@ func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now t
 				rows.Close()
 				return nil, fmt.Errorf("expire %s: %w", sale, err)
 			}
-			o.Status, o.Reason = flashgate.OrderCanceled, reasonExpired
+			o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
 			orders = append(orders, o)
 		}
 		rows.Close()
@@ -611,7 +605,7 @@ func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now t
 		if len(orders) == 0 {
 			return nil, nil
 		}
-		if err := returnUnits(ctx, tx, sale, orders, reasonExpired, now); err != nil {
+		if err := returnUnits(ctx, tx, sale, orders, flashgate.ReasonExpired, now); err != nil {
 			return nil, fmt.Errorf("expire %s: %w", sale, err)
 		}
 		if err := tx.Commit(); err != nil {

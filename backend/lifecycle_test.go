@@ -177,25 +177,25 @@ func TestPay(t *testing.T) {
 		events := s.restockedEvents(sale.ID)
 		m := s.confirmedOrders(k, 1, 1, "", time.Now().Add(-time.Second), func(int) string { return "u6" })[0]
 		before, left := s.sold(sale.ID), remaining(t, s.rc, k, "")
-		wantReply(t, "pay of an expired order", s.command(bus.CmdPay, m, "u6"), closed, "canceled", reasonExpired)
-		if st, why, _ := s.order(m.ID); st != "canceled" || why != reasonExpired {
+		wantReply(t, "pay of an expired order", s.command(bus.CmdPay, m, "u6"), closed, "canceled", flashgate.ReasonExpired)
+		if st, why, _ := s.order(m.ID); st != "canceled" || why != flashgate.ReasonExpired {
 			t.Fatalf("MySQL %s/%s", st, why)
 		}
-		if st, why := redisStatus(t, s.rc, k, m.ID); st != "canceled" || why != reasonExpired {
+		if st, why := redisStatus(t, s.rc, k, m.ID); st != "canceled" || why != flashgate.ReasonExpired {
 			t.Fatalf("Redis %s/%s", st, why)
 		}
 		if s.sold(sale.ID) != before-1 || remaining(t, s.rc, k, "") != left+1 || s.units(sale.ID, "u6") != 0 || held(t, s.rc, k, "u6") != 0 {
 			t.Fatalf("units not back: sold %d→%d, remaining %d→%d", before, s.sold(sale.ID), left, remaining(t, s.rc, k, ""))
 		}
 		nextEvent(t, events)
-		wantReply(t, "pay again", s.command(bus.CmdPay, m, "u6"), closed, "canceled", reasonExpired)
+		wantReply(t, "pay again", s.command(bus.CmdPay, m, "u6"), closed, "canceled", flashgate.ReasonExpired)
 		noEvent(t, events)
 	})
 
 	t.Run("canceled", func(t *testing.T) {
 		m := s.confirmed(k, "u7", 1, "")
-		wantReply(t, "cancel", s.command(bus.CmdCancel, m, "u7"), ok, "canceled", reasonCanceled)
-		wantReply(t, "pay of a canceled order", s.command(bus.CmdPay, m, "u7"), closed, "canceled", reasonCanceled)
+		wantReply(t, "cancel", s.command(bus.CmdCancel, m, "u7"), ok, "canceled", flashgate.ReasonCanceled)
+		wantReply(t, "pay of a canceled order", s.command(bus.CmdPay, m, "u7"), closed, "canceled", flashgate.ReasonCanceled)
 	})
 
 	t.Run("failed", func(t *testing.T) {
@@ -243,14 +243,14 @@ func TestCancel(t *testing.T) {
 					}
 
 					r := s.command(bus.CmdCancel, m, "u1")
-					wantReply(t, "cancel", r, bus.ReplyOK, "canceled", reasonCanceled)
+					wantReply(t, "cancel", r, bus.ReplyOK, "canceled", flashgate.ReasonCanceled)
 					if r.Quantity != 2 || r.Region != region {
 						t.Fatalf("reply: %+v", r)
 					}
-					if st, why, _ := s.order(m.ID); st != "canceled" || why != reasonCanceled {
+					if st, why, _ := s.order(m.ID); st != "canceled" || why != flashgate.ReasonCanceled {
 						t.Fatalf("MySQL %s/%s", st, why)
 					}
-					if st, why := redisStatus(t, s.rc, k, m.ID); st != "canceled" || why != reasonCanceled {
+					if st, why := redisStatus(t, s.rc, k, m.ID); st != "canceled" || why != flashgate.ReasonCanceled {
 						t.Fatalf("Redis %s/%s", st, why)
 					}
 					returned := func() {
@@ -270,7 +270,7 @@ func TestCancel(t *testing.T) {
 					}
 
 					// Again: ok, and the units go back once.
-					wantReply(t, "cancel again", s.command(bus.CmdCancel, m, "u1"), bus.ReplyOK, "canceled", reasonCanceled)
+					wantReply(t, "cancel again", s.command(bus.CmdCancel, m, "u1"), bus.ReplyOK, "canceled", flashgate.ReasonCanceled)
 					returned()
 					noEvent(t, events)
 
@@ -282,7 +282,7 @@ func TestCancel(t *testing.T) {
 						if got, err := s.scripts.Admit(ctx(t), s.rc, k, a); err != nil || got.Outcome != lua.SoldOut {
 							t.Fatalf("admit after resale = %+v, %v", got, err)
 						}
-						wantReply(t, "cancel of the resale", s.command(bus.CmdCancel, m2, "u2"), bus.ReplyOK, "canceled", reasonCanceled)
+						wantReply(t, "cancel of the resale", s.command(bus.CmdCancel, m2, "u2"), bus.ReplyOK, "canceled", flashgate.ReasonCanceled)
 						s.confirmed(k, "u1", 2, "")
 					} else {
 						s.confirmed(k, "u1", 2, "sh")
@@ -314,7 +314,7 @@ func TestCancelHealsRedis(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := returnUnits(ctx(t), tx, sale.ID, []orderRow{o}, reasonCanceled, time.Now()); err != nil {
+		if err := returnUnits(ctx(t), tx, sale.ID, []orderRow{o}, flashgate.ReasonCanceled, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.Commit(); err != nil {
@@ -327,7 +327,7 @@ func TestCancelHealsRedis(t *testing.T) {
 		t.Fatalf("audit before the heal: %v", r)
 	}
 	for range 2 {
-		wantReply(t, "cancel", s.command(bus.CmdCancel, m, "u1"), bus.ReplyOK, "canceled", reasonCanceled)
+		wantReply(t, "cancel", s.command(bus.CmdCancel, m, "u1"), bus.ReplyOK, "canceled", flashgate.ReasonCanceled)
 		if remaining(t, s.rc, k, "") != 5 || held(t, s.rc, k, "u1") != 0 {
 			t.Fatalf("remaining %d, held %d", remaining(t, s.rc, k, ""), held(t, s.rc, k, "u1"))
 		}
@@ -420,7 +420,7 @@ func TestSweepExpired(t *testing.T) {
 	if got := s.rows(sale.ID, "canceled"); got != past {
 		t.Fatalf("canceled rows %d", got)
 	}
-	if got := s.queryInt(`SELECT COUNT(*) FROM orders WHERE sale_id = ? AND reason = ?`, sale.ID, reasonExpired); got != past {
+	if got := s.queryInt(`SELECT COUNT(*) FROM orders WHERE sale_id = ? AND reason = ?`, sale.ID, flashgate.ReasonExpired); got != past {
 		t.Fatalf("expired rows %d", got)
 	}
 	for _, m := range live {
@@ -429,7 +429,7 @@ func TestSweepExpired(t *testing.T) {
 		}
 	}
 	for _, m := range expired[:10] {
-		if st, why := redisStatus(t, s.rc, k, m.ID); st != "canceled" || why != reasonExpired {
+		if st, why := redisStatus(t, s.rc, k, m.ID); st != "canceled" || why != flashgate.ReasonExpired {
 			t.Fatalf("Redis %s/%s", st, why)
 		}
 	}
@@ -545,7 +545,7 @@ func TestCommandsOverNATS(t *testing.T) {
 	if r.Quantity != 1 || r.ExpiresAt.UnixMilli() != paid.Expires {
 		t.Fatalf("pay reply %+v", r)
 	}
-	wantReply(t, "cancel", send(bus.CmdCancel, canceled, "u2"), bus.ReplyOK, "canceled", reasonCanceled)
+	wantReply(t, "cancel", send(bus.CmdCancel, canceled, "u2"), bus.ReplyOK, "canceled", flashgate.ReasonCanceled)
 	wantReply(t, "cancel of a paid order", send(bus.CmdCancel, paid, "u1"), string(flashgate.CodeOrderClosed), "paid", "")
 	wantReply(t, "pay by another user", send(bus.CmdPay, canceled, "u1"), string(flashgate.CodeOrderNotFound), "", "")
 	wantReply(t, "bad op", send("refund", paid, "u1"), string(flashgate.CodeInvalidRequest), "", "")
