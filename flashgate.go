@@ -54,7 +54,11 @@ type Sale struct {
 	PerUserLimit int64            `json:"per_user_limit"`
 	PerOrderMax  int64            `json:"per_order_max"`
 	Regions      map[string]int64 `json:"regions,omitempty"`
-	Closed       bool             `json:"closed,omitempty"`
+	// Limits beyond per_user_limit (limits.go); TimeZone (IANA, default UTC)
+	// is where their day and month windows begin.
+	Limits   []Limit `json:"limits,omitempty"`
+	TimeZone string  `json:"time_zone,omitempty"`
+	Closed   bool    `json:"closed,omitempty"`
 }
 
 // Limits on sale specs; they keep Redis and MySQL integer maths far from overflow.
@@ -71,7 +75,8 @@ func invalidf(format string, a ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)
 }
 
-// Validate checks a sale spec as the admin API receives it.
+// Validate checks a sale spec as the admin API receives it, and fills the
+// defaults of its limits and time zone.
 func (s *Sale) Validate() error {
 	switch {
 	case !ValidID(s.ID):
@@ -109,7 +114,7 @@ func (s *Sale) Validate() error {
 			return invalidf("regions add up to %d, total is %d", sum, s.Total)
 		}
 	}
-	return nil
+	return s.validateLimits()
 }
 
 // RegionNames returns the sale's regions in a stable order.

@@ -36,6 +36,10 @@ type Order struct {
 	ExpiresAt time.Time   `json:"expires_at"`
 }
 
+// LimitReason is why MySQL failed an order over a purchase limit of dimension
+// d: "limit_reached:phone".
+func LimitReason(d Dimension) string { return ReasonLimitReached + ":" + string(d) }
+
 // Reasons an order ends failed or canceled; also the words MySQL stores.
 const (
 	ReasonSoldOut       = "sold_out"
@@ -47,4 +51,5 @@ const (
 	ReasonCanceled      = "canceled"    // the buyer canceled
 	ReasonExpired       = "expired"     // unpaid at expires_at
 	ReasonUnknownSale   = "unknown_sale"
+	ReasonBadCharges    = "bad_charges" // the order's limit charges do not fit the sale's limits
 )

@@ -9,6 +9,7 @@ package audit
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -60,11 +61,15 @@ type Report struct {
 	Oversold int64 `json:"oversold"`
 	// OverLimitUsers counts users whose live units exceed per_user_limit (invariant 2).
 	OverLimitUsers int64 `json:"over_limit_users"`
+	// OverLimitSubjects counts the (limit, window, subject) counters of the
+	// sale's purchase limits whose live orders exceed the limit's max.
+	OverLimitSubjects int64 `json:"over_limit_subjects"`
 	// Lost counts accepted order ids with no orders row (invariant 3).
 	Lost int64 `json:"lost"`
 	// Duplicated counts units counted twice (or not at all) by the counters:
 	// |sales.sold − LiveUnits| + Σ over regions |sale_regions.sold − that region's
 	// live units| + Σ over users |user_purchases.units − that user's live units|
+	// + Σ over limit counters |limit_usage.used − what live orders charge it|
 	// (invariant 4).
 	Duplicated int64 `json:"duplicated"`
 
@@ -83,13 +88,13 @@ type Report struct {
 
 // OK reports whether the sale keeps every invariant of DESIGN.md §2.
 func (r Report) OK() bool {
-	return r.Oversold == 0 && r.OverLimitUsers == 0 && r.Lost == 0 && r.Duplicated == 0 && r.LedgerHolds
+	return r.Oversold == 0 && r.OverLimitUsers == 0 && r.OverLimitSubjects == 0 && r.Lost == 0 && r.Duplicated == 0 && r.LedgerHolds
 }
 
 // String is a one-line summary for logs and the CLI.
 func (r Report) String() string {
-	return fmt.Sprintf("sale %s: total=%d sold=%d live=%d orders=%d %v oversold=%d over_limit_users=%d lost=%d duplicated=%d redis_remaining=%d redis_reserved=%d ledger_diff=%d buyers=%d ok=%t",
-		r.SaleID, r.Total, r.Sold, r.LiveUnits, r.Orders, r.ByStatus, r.Oversold, r.OverLimitUsers, r.Lost,
+	return fmt.Sprintf("sale %s: total=%d sold=%d live=%d orders=%d %v oversold=%d over_limit_users=%d over_limit_subjects=%d lost=%d duplicated=%d redis_remaining=%d redis_reserved=%d ledger_diff=%d buyers=%d ok=%t",
+		r.SaleID, r.Total, r.Sold, r.LiveUnits, r.Orders, r.ByStatus, r.Oversold, r.OverLimitUsers, r.OverLimitSubjects, r.Lost,
 		r.Duplicated, r.RedisRemaining, r.RedisReserved, r.LedgerDiff, r.DistinctBuyers, r.OK())
 }
 
@@ -103,8 +108,9 @@ var liveStatuses = "'" + string(flashgate.OrderConfirmed) + "','" + string(flash
 func Check(ctx context.Context, db *sql.DB, rc rueidis.Client, saleID string, accepted []uint64) (Report, error) {
 	r := Report{SaleID: saleID, ByStatus: map[string]int64{}}
 	var limit int64
-	err := db.QueryRowContext(ctx, `SELECT total, sold, per_user_limit FROM sales WHERE id = ?`, saleID).
-		Scan(&r.Total, &r.Sold, &limit)
+	var limitsJSON sql.NullString
+	err := db.QueryRowContext(ctx, `SELECT total, sold, per_user_limit, limits FROM sales WHERE id = ?`, saleID).
+		Scan(&r.Total, &r.Sold, &limit, &limitsJSON)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, fmt.Errorf("audit %s: %w", saleID, ErrSaleNotFound)
 	}
@@ -235,6 +241,16 @@ func Check(ctx context.Context, db *sql.DB, rc rueidis.Client, saleID string, ac
 		r.Duplicated += abs(v[1] - v[0])
 	}
 
+	if limitsJSON.Valid && limitsJSON.String != "" {
+		var limits []flashgate.Limit
+		if err := json.Unmarshal([]byte(limitsJSON.String), &limits); err != nil {
+			return fail("limits", err)
+		}
+		if err := checkLimits(ctx, db, saleID, limits, &r); err != nil {
+			return fail("limits", err)
+		}
+	}
+
 	// Accepted orders without a row.
 	if r.Lost, err = lost(ctx, db, accepted); err != nil {
 		return fail("accepted", err)
@@ -252,6 +268,68 @@ func Check(ctx context.Context, db *sql.DB, rc rueidis.Client, saleID string, ac
 	r.LedgerDiff = r.RedisRemaining + r.RedisReserved + r.Sold - r.Total
 	r.LedgerHolds = r.LedgerDiff == 0
 	return r, nil
+}
+
+// checkLimits adds up what the live orders charge each purchase-limit counter
+// and compares it with the limit (OverLimitSubjects) and with limit_usage
+// (Duplicated).
+func checkLimits(ctx context.Context, db *sql.DB, saleID string, limits []flashgate.Limit, r *Report) error {
+	type key struct {
+		lim             int
+		window, subject string
+	}
+	live := map[key]int64{}
+	rows, err := db.QueryContext(ctx, `SELECT charges FROM orders
+		WHERE sale_id = ? AND status IN (`+liveStatuses+`) AND charges <> ''`, saleID)
+	if err != nil {
+		return err
+	}
+	err = scanRows(rows, func() error {
+		var enc string
+		if err := rows.Scan(&enc); err != nil {
+			return err
+		}
+		cs, err := flashgate.ParseCharges(enc)
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			live[key{c.Limit, c.Window, c.Subject}] += c.Inc
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	counted := map[key]int64{}
+	rows, err = db.QueryContext(ctx, `SELECT lim, window_id, subject, used FROM limit_usage WHERE sale_id = ?`, saleID)
+	if err != nil {
+		return err
+	}
+	err = scanRows(rows, func() error {
+		var k key
+		var used int64
+		if err := rows.Scan(&k.lim, &k.window, &k.subject, &used); err != nil {
+			return err
+		}
+		counted[k] = used
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for k, n := range live {
+		if k.lim >= len(limits) || n > limits[k.lim].Max {
+			r.OverLimitSubjects++
+		}
+		r.Duplicated += abs(counted[k] - n)
+	}
+	for k, n := range counted {
+		if _, ok := live[k]; !ok {
+			r.Duplicated += abs(n)
+		}
+	}
+	return nil
 }
 
 // Redis is the Redis side of a sale's ledger.

@@ -74,6 +74,10 @@ type saleSpec struct {
 	PerUserLimit int64            `json:"per_user_limit"`
 	PerOrderMax  *int64           `json:"per_order_max"`
 	Regions      map[string]int64 `json:"regions"`
+	// Limits beyond per_user_limit, e.g. [{"dimension":"phone","max":1,"of":"orders","per":"day"}],
+	// with day and month windows in TimeZone (IANA, default UTC).
+	Limits   []flashgate.Limit `json:"limits"`
+	TimeZone string            `json:"time_zone"`
 }
 
 func (s *saleSpec) sale() *flashgate.Sale {
@@ -86,6 +90,7 @@ func (s *saleSpec) sale() *flashgate.Sale {
 		ID: s.ID, Title: s.Title, PriceCents: s.PriceCents, Total: s.Total,
 		StartsAt: s.StartsAt.UTC().Truncate(time.Millisecond), EndsAt: s.EndsAt.UTC().Truncate(time.Millisecond),
 		PerUserLimit: s.PerUserLimit, PerOrderMax: omax, Regions: s.Regions,
+		Limits: s.Limits, TimeZone: s.TimeZone,
 	}
 }
 

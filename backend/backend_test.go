@@ -133,7 +133,7 @@ func TestEndToEnd(t *testing.T) {
 			// An order whose publish "failed" and which the gateway released, then
 			// published after all (it got through): the tombstone drops it.
 			gone := admit(t, s.rc, k, "g1", 1, "")
-			if r, err := s.scripts.Release(ctx(t), s.rc, k, gone.ID, "", lua.ReleaseGateway, flashgate.ReasonPublishFailed); err != nil || !r.Released {
+			if r, err := s.scripts.Release(ctx(t), s.rc, k, gone.ID, "", "", lua.ReleaseGateway, flashgate.ReasonPublishFailed); err != nil || !r.Released {
 				t.Fatalf("release: %+v %v", r, err)
 			}
 			s.publish(gone)

@@ -199,7 +199,7 @@ func (b *Backend) releaseFailed(ctx context.Context, o bus.OrderMsg, reason stri
 	if ok {
 		region = rec.Region
 	}
-	r, err := b.scripts.Release(ctx, b.rc, regionKeys(o.Sale, region), o.ID, region, lua.ReleaseBackend, reason)
+	r, err := b.scripts.Release(ctx, b.rc, regionKeys(o.Sale, region), o.ID, region, o.Charges, lua.ReleaseBackend, reason)
 	if err != nil {
 		return err
 	}
@@ -208,7 +208,7 @@ func (b *Backend) releaseFailed(ctx context.Context, o bus.OrderMsg, reason stri
 	}
 	if r.Unknown {
 		s := lua.Settled{ID: o.ID, Status: flashgate.OrderFailed, Record: lua.Record{Reason: reason, User: o.User,
-			Qty: o.Qty, Region: o.Region, Created: o.Created, Expires: o.Expires, Idem: o.Idem}}
+			Qty: o.Qty, Region: o.Region, Created: o.Created, Expires: o.Expires, Idem: o.Idem, Charges: o.Charges}}
 		if _, err := b.scripts.Confirm(ctx, b.rc, lua.KeysFor(o.Sale, nil), []lua.Settled{s}); err != nil {
 			return err
 		}

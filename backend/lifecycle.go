@@ -179,14 +179,15 @@ type orderRow struct {
 	Idem    string
 	Created time.Time
 	Expires time.Time
+	Charges string // flashgate.EncodeCharges
 }
 
-const orderCols = `id, sale_id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''), created_at, expires_at`
+const orderCols = `id, sale_id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''), created_at, expires_at, charges`
 
 func scanOrder(row interface{ Scan(...any) error }) (orderRow, error) {
 	var o orderRow
 	var st string
-	err := row.Scan(&o.ID, &o.Sale, &o.User, &o.Qty, &o.Region, &st, &o.Reason, &o.Idem, &o.Created, &o.Expires)
+	err := row.Scan(&o.ID, &o.Sale, &o.User, &o.Qty, &o.Region, &st, &o.Reason, &o.Idem, &o.Created, &o.Expires, &o.Charges)
 	o.Status = flashgate.OrderStatus(st)
 	return o, err
 }
@@ -194,7 +195,7 @@ func scanOrder(row interface{ Scan(...any) error }) (orderRow, error) {
 // record is the order as Redis keeps it (Status and Reason aside).
 func (o *orderRow) record() lua.Record {
 	return lua.Record{Reason: o.Reason, User: o.User, Qty: o.Qty, Region: o.Region,
-		Created: o.Created.UnixMilli(), Expires: o.Expires.UnixMilli(), Idem: o.Idem}
+		Created: o.Created.UnixMilli(), Expires: o.Expires.UnixMilli(), Idem: o.Idem, Charges: o.Charges}
 }
 
 // reply answers with code and the order as it now stands.
@@ -402,17 +403,26 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 
 // returnUnits cancels orders (confirmed, locked, of sale, whose row the caller
 // holds) with reason and takes their units off sales.sold, sale_regions.sold
-// and user_purchases.units, in the writer's order: sales, regions, users, orders.
+// user_purchases.units and limit_usage.used, in the writer's order: sales,
+// regions, users, limits, orders.
 func returnUnits(ctx context.Context, tx *sql.Tx, sale string, orders []orderRow, reason string, now time.Time) error {
 	var units int64
 	regions := map[string]int64{}
 	users := map[string]int64{}
+	usage := map[usageKey]int64{}
 	for _, o := range orders {
 		units += o.Qty
 		if o.Region != "" {
 			regions[o.Region] += o.Qty
 		}
 		users[o.User] += o.Qty
+		cs, err := flashgate.ParseCharges(o.Charges)
+		if err != nil {
+			return fmt.Errorf("sale %s order %d: %w", sale, o.ID, err)
+		}
+		for _, c := range cs {
+			usage[usageKey{c.Limit, c.Window, c.Subject}] += c.Inc
+		}
 	}
 	now = now.UTC()
 	r, err := tx.ExecContext(ctx, `UPDATE sales SET sold = sold - ?, updated_at = ? WHERE id = ?`, units, now, sale)
@@ -445,6 +455,9 @@ func returnUnits(ctx context.Context, tx *sql.Tx, sale string, orders []orderRow
 			return fmt.Errorf("sale %s: buyers: %w", sale, err)
 		}
 	}
+	if err := uncharge(ctx, tx, sale, usage); err != nil {
+		return err
+	}
 	for part := range slices.Chunk(orders, sqlChunk) {
 		args := make([]any, 0, len(part)+3)
 		args = append(args, string(flashgate.OrderCanceled), reason, now)
@@ -454,6 +467,33 @@ func returnUnits(ctx context.Context, tx *sql.Tx, sale string, orders []orderRow
 		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, reason = ?, updated_at = ?
 			WHERE id IN (`+placeholders(len(part))+`)`, args...); err != nil {
 			return fmt.Errorf("sale %s: cancel orders: %w", sale, err)
+		}
+	}
+	return nil
+}
+
+// uncharge takes canceled orders' usage off limit_usage.
+func uncharge(ctx context.Context, tx *sql.Tx, sale string, usage map[usageKey]int64) error {
+	keys := sortedUsage(usage)
+	for part := range slices.Chunk(keys, sqlChunk/2) {
+		var q, where strings.Builder
+		args := make([]any, 0, 7*len(part)+1)
+		q.WriteString(`UPDATE limit_usage SET used = used - CASE`)
+		for i, k := range part {
+			q.WriteString(` WHEN lim = ? AND window_id = ? AND subject = ? THEN ?`)
+			args = append(args, k.lim, k.window, k.subject, usage[k])
+			if i > 0 {
+				where.WriteString(" OR ")
+			}
+			where.WriteString(`(lim = ? AND window_id = ? AND subject = ?)`)
+		}
+		args = append(args, sale)
+		for _, k := range part {
+			args = append(args, k.lim, k.window, k.subject)
+		}
+		q.WriteString(` ELSE 0 END WHERE sale_id = ? AND (` + where.String() + `)`)
+		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+			return fmt.Errorf("sale %s: limits: %w", sale, err)
 		}
 	}
 	return nil

@@ -41,7 +41,7 @@ func TestMetrics(t *testing.T) {
 	}
 	// One order the gateway released after its publish "failed": dropped.
 	gone := admit(t, s.rc, k, "g", 1, "")
-	if r, err := s.scripts.Release(ctx(t), s.rc, k, gone.ID, "", lua.ReleaseGateway, flashgate.ReasonPublishFailed); err != nil || !r.Released {
+	if r, err := s.scripts.Release(ctx(t), s.rc, k, gone.ID, "", "", lua.ReleaseGateway, flashgate.ReasonPublishFailed); err != nil || !r.Released {
 		t.Fatalf("release: %+v %v", r, err)
 	}
 	for _, m := range append(msgs, gone) {

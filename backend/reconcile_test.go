@@ -206,7 +206,7 @@ func TestReconcileStaleReservations(t *testing.T) {
 
 	// The young order's gateway gives up on it; the operator's reconcile
 	// repairs the ledger.
-	if r, err := s.scripts.Release(ctx(t), s.rc, k, young.ID, "", lua.ReleaseGateway, "publish_failed"); err != nil || !r.Released {
+	if r, err := s.scripts.Release(ctx(t), s.rc, k, young.ID, "", "", lua.ReleaseGateway, "publish_failed"); err != nil || !r.Released {
 		t.Fatalf("release: %+v %v", r, err)
 	}
 	// The leader's periodic run waits for a quiet sale; an operator's does not.

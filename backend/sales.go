@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -59,9 +60,22 @@ func insertSale(ctx context.Context, db *sql.DB, s *flashgate.Sale, now time.Tim
 		return err
 	}
 	defer tx.Rollback()
+	var limits any
+	if len(s.Limits) > 0 {
+		b, err := json.Marshal(s.Limits)
+		if err != nil {
+			return fmt.Errorf("sale %s limits: %w", s.ID, err)
+		}
+		limits = string(b)
+	}
+	tz := s.TimeZone
+	if tz == "" {
+		tz = "UTC"
+	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO sales (id, title, price_cents, total, sold, starts_at, ends_at,
-		per_user_limit, per_order_max, closed, created_at, updated_at) VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)`,
-		s.ID, s.Title, s.PriceCents, s.Total, s.StartsAt, s.EndsAt, s.PerUserLimit, s.PerOrderMax, s.Closed, now, now)
+		per_user_limit, per_order_max, limits, time_zone, closed, created_at, updated_at)
+		VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		s.ID, s.Title, s.PriceCents, s.Total, s.StartsAt, s.EndsAt, s.PerUserLimit, s.PerOrderMax, limits, tz, s.Closed, now, now)
 	if mysqlErrno(err) == erDupEntry {
 		return fmt.Errorf("sale %s: %w", s.ID, errSaleExists)
 	}
@@ -86,15 +100,21 @@ type queryer interface {
 // loadSale reads a sale, its regions and its counters (no locks).
 func loadSale(ctx context.Context, q queryer, id string) (*saleRow, error) {
 	s := &saleRow{}
+	var limits sql.NullString
 	err := q.QueryRowContext(ctx, `SELECT id, title, price_cents, total, sold, starts_at, ends_at,
-		per_user_limit, per_order_max, closed FROM sales WHERE id = ?`, id).
+		per_user_limit, per_order_max, limits, time_zone, closed FROM sales WHERE id = ?`, id).
 		Scan(&s.ID, &s.Title, &s.PriceCents, &s.Total, &s.Sold, &s.StartsAt, &s.EndsAt,
-			&s.PerUserLimit, &s.PerOrderMax, &s.Closed)
+			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("sale %s: %w", id, errSaleNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load sale %s: %w", id, err)
+	}
+	if limits.Valid && limits.String != "" {
+		if err := json.Unmarshal([]byte(limits.String), &s.Limits); err != nil {
+			return nil, fmt.Errorf("load sale %s limits: %w", id, err)
+		}
 	}
 	rows, err := q.QueryContext(ctx, `SELECT region, total, sold FROM sale_regions WHERE sale_id = ?`, id)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
 )
@@ -106,6 +107,9 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 	if err := w.rebuildUsers(ctx, k); err != nil {
 		return false, fmt.Errorf("warm %s: users: %w", sale, err)
 	}
+	if err := w.rebuildLimits(ctx, k, &row.Sale); err != nil {
+		return false, fmt.Errorf("warm %s: limits: %w", sale, err)
+	}
 	remaining := row.Remaining()
 	if w.inFlight != nil {
 		if remaining, err = w.inFlight(ctx, row, k); err != nil {
@@ -157,6 +161,73 @@ func (w *warmer) rebuildUsers(ctx context.Context, k *lua.Keys) error {
 				return err
 			}
 		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return flush()
+}
+
+// rebuildLimits writes the purchase-limit counters MySQL holds (limit_usage)
+// for the windows that have not ended, each window's hash with its TTL. Like
+// the users hash it counts what MySQL counts: an order still in the stream is
+// re-checked by MySQL's guard when it lands.
+func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate.Sale) error {
+	if len(sale.Limits) == 0 {
+		return nil
+	}
+	loc, err := sale.Location()
+	if err != nil {
+		return err
+	}
+	rows, err := w.db.QueryContext(ctx, `SELECT lim, window_id, subject, used FROM limit_usage
+		WHERE sale_id = ? AND used > 0 ORDER BY window_id`, k.Sale)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	now := time.Now()
+	window, key := "", ""
+	var fields []string
+	flush := func() error {
+		if len(fields) == 0 {
+			return nil
+		}
+		cmds := rueidis.Commands{}
+		hset := w.rc.B().Hset().Key(key).FieldValue()
+		for i := 0; i < len(fields); i += 2 {
+			hset = hset.FieldValue(fields[i], fields[i+1])
+		}
+		cmds = append(cmds, hset.Build())
+		if end := flashgate.WindowEnd(window, loc); !end.IsZero() {
+			ttl := flashgate.Charge{Ends: end}.TTL(now)
+			cmds = append(cmds, w.rc.B().Pexpire().Key(key).Milliseconds(ttl.Milliseconds()).Build())
+		}
+		fields = fields[:0]
+		for _, r := range w.rc.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for rows.Next() {
+		var lim int
+		var win, subject string
+		var used int64
+		if err := rows.Scan(&lim, &win, &subject, &used); err != nil {
+			return err
+		}
+		if win != window || len(fields) == 2*usersChunk {
+			if err := flush(); err != nil {
+				return err
+			}
+			window, key = win, k.Limit(win)
+		}
+		if end := flashgate.WindowEnd(win, loc); !end.IsZero() && !end.After(now) {
+			continue // the window is over: nothing to count in it
+		}
+		fields = append(fields, flashgate.Charge{Limit: lim, Subject: subject}.Field(), strconv.FormatInt(used, 10))
 	}
 	if err := rows.Err(); err != nil {
 		return err

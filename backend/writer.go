@@ -80,6 +80,29 @@ func newOrderWriter(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *sl
 type saleShape struct {
 	limit   int64
 	regions map[string]bool // empty for a sale without regions
+	limits  []flashgate.Limit
+}
+
+// usageKey is one row of limit_usage of a sale.
+type usageKey struct {
+	lim     int
+	window  string
+	subject string
+}
+
+// charges parses an order's charges and checks them against the sale's
+// limits; false when they do not fit (the order then fails, bad_charges).
+func (s *saleShape) charges(o bus.OrderMsg) ([]flashgate.Charge, bool) {
+	cs, err := flashgate.ParseCharges(o.Charges)
+	if err != nil {
+		return nil, false
+	}
+	for _, c := range cs {
+		if c.Limit >= len(s.limits) {
+			return nil, false
+		}
+	}
+	return cs, true
 }
 
 // fits reports whether an order of region belongs to the sale.
@@ -106,7 +129,7 @@ func (w *orderWriter) shape(ctx context.Context, q queryer, sale string) (*saleS
 	if err != nil {
 		return nil, err
 	}
-	s = &saleShape{limit: row.PerUserLimit, regions: make(map[string]bool, len(row.Regions))}
+	s = &saleShape{limit: row.PerUserLimit, regions: make(map[string]bool, len(row.Regions)), limits: row.Limits}
 	for r := range row.Regions {
 		s.regions[r] = true
 	}
@@ -302,9 +325,17 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	var units int64
 	regions := map[string]int64{}
 	users := map[string]int64{}
+	usage := map[usageKey]int64{}
 	for _, o := range todo {
 		if !shape.fits(o.Region) {
 			return nil, false, nil
+		}
+		cs, ok := shape.charges(o)
+		if !ok {
+			return nil, false, nil
+		}
+		for _, c := range cs {
+			usage[usageKey{c.Limit, c.Window, c.Subject}] += c.Inc
 		}
 		units += o.Qty
 		if o.Region != "" {
@@ -379,6 +410,10 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 		}
 	}
 
+	if ok, err := w.chargeBatch(ctx, tx, sale, shape, usage); !ok || err != nil {
+		return nil, false, err
+	}
+
 	for _, o := range todo {
 		res[o.ID] = settlement{status: flashgate.OrderConfirmed}
 	}
@@ -389,6 +424,70 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 		return nil, false, fmt.Errorf("batch of %s: commit: %w", sale, err)
 	}
 	return res, true, nil
+}
+
+// chargeBatch adds a batch's usage to limit_usage and checks every row it
+// touched against its limit, under those rows' locks (the sale row lock,
+// taken first, already serialises the sale's batches); false when any is
+// over, and the caller rolls back.
+func (w *orderWriter) chargeBatch(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, usage map[usageKey]int64) (bool, error) {
+	if len(usage) == 0 {
+		return true, nil
+	}
+	for k, n := range usage {
+		if n > shape.limits[k.lim].Max {
+			return false, nil
+		}
+	}
+	keys := sortedUsage(usage)
+	for part := range slices.Chunk(keys, sqlChunk) {
+		args := make([]any, 0, 6*len(part))
+		for _, k := range part {
+			args = append(args, sale, k.lim, k.window, k.subject, string(shape.limits[k.lim].Dimension), usage[k])
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO limit_usage (sale_id, lim, window_id, subject, dimension, used)
+			VALUES `+rowsOf(len(part), 6)+` ON DUPLICATE KEY UPDATE used = used + VALUES(used)`, args...); err != nil {
+			return false, fmt.Errorf("batch of %s: limits: %w", sale, err)
+		}
+		var over int
+		q := strings.Builder{}
+		args = args[:0]
+		args = append(args, sale)
+		for i, k := range part {
+			if i > 0 {
+				q.WriteString(" OR ")
+			}
+			q.WriteString("(lim = ? AND window_id = ? AND subject = ? AND used > ?)")
+			args = append(args, k.lim, k.window, k.subject, shape.limits[k.lim].Max)
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM limit_usage WHERE sale_id = ? AND (`+q.String()+`)`,
+			args...).Scan(&over); err != nil {
+			return false, fmt.Errorf("batch of %s: limits: %w", sale, err)
+		}
+		if over > 0 {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// sortedUsage lists usage's rows in one order for every writer, so that two
+// never lock them crosswise.
+func sortedUsage(usage map[usageKey]int64) []usageKey {
+	keys := make([]usageKey, 0, len(usage))
+	for k := range usage {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b usageKey) int {
+		if a.lim != b.lim {
+			return a.lim - b.lim
+		}
+		if c := strings.Compare(a.window, b.window); c != 0 {
+			return c
+		}
+		return strings.Compare(a.subject, b.subject)
+	})
+	return keys
 }
 
 // fallback decides order by order, oldest first, under the sale row lock: each
@@ -457,6 +556,11 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		if !ok {
 			reason = flashgate.ReasonLimitReached
 		}
+		if reason == "" {
+			if reason, err = w.chargeOne(ctx, tx, sale, shape, o); err != nil {
+				return nil, err
+			}
+		}
 		if reason == "" && o.Region != "" {
 			ok, err := guard(`UPDATE sale_regions SET sold = sold + ?
 				WHERE sale_id = ? AND region = ? AND sold + ? <= total`, o.Qty, sale, o.Region, o.Qty)
@@ -495,10 +599,36 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 	return res, nil
 }
 
+// chargeOne counts one order against each limit it is charged to, each under
+// the guard UPDATE … WHERE used + n <= max; it answers why it failed ("" if it
+// passed). The caller rolls back to the order's savepoint on a failure.
+func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, o bus.OrderMsg) (string, error) {
+	cs, ok := shape.charges(o)
+	if !ok {
+		return flashgate.ReasonBadCharges, nil
+	}
+	for _, c := range cs {
+		l := shape.limits[c.Limit]
+		if _, err := tx.ExecContext(ctx, `INSERT IGNORE INTO limit_usage (sale_id, lim, window_id, subject, dimension, used)
+			VALUES (?, ?, ?, ?, ?, 0)`, sale, c.Limit, c.Window, c.Subject, string(l.Dimension)); err != nil {
+			return "", fmt.Errorf("batch of %s: limit %d: %w", sale, c.Limit, err)
+		}
+		r, err := tx.ExecContext(ctx, `UPDATE limit_usage SET used = used + ?
+			WHERE sale_id = ? AND lim = ? AND window_id = ? AND subject = ? AND used + ? <= ?`,
+			c.Inc, sale, c.Limit, c.Window, c.Subject, c.Inc, l.Max)
+		if ok, err := changed(r, err); err != nil {
+			return "", fmt.Errorf("batch of %s: limit %d: %w", sale, c.Limit, err)
+		} else if !ok {
+			return flashgate.LimitReason(l.Dimension), nil
+		}
+	}
+	return "", nil
+}
+
 // insertOrders writes the rows of orders with the status res gives each.
 func insertOrders(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg, res map[uint64]settlement, now time.Time) error {
 	for part := range slices.Chunk(orders, sqlChunk) {
-		args := make([]any, 0, 11*len(part))
+		args := make([]any, 0, 12*len(part))
 		for _, o := range part {
 			s := res[o.ID]
 			var idem any
@@ -506,10 +636,10 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg, res ma
 				idem = o.Idem
 			}
 			args = append(args, o.ID, o.Sale, o.User, o.Qty, o.Region, string(s.status), s.reason, idem,
-				time.UnixMilli(o.Created).UTC(), time.UnixMilli(o.Expires).UTC(), now)
+				time.UnixMilli(o.Created).UTC(), time.UnixMilli(o.Expires).UTC(), now, o.Charges)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
-			idem_key, created_at, expires_at, updated_at) VALUES `+rowsOf(len(part), 11), args...); err != nil {
+			idem_key, created_at, expires_at, updated_at, charges) VALUES `+rowsOf(len(part), 12), args...); err != nil {
 			return fmt.Errorf("insert orders: %w", err)
 		}
 	}
@@ -524,9 +654,9 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.O
 	for _, o := range orders {
 		s := res[o.ID]
 		rec := lua.Record{Reason: s.reason, User: o.User, Qty: o.Qty, Region: o.Region,
-			Created: o.Created, Expires: o.Expires, Idem: o.Idem}
+			Created: o.Created, Expires: o.Expires, Idem: o.Idem, Charges: o.Charges}
 		if s.status == flashgate.OrderFailed {
-			r, err := w.scripts.Release(ctx, w.rc, regionKeys(sale, o.Region), o.ID, o.Region, lua.ReleaseBackend, s.reason)
+			r, err := w.scripts.Release(ctx, w.rc, regionKeys(sale, o.Region), o.ID, o.Region, o.Charges, lua.ReleaseBackend, s.reason)
 			if err != nil {
 				return err
 			}

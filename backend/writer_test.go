@@ -276,7 +276,7 @@ func TestReleasedDropped(t *testing.T) {
 	s := spec(10, 2, nil)
 	k := e.createSale(s)
 	gone, kept := admit(t, e.rc, k, "u1", 1, ""), admit(t, e.rc, k, "u2", 1, "")
-	r, err := e.scripts.Release(ctx(t), e.rc, k, gone.ID, "", lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+	r, err := e.scripts.Release(ctx(t), e.rc, k, gone.ID, "", "", lua.ReleaseGateway, flashgate.ReasonPublishFailed)
 	if err != nil || !r.Released {
 		t.Fatalf("release: %+v %v", r, err)
 	}

@@ -79,10 +79,14 @@ type OrderMsg struct {
 	Created int64  `json:"created"` // ms
 	Expires int64  `json:"expires"` // ms: the payment deadline
 	Idem    string `json:"idem,omitempty"`
+	// Charges: what the order counts against the sale's purchase limits
+	// (flashgate.EncodeCharges).
+	Charges string `json:"charges,omitempty"`
 }
 
 // Append encodes m as JSON onto b without reflection. Every string field is
-// already validated to [A-Za-z0-9_-], so none needs escaping.
+// already validated (ids to [A-Za-z0-9_-], charges to normalised subjects of
+// digits, letters and ".:+/_-"), so none needs escaping.
 func (m *OrderMsg) Append(b []byte) []byte {
 	b = append(b, `{"id":"`...)
 	b = strconv.AppendUint(b, m.ID, 10)
@@ -103,6 +107,11 @@ func (m *OrderMsg) Append(b []byte) []byte {
 		b = append(b, m.Idem...)
 		b = append(b, '"')
 	}
+	if m.Charges != "" {
+		b = append(b, `,"charges":"`...)
+		b = append(b, m.Charges...)
+		b = append(b, '"')
+	}
 	return append(b, '}')
 }
 
@@ -118,6 +127,9 @@ func DecodeOrder(b []byte) (OrderMsg, error) {
 	if m.ID == 0 || !flashgate.ValidID(m.Sale) || !flashgate.ValidID(m.User) || m.Qty < 1 || m.Qty > flashgate.MaxSaleUnits ||
 		(m.Region != "" && !flashgate.ValidRegion(m.Region)) || (m.Idem != "" && !flashgate.ValidID(m.Idem)) {
 		return m, fmt.Errorf("%w: %s", ErrBadMsg, b)
+	}
+	if _, err := flashgate.ParseCharges(m.Charges); err != nil {
+		return m, fmt.Errorf("%w: %v", ErrBadMsg, err)
 	}
 	return m, nil
 }

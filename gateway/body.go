@@ -1,21 +1,27 @@
 package gateway
 
-import "errors"
+import (
+	"encoding/json"
+	"errors"
+)
 
 // purchaseBody is the request body of POST /v1/sales/{sale}/orders:
-// {"quantity":1,"region":"bj"}, both optional.
+// {"quantity":1,"region":"bj","address":"…"}, all optional (address is needed
+// by a sale that limits purchases per shipping address).
 type purchaseBody struct {
 	Quantity int64
 	Region   []byte // aliases the request body
+	Address  []byte // aliases the request body unless it had escapes
 }
 
 // Parse errors; their texts are the messages clients see.
 var (
 	errBodyJSON     = errors.New("body must be a JSON object like {\"quantity\":1,\"region\":\"bj\"}")
-	errBodyField    = errors.New("unknown field: only \"quantity\" and \"region\" are allowed")
+	errBodyField    = errors.New("unknown field: only \"quantity\", \"region\" and \"address\" are allowed")
 	errBodyDup      = errors.New("duplicate field")
 	errBodyQuantity = errors.New("quantity must be a whole number")
 	errBodyRegion   = errors.New("region must be a string")
+	errBodyAddress  = errors.New("address must be a string")
 	errBodyTooBig   = errors.New("quantity is out of range")
 )
 
@@ -38,7 +44,7 @@ func parsePurchase(b []byte) (purchaseBody, error) {
 	if i < len(b) && b[i] == '}' {
 		return p, trailing(b, i+1)
 	}
-	var seenQ, seenR bool
+	var seenQ, seenR, seenA bool
 	for {
 		key, j, ok := str(b, i)
 		if !ok {
@@ -70,6 +76,16 @@ func parsePurchase(b []byte) (purchaseBody, error) {
 				return p, errBodyRegion
 			}
 			p.Region, i = v, j
+		case "address":
+			if seenA {
+				return p, errBodyDup
+			}
+			seenA = true
+			v, j, ok := jsonString(b, i)
+			if !ok {
+				return p, errBodyAddress
+			}
+			p.Address, i = v, j
 		default:
 			return p, errBodyField
 		}
@@ -113,6 +129,34 @@ func str(b []byte, i int) ([]byte, int, bool) {
 		case c == '"':
 			return b[i+1 : j], j + 1, true
 		case c == '\\' || c < 0x20:
+			return nil, j, false
+		}
+	}
+	return nil, len(b), false
+}
+
+// jsonString reads any valid JSON string: without escapes it aliases b, with
+// them it is decoded (a copy).
+func jsonString(b []byte, i int) ([]byte, int, bool) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, i, false
+	}
+	escaped := false
+	for j := i + 1; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			if !escaped {
+				return b[i+1 : j], j + 1, true
+			}
+			var s string
+			if err := json.Unmarshal(b[i:j+1], &s); err != nil {
+				return nil, j, false
+			}
+			return []byte(s), j + 1, true
+		case c == '\\':
+			escaped = true
+			j++ // the escaped byte; json.Unmarshal checks the escape itself
+		case c < 0x20:
 			return nil, j, false
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"strconv"
@@ -183,6 +184,13 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "unknown region: this sale has no regions")
 		return
 	}
+	var charges []flashgate.Charge
+	if len(s.spec.Limits) > 0 {
+		if charges, err = g.charges(ctx, s, claims, body, now); err != nil {
+			fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
+			return
+		}
+	}
 	var idem string
 	if k := ctx.Request.Header.PeekBytes(hdrIdem); k != nil {
 		if !flashgate.ValidIDBytes(k) {
@@ -219,7 +227,41 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	defer g.limits.Leave()
 	g.metrics.InflightAdd(1)
 	defer g.metrics.InflightAdd(-1)
-	g.admit(ctx, s, claims.Subject, body.Quantity, region, idem, now)
+	g.admit(ctx, s, claims.Subject, body.Quantity, region, idem, now, charges)
+}
+
+// Errors of a purchase's limit subjects; their texts are what clients see.
+var (
+	errBadPhone   = errors.New("the token's phone claim is not a phone number")
+	errBadDevice  = errors.New("the token's device claim must be 1-64 characters of [A-Za-z0-9_.:-]")
+	errBadAddress = errors.New("address must be at most 512 bytes and hold letters or digits")
+)
+
+// charges works out who the purchase is by, in each dimension the sale's
+// limits count, and what it counts against each limit.
+func (g *Gateway) charges(ctx *fasthttp.RequestCtx, s *sale, claims *auth.Claims, body purchaseBody, now time.Time) ([]flashgate.Charge, error) {
+	sub := flashgate.Subjects{User: claims.Subject}
+	var ok bool
+	if s.spec.Needs(flashgate.DimPhone) && claims.Phone != "" {
+		if sub.Phone, ok = flashgate.NormalisePhone(claims.Phone); !ok {
+			return nil, errBadPhone
+		}
+	}
+	if s.spec.Needs(flashgate.DimDevice) && claims.Device != "" {
+		if !flashgate.ValidDevice(claims.Device) {
+			return nil, errBadDevice
+		}
+		sub.Device = claims.Device
+	}
+	if s.spec.Needs(flashgate.DimIP) {
+		sub.IP = flashgate.IPSubject(g.proxies.clientIP(ctx))
+	}
+	if s.spec.Needs(flashgate.DimAddress) && len(body.Address) > 0 {
+		if sub.Address, ok = flashgate.NormaliseAddress(string(body.Address)); !ok {
+			return nil, errBadAddress
+		}
+	}
+	return s.spec.Charges(sub, body.Quantity, now, s.loc)
 }
 
 // maybeReplay decides whether a purchase on a sold-out sale must still reach
@@ -238,7 +280,7 @@ func (g *Gateway) maybeReplay(s *sale, user, idem string) bool {
 
 // admit runs the admission on the sale's shard, behind that shard's breaker,
 // and publishes what it admitted.
-func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int64, region, idem string, now time.Time) {
+func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int64, region, idem string, now time.Time, charges []flashgate.Charge) {
 	if g.breakers.nats.State() == gobreaker.StateOpen {
 		// Admitting would only reserve units the publish cannot carry.
 		unavailable(ctx, "order queue unavailable")
@@ -259,6 +301,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 		var err error
 		adm, err = g.scripts.Admit(actx, g.rc, s.keys, lua.AdmitArgs{
 			User: user, Quantity: qty, OrderID: id, Now: now, IdemKey: idem, Region: region, PayBy: payBy,
+			Charges: charges, Limits: s.spec.Limits,
 		})
 		return struct{}{}, err
 	})
@@ -267,8 +310,9 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 		return
 	}
 	g.metrics.AdmitLatency(time.Since(start))
+	enc := flashgate.EncodeCharges(charges)
 	if err != nil {
-		g.undoAdmit(s, id, region, err)
+		g.undoAdmit(s, id, region, enc, err)
 		unavailable(ctx, "stock service unavailable")
 		return
 	}
@@ -283,7 +327,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 		}
 		g.publish(ctx, s, &bus.OrderMsg{
 			ID: id, Sale: s.spec.ID, User: user, Qty: qty, Region: region,
-			Created: now.UnixMilli(), Expires: payBy.UnixMilli(), Idem: idem,
+			Created: now.UnixMilli(), Expires: payBy.UnixMilli(), Idem: idem, Charges: enc,
 		})
 	case lua.Replayed:
 		g.replay(ctx, s, adm.OrderID)
@@ -297,7 +341,12 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 	case lua.BadQuantity:
 		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "quantity out of range")
 	case lua.LimitReached:
-		fail(ctx, fasthttp.StatusForbidden, flashgate.CodeLimitReached, "per-user limit reached")
+		msg := "user limit reached: at most " + strconv.FormatInt(s.spec.PerUserLimit, 10) + " units per user"
+		if adm.Limit >= 0 {
+			l := s.spec.Limits[adm.Limit]
+			msg = string(l.Dimension) + " limit reached: " + l.String()
+		}
+		fail(ctx, fasthttp.StatusForbidden, flashgate.CodeLimitReached, msg)
 	case lua.SoldOut:
 		if adm.Remaining <= 0 {
 			g.markSoldOut(s, region)
@@ -315,19 +364,19 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 // admission never ran. It runs in the background so the 503 stays fast, and
 // retries until Redis answers; past undoPatience the reservation, if any, is
 // left to reconcile.
-func (g *Gateway) undoAdmit(s *sale, id uint64, region string, cause error) {
+func (g *Gateway) undoAdmit(s *sale, id uint64, region, charges string, cause error) {
 	slog.Warn("admission failed; undoing it", "sale", s.spec.ID, "order", id, "cause", cause)
-	g.goBG(func() { g.releaseUntilAnswered(s, id, region, flashgate.ReasonAdmitFailed) })
+	g.goBG(func() { g.releaseUntilAnswered(s, id, region, charges, flashgate.ReasonAdmitFailed) })
 }
 
 const undoPatience = 10 * time.Second
 
 // releaseUntilAnswered releases an order in gateway mode, retrying failures.
-func (g *Gateway) releaseUntilAnswered(s *sale, id uint64, region, reason string) {
+func (g *Gateway) releaseUntilAnswered(s *sale, id uint64, region, charges, reason string) {
 	deadline := time.Now().Add(undoPatience)
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		rel, err := g.scripts.Release(rctx, g.rc, s.keys, id, region, lua.ReleaseGateway, reason)
+		rel, err := g.scripts.Release(rctx, g.rc, s.keys, id, region, charges, lua.ReleaseGateway, reason)
 		cancel()
 		if err == nil {
 			if rel.Released {
@@ -374,12 +423,12 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
 	}
 	slog.Warn("publish failed; releasing", "sale", s.spec.ID, "order", m.ID, "err", err)
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	rel, rerr := g.scripts.Release(rctx, g.rc, s.keys, m.ID, m.Region, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+	rel, rerr := g.scripts.Release(rctx, g.rc, s.keys, m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
 	cancel()
 	switch {
 	case rerr != nil:
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
-		g.goBG(func() { g.releaseUntilAnswered(s, m.ID, m.Region, flashgate.ReasonPublishFailed) })
+		g.goBG(func() { g.releaseUntilAnswered(s, m.ID, m.Region, m.Charges, flashgate.ReasonPublishFailed) })
 		unavailable(ctx, "order queue unavailable")
 	case rel.Claimed || (rel.Status != "" && rel.Status != "released"):
 		accepted(ctx, m.ID, flashgate.OrderPending)
@@ -418,7 +467,7 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 		return
 	case "pending":
 		if err := g.send(s, &bus.OrderMsg{ID: id, Sale: s.spec.ID, User: rec.User, Qty: rec.Qty, Region: rec.Region,
-			Created: rec.Created, Expires: rec.Expires, Idem: rec.Idem}); err != nil {
+			Created: rec.Created, Expires: rec.Expires, Idem: rec.Idem, Charges: rec.Charges}); err != nil {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}

@@ -21,6 +21,7 @@ import (
 // without I/O), its Redis keys built once, and an approximate stock figure.
 type sale struct {
 	spec     *flashgate.Sale
+	loc      *time.Location // spec.TimeZone, where limit windows begin
 	keys     *lua.Keys
 	startsMS int64
 	endsMS   int64
@@ -47,6 +48,14 @@ func newSale(spec *flashgate.Sale) *sale {
 		startsMS: spec.StartsAt.UnixMilli(),
 		endsMS:   spec.EndsAt.UnixMilli(),
 	}
+	loc, err := spec.Location()
+	if err != nil {
+		// Validated at creation, so only a host without that zone's data gets
+		// here; the binary embeds time/tzdata.
+		slog.Error("sale time zone unknown here; windows in UTC", "sale", spec.ID, "tz", spec.TimeZone, "err", err)
+		loc = time.UTC
+	}
+	s.loc = loc
 	s.closed.Store(spec.Closed)
 	s.remaining.Store(spec.Total)
 	s.soldOut = map[string]*atomic.Bool{}
@@ -79,17 +88,19 @@ func (s *sale) marks() int {
 
 // publicSale is the body of GET /v1/sales/{sale} (DESIGN.md §3).
 type publicSale struct {
-	ID           string           `json:"id"`
-	Title        string           `json:"title"`
-	PriceCents   int64            `json:"price_cents"`
-	StartsAt     time.Time        `json:"starts_at"`
-	EndsAt       time.Time        `json:"ends_at"`
-	PerUserLimit int64            `json:"per_user_limit"`
-	PerOrderMax  int64            `json:"per_order_max"`
-	Regions      map[string]int64 `json:"regions,omitempty"`
-	State        string           `json:"state"`
-	Remaining    int64            `json:"remaining"`
-	RemainingBy  map[string]int64 `json:"remaining_by_region,omitempty"`
+	ID           string            `json:"id"`
+	Title        string            `json:"title"`
+	PriceCents   int64             `json:"price_cents"`
+	StartsAt     time.Time         `json:"starts_at"`
+	EndsAt       time.Time         `json:"ends_at"`
+	PerUserLimit int64             `json:"per_user_limit"`
+	PerOrderMax  int64             `json:"per_order_max"`
+	Regions      map[string]int64  `json:"regions,omitempty"`
+	Limits       []flashgate.Limit `json:"limits,omitempty"`
+	TimeZone     string            `json:"time_zone,omitempty"`
+	State        string            `json:"state"`
+	Remaining    int64             `json:"remaining"`
+	RemainingBy  map[string]int64  `json:"remaining_by_region,omitempty"`
 }
 
 func (s *sale) render(now time.Time) {
@@ -104,7 +115,7 @@ func (s *sale) render(now time.Time) {
 		ID: spec.ID, Title: spec.Title, PriceCents: spec.PriceCents,
 		StartsAt: spec.StartsAt, EndsAt: spec.EndsAt,
 		PerUserLimit: spec.PerUserLimit, PerOrderMax: spec.PerOrderMax,
-		Regions: spec.Regions, State: string(spec.StateAt(now, rem)),
+		Regions: spec.Regions, Limits: spec.Limits, TimeZone: spec.TimeZone, State: string(spec.StateAt(now, rem)),
 		Remaining: rem, RemainingBy: by,
 	})
 	s.info.Store(&b)

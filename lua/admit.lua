@@ -1,13 +1,19 @@
 -- admit: decide one purchase atomically on the sale's shard.
--- KEYS: 1 meta, 2 stock (the region's, or the sale's), 3 users, 4 resv, 5 orders, 6 idem
+-- KEYS: 1 meta, 2 stock (the region's, or the sale's), 3 users, 4 resv, 5 orders, 6 idem,
+--       then 6+j: the counter hash of charge j's window (fg:{s:<sale>}:lim:<window>)
 --       (all under the sale's hash tag {s:<sale>}).
 -- ARGV: 1 user, 2 quantity, 3 order id, 4 now (ms), 5 idempotency key ('' = none),
---       6 region ('' = none), 7 payment deadline (ms)
+--       6 region ('' = none), 7 payment deadline (ms),
+--       8 the order's charges as flashgate.EncodeCharges wrote them ('' or absent = none),
+--       then for each charge j, 4 values: field ('<limit>/<subject>'), increment, max,
+--       ttl ms of the window's counter (0: the whole sale, no expiry).
 -- Returns {outcome, ...}:
---   {'ok', order_id, remaining}   reserved: stock deducted, user counted, reservation recorded
+--   {'ok', order_id, remaining}   reserved: stock deducted, user and every charge counted,
+--                                 reservation recorded
 --   {'replay', order_id}          same user + idempotency key seen before: nothing changed
 --   {'not_warmed'}                no meta or no stock key: unknown, never "sold out"
---   {'not_started', ms_left} | {'ended'} | {'bad_quantity'} | {'limit_reached', held}
+--   {'not_started', ms_left} | {'ended'} | {'bad_quantity'}
+--   {'limit_reached', held, j}    j = 0: per_user_limit; j >= 1: charge j's limit (held: its count)
 --   {'sold_out', remaining}
 --   {'duplicate_id'}              the order id is taken: nothing changed (the caller's id source is broken)
 local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'limit', 'omax')
@@ -37,7 +43,19 @@ if not qty or qty < 1 or qty > tonumber(meta[5]) then
 end
 local held = tonumber(redis.call('HGET', KEYS[3], user) or '0')
 if held + qty > tonumber(meta[4]) then
-  return {'limit_reached', tostring(held)}
+  return {'limit_reached', tostring(held), '0'}
+end
+local charges = ARGV[8] or ''
+local nc = 0
+if #ARGV > 8 then
+  nc = (#ARGV - 8) / 4
+end
+for j = 1, nc do
+  local a = 8 + 4 * (j - 1)
+  local cur = tonumber(redis.call('HGET', KEYS[6 + j], ARGV[a + 1]) or '0')
+  if cur + tonumber(ARGV[a + 2]) > tonumber(ARGV[a + 3]) then
+    return {'limit_reached', tostring(cur), tostring(j)}
+  end
 end
 local stock = redis.call('GET', KEYS[2])
 if not stock then
@@ -54,7 +72,15 @@ if redis.call('HEXISTS', KEYS[5], id) == 1 then
 end
 local left = redis.call('DECRBY', KEYS[2], qty)
 redis.call('HINCRBY', KEYS[3], user, qty)
-local rec = user .. '|' .. ARGV[2] .. '|' .. ARGV[6] .. '|' .. ARGV[4] .. '|' .. ARGV[7] .. '|' .. idem
+for j = 1, nc do
+  local a = 8 + 4 * (j - 1)
+  local inc = tonumber(ARGV[a + 2])
+  -- A window's counter expires by itself; its TTL is set by the first count in it.
+  if redis.call('HINCRBY', KEYS[6 + j], ARGV[a + 1], inc) == inc and ARGV[a + 4] ~= '0' then
+    redis.call('PEXPIRE', KEYS[6 + j], ARGV[a + 4])
+  end
+end
+local rec = user .. '|' .. ARGV[2] .. '|' .. ARGV[6] .. '|' .. ARGV[4] .. '|' .. ARGV[7] .. '|' .. idem .. '|' .. charges
 redis.call('HSET', KEYS[4], id, rec)
 redis.call('HSET', KEYS[5], id, 'pending||' .. rec)
 if idem ~= '' then

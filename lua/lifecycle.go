@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/redis/rueidis"
@@ -90,8 +91,19 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 	}
 	keys := []string{k.Users, k.Resv, k.Orders, k.Restocked()}
 	index := map[string]string{}
-	args := make([]string, 0, 5*len(orders))
+	args := make([]string, 1, 1+5*len(orders))
+	args[0] = strconv.Itoa(len(orders))
+	var windows []string
 	for _, o := range orders {
+		ws, _, err := k.windowKeys(o.Record.Charges)
+		if err != nil {
+			return nil, fmt.Errorf("restock %s/%d: %w", k.Sale, o.ID, err)
+		}
+		for _, w := range ws {
+			if !slices.Contains(windows, w) {
+				windows = append(windows, w)
+			}
+		}
 		idx, ok := index[o.Record.Region]
 		if !ok {
 			stock, known := k.Stock(o.Record.Region)
@@ -103,6 +115,10 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 			index[o.Record.Region] = idx
 		}
 		args = append(args, strconv.FormatUint(o.ID, 10), idx, string(o.Status), o.Reason, o.Record.resv())
+	}
+	for _, w := range windows {
+		keys = append(keys, k.Limit(w))
+		args = append(args, w, strconv.Itoa(len(keys)))
 	}
 	words, err := restockScript.Exec(ctx, c, keys, args).AsStrSlice()
 	if err != nil {

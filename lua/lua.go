@@ -10,8 +10,10 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,6 +48,7 @@ type Keys struct {
 	Resv   string
 	Orders string
 	Idem   string
+	prefix string
 	stock  string
 	region map[string]string
 }
@@ -60,6 +63,7 @@ func KeysFor(sale string, regions []string) *Keys {
 		Resv:   p + "resv",
 		Orders: p + "orders",
 		Idem:   p + "idem",
+		prefix: p,
 		stock:  p + "stock",
 		region: make(map[string]string, len(regions)),
 	}
@@ -77,6 +81,26 @@ func (k *Keys) Stock(region string) (string, bool) {
 	}
 	key, ok := k.region[region]
 	return key, ok
+}
+
+// Limit is the counter hash of a purchase-limit window ("sale", "d20261122",
+// "m202611"): field "<limit>/<subject>" → units or orders counted.
+func (k *Keys) Limit(window string) string { return k.prefix + "lim:" + window }
+
+// windowKeys lists the distinct windows of encoded charges with their counter
+// hashes, for the scripts that undo them.
+func (k *Keys) windowKeys(charges string) (windows, keys []string, err error) {
+	cs, err := flashgate.ParseCharges(charges)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, c := range cs {
+		if !slices.Contains(windows, c.Window) {
+			windows = append(windows, c.Window)
+			keys = append(keys, k.Limit(c.Window))
+		}
+	}
+	return windows, keys, nil
 }
 
 // StockKeys lists every stock key of the sale, with the region each belongs to.
@@ -148,6 +172,10 @@ type AdmitArgs struct {
 	IdemKey  string // "" for none
 	Region   string // "" for a sale without regions
 	PayBy    time.Time
+	// Charges are what the order counts against the sale's Limits (see
+	// flashgate.Sale.Charges), each checked against Limits[c.Limit].Max.
+	Charges []flashgate.Charge
+	Limits  []flashgate.Limit
 }
 
 // Admission is the script's decision.
@@ -156,6 +184,10 @@ type Admission struct {
 	OrderID   uint64        // Admitted, Replayed
 	Remaining int64         // Admitted, SoldOut: units left in the stock key
 	Wait      time.Duration // NotStarted: time until the start
+	// LimitReached: the limit that refused, an index into AdmitArgs.Limits, or
+	// -1 for per_user_limit; Held is what its subject held already.
+	Limit int
+	Held  int64
 }
 
 // ErrUnknownRegion is returned for a region the sale's keys do not have.
@@ -167,15 +199,32 @@ func (s *Scripts) Admit(ctx context.Context, c rueidis.Client, k *Keys, a AdmitA
 	if !ok {
 		return Admission{}, ErrUnknownRegion
 	}
-	res, err := s.admit.Exec(ctx, c,
-		[]string{k.Meta, stock, k.Users, k.Resv, k.Orders, k.Idem},
-		[]string{a.User, strconv.FormatInt(a.Quantity, 10), strconv.FormatUint(a.OrderID, 10),
-			strconv.FormatInt(a.Now.UnixMilli(), 10), a.IdemKey, a.Region, strconv.FormatInt(a.PayBy.UnixMilli(), 10)},
-	).ToArray()
+	keys := []string{k.Meta, stock, k.Users, k.Resv, k.Orders, k.Idem}
+	args := []string{a.User, strconv.FormatInt(a.Quantity, 10), strconv.FormatUint(a.OrderID, 10),
+		strconv.FormatInt(a.Now.UnixMilli(), 10), a.IdemKey, a.Region, strconv.FormatInt(a.PayBy.UnixMilli(), 10)}
+	if len(a.Charges) > 0 {
+		args = append(args, flashgate.EncodeCharges(a.Charges))
+		for _, ch := range a.Charges {
+			if ch.Limit < 0 || ch.Limit >= len(a.Limits) {
+				return Admission{}, fmt.Errorf("admit %s: charge of limit %d, the sale has %d", k.Sale, ch.Limit, len(a.Limits))
+			}
+			keys = append(keys, k.Limit(ch.Window))
+			args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10),
+				strconv.FormatInt(a.Limits[ch.Limit].Max, 10), strconv.FormatInt(ch.TTL(a.Now).Milliseconds(), 10))
+		}
+	}
+	res, err := s.admit.Exec(ctx, c, keys, args).ToArray()
 	if err != nil {
 		return Admission{}, fmt.Errorf("admit %s: %w", k.Sale, err)
 	}
-	return parseAdmission(res)
+	adm, err := parseAdmission(res)
+	if err == nil && adm.Outcome == LimitReached && adm.Limit >= 0 {
+		if adm.Limit >= len(a.Charges) {
+			return adm, fmt.Errorf("admit %s: refused by charge %d of %d", k.Sale, adm.Limit+1, len(a.Charges))
+		}
+		adm.Limit = a.Charges[adm.Limit].Limit
+	}
+	return adm, err
 }
 
 func parseAdmission(res []rueidis.RedisMessage) (Admission, error) {
@@ -209,7 +258,7 @@ func parseAdmission(res []rueidis.RedisMessage) (Admission, error) {
 	case "bad_quantity":
 		a.Outcome = BadQuantity
 	case "limit_reached":
-		a.Outcome = LimitReached
+		a.Outcome, a.Held, a.Limit = LimitReached, arg(1), int(arg(2))-1
 	case "sold_out":
 		a.Outcome, a.Remaining = SoldOut, arg(1)
 	case "duplicate_id":
@@ -235,15 +284,21 @@ type ReleaseResult struct {
 	Unknown   bool   // Redis has no record of the order
 }
 
-// Release undoes one admission, exactly once.
-func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderID uint64, region, mode, reason string) (ReleaseResult, error) {
+// Release undoes one admission, exactly once: its stock, its buyer's counter
+// and each limit it was charged to. charges are the order's (as encoded in its
+// message or record): they name the window counters the script may touch.
+func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderID uint64, region, charges, mode, reason string) (ReleaseResult, error) {
 	stock, ok := k.Stock(region)
 	if !ok {
 		return ReleaseResult{}, ErrUnknownRegion
 	}
+	windows, wkeys, err := k.windowKeys(charges)
+	if err != nil {
+		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
+	}
 	res, err := s.release.Exec(ctx, c,
-		[]string{stock, k.Users, k.Resv, k.Orders, k.Idem},
-		[]string{strconv.FormatUint(orderID, 10), mode, reason, region},
+		append([]string{stock, k.Users, k.Resv, k.Orders, k.Idem}, wkeys...),
+		append([]string{strconv.FormatUint(orderID, 10), mode, reason, region}, windows...),
 	).ToArray()
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
@@ -340,6 +395,10 @@ func metaFields(s *flashgate.Sale) []string {
 	if s.Closed {
 		state = "closed"
 	}
+	var limits []byte
+	if len(s.Limits) > 0 {
+		limits, _ = json.Marshal(s.Limits) // a slice of plain structs: cannot fail
+	}
 	regions := make([]string, 0, len(s.Regions))
 	for _, r := range s.RegionNames() {
 		regions = append(regions, r+":"+strconv.FormatInt(s.Regions[r], 10))
@@ -354,6 +413,8 @@ func metaFields(s *flashgate.Sale) []string {
 		"price", strconv.FormatInt(s.PriceCents, 10),
 		"title", s.Title,
 		"regions", strings.Join(regions, ","),
+		"limits", string(limits),
+		"tz", s.TimeZone,
 	}
 }
 
@@ -379,7 +440,13 @@ func LoadSale(ctx context.Context, c rueidis.Client, sale string) (*flashgate.Sa
 		EndsAt:       time.UnixMilli(num("ends")).UTC(),
 		PerUserLimit: num("limit"),
 		PerOrderMax:  num("omax"),
+		TimeZone:     m["tz"],
 		Closed:       m["state"] != "open",
+	}
+	if l := m["limits"]; l != "" {
+		if err := json.Unmarshal([]byte(l), &s.Limits); err != nil {
+			return nil, fmt.Errorf("load sale %s: limits: %w", sale, err)
+		}
 	}
 	if rs := m["regions"]; rs != "" {
 		s.Regions = make(map[string]int64)
@@ -436,20 +503,25 @@ type Record struct {
 	Created int64 // ms
 	Expires int64 // ms
 	Idem    string
+	Charges string // flashgate.EncodeCharges of what the order counts against the limits
 }
 
 func (r Record) resv() string {
 	return r.User + "|" + strconv.FormatInt(r.Qty, 10) + "|" + r.Region + "|" +
-		strconv.FormatInt(r.Created, 10) + "|" + strconv.FormatInt(r.Expires, 10) + "|" + r.Idem
+		strconv.FormatInt(r.Created, 10) + "|" + strconv.FormatInt(r.Expires, 10) + "|" + r.Idem + "|" + r.Charges
 }
 
-// ParseOrder parses a value of the orders hash.
+// ParseOrder parses a value of the orders hash (a record written before
+// charges existed has one field fewer).
 func ParseOrder(v string) (Record, error) {
 	f := strings.Split(v, "|")
-	if len(f) != 8 {
+	if len(f) != 8 && len(f) != 9 {
 		return Record{}, fmt.Errorf("order record %q: %d fields", v, len(f))
 	}
 	r := Record{Status: f[0], Reason: f[1], User: f[2], Region: f[4], Idem: f[7]}
+	if len(f) == 9 {
+		r.Charges = f[8]
+	}
 	var e1, e2, e3 error
 	r.Qty, e1 = strconv.ParseInt(f[3], 10, 64)
 	r.Created, e2 = strconv.ParseInt(f[5], 10, 64)

@@ -164,7 +164,7 @@ func (s *sale) order(id uint64) (lua.Record, bool) {
 
 func (s *sale) release(id uint64, region, mode, reason string) lua.ReleaseResult {
 	s.t.Helper()
-	r, err := scripts.Release(ctx(s.t), s.c, s.k, id, region, mode, reason)
+	r, err := scripts.Release(ctx(s.t), s.c, s.k, id, region, "", mode, reason)
 	if err != nil {
 		s.t.Fatalf("release %d: %v", id, err)
 	}
@@ -683,10 +683,10 @@ func TestReleaseOddCases(t *testing.T) {
 			t.Fatalf("release of an unknown id = %+v", r)
 		}
 		id, _ := s.mustAdmit(lua.AdmitArgs{User: "u", Region: "bj"})
-		if _, err := scripts.Release(ctx(t), c, s.k, id, "sh", lua.ReleaseGateway, ""); err == nil || !strings.Contains(err.Error(), "region") {
+		if _, err := scripts.Release(ctx(t), c, s.k, id, "sh", "", lua.ReleaseGateway, ""); err == nil || !strings.Contains(err.Error(), "region") {
 			t.Fatalf("release into the wrong region: %v", err)
 		}
-		if _, err := scripts.Release(ctx(t), c, s.k, id, "gz", lua.ReleaseGateway, ""); !errors.Is(err, lua.ErrUnknownRegion) {
+		if _, err := scripts.Release(ctx(t), c, s.k, id, "gz", "", lua.ReleaseGateway, ""); !errors.Is(err, lua.ErrUnknownRegion) {
 			t.Fatalf("release into an unknown region: %v", err)
 		}
 		if s.remaining("bj") != 1 || s.remaining("sh") != 2 || len(s.resv()) != 1 {

@@ -1,7 +1,10 @@
 -- release: undo one admission (stock back, user counter down, reservation gone),
 -- exactly once however often it is called.
--- KEYS: 1 stock (the order's region's, or the sale's), 2 users, 3 resv, 4 orders, 5 idem
--- ARGV: 1 order id, 2 mode ('gateway' | 'backend'), 3 reason, 4 expected region ('' = none)
+-- KEYS: 1 stock (the order's region's, or the sale's), 2 users, 3 resv, 4 orders, 5 idem,
+--       5+i: the counter hash of window i of the order's charges
+-- ARGV: 1 order id, 2 mode ('gateway' | 'backend'), 3 reason, 4 expected region ('' = none),
+--       4+i: the name of window i (KEYS[5+i] is its counter hash)
+-- The charges undone are the ones the reservation records (what admit counted).
 -- mode 'gateway': the publish failed, so no order exists: the order becomes 'released'
 --   (a tombstone the backend reads in claim) and the idempotency key is freed for a retry.
 --   If the backend has already claimed the order the publish did get through: {'claimed'}.
@@ -21,15 +24,34 @@ local rec = redis.call('HGET', KEYS[3], id)
 if (st ~= 'pending' and st ~= 'processing') or not rec then
   return {'already', st}
 end
-local user, qty, region, idem = string.match(rec, '^([^|]*)|([^|]*)|([^|]*)|[^|]*|[^|]*|([^|]*)$')
+local user, qty, region, idem = string.match(rec, '^([^|]*)|([^|]*)|([^|]*)|[^|]*|[^|]*|([^|]*)')
+local charges = string.match(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)$') or ''
 if region ~= ARGV[4] then
   return redis.error_reply('release: order ' .. id .. ' is in region "' .. region .. '"')
+end
+local win = {}
+for i = 5, #ARGV do
+  win[ARGV[i]] = KEYS[i + 1]
+end
+local undo = {}
+for c in string.gmatch(charges, '[^,]+') do
+  local lim, w, inc, subj = string.match(c, '^(%d+)/([^/]+)/(%d+)/(.+)$')
+  if not win[w] then
+    return redis.error_reply('release: order ' .. id .. ' counts in window "' .. tostring(w) .. '", no key given')
+  end
+  undo[#undo + 1] = {win[w], lim .. '/' .. subj, tonumber(inc)}
 end
 qty = tonumber(qty)
 redis.call('HDEL', KEYS[3], id)
 local left = redis.call('INCRBY', KEYS[1], qty)
 if redis.call('HINCRBY', KEYS[2], user, -qty) <= 0 then
   redis.call('HDEL', KEYS[2], user)
+end
+for _, u in ipairs(undo) do
+  -- A window that has expired comes back as a lone negative field, deleted at once.
+  if redis.call('HINCRBY', u[1], u[2], -u[3]) <= 0 then
+    redis.call('HDEL', u[1], u[2])
+  end
 end
 local status = 'failed'
 if mode == 'gateway' then

@@ -1,9 +1,11 @@
 -- restock: give back to Redis the units of orders MySQL has just canceled (by the
 -- buyer, or for want of payment), exactly once per order however often it runs.
 -- KEYS: 1 users, 2 resv, 3 orders, 4 restocked (set of the order ids this script
---       settled), 5.. the stock keys the orders' regions use
--- ARGV: quintuples of order id, index into KEYS of its stock key (>= 5), status,
---       reason, record ('user|qty|region|created|expires|idem', as MySQL has it)
+--       settled), 5.. the stock keys the orders' regions use, then the counter hashes
+--       of the windows the orders' charges count in
+-- ARGV: 1 n (orders), then n quintuples of order id, index into KEYS of its stock key
+--       (>= 5), status, reason, record ('user|qty|region|created|expires|idem|charges',
+--       as MySQL has it), then pairs of window name, index into KEYS of its counter hash
 -- Returns one word per order:
 --   'restocked'  its units went back now: stock up, the buyer's counter down, the
 --                reservation (if any) gone
@@ -19,11 +21,15 @@
 -- backend's confirm.lua rewrites records from MySQL (a redelivery of a canceled
 -- order writes 'canceled' before this script ran; a stale one writes 'confirmed'
 -- after it did), so a status can lie in both directions.
-local n = #ARGV / 5
-local words, users, qtys = {}, {}, {}
+local n = tonumber(ARGV[1])
+local win = {}
+for i = 2 + 5 * n, #ARGV, 2 do
+  win[ARGV[i]] = KEYS[tonumber(ARGV[i + 1])]
+end
+local words, users, qtys, undos = {}, {}, {}, {}
 -- Decide everything first: an error must not leave half the orders written.
 for j = 1, n do
-  local i = 5 * (j - 1) + 1
+  local i = 5 * (j - 1) + 2
   local id = ARGV[i]
   local ord = redis.call('HGET', KEYS[3], id)
   if redis.call('SISMEMBER', KEYS[4], id) == 1 then
@@ -40,17 +46,32 @@ for j = 1, n do
         return redis.error_reply('restock: order ' .. id .. ' is in region "' .. tostring(region) ..
           '" in Redis, "' .. tostring(want) .. '" in MySQL')
       end
-      words[j], users[j], qtys[j] = 'restocked', user, tonumber(qty)
+      -- The charges Redis counted at admission are the ones to undo.
+      local charges = string.match(ord, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)$') or ''
+      local undo = {}
+      for c in string.gmatch(charges, '[^,]+') do
+        local lim, w, inc, subj = string.match(c, '^(%d+)/([^/]+)/(%d+)/(.+)$')
+        if not win[w] then
+          return redis.error_reply('restock: order ' .. id .. ' counts in window "' .. tostring(w) .. '", no key given')
+        end
+        undo[#undo + 1] = {win[w], lim .. '/' .. subj, tonumber(inc)}
+      end
+      words[j], users[j], qtys[j], undos[j] = 'restocked', user, tonumber(qty), undo
     end
   end
 end
 for j = 1, n do
-  local i = 5 * (j - 1) + 1
+  local i = 5 * (j - 1) + 2
   local id = ARGV[i]
   if words[j] == 'restocked' then
     redis.call('INCRBY', KEYS[tonumber(ARGV[i + 1])], qtys[j])
     if redis.call('HINCRBY', KEYS[1], users[j], -qtys[j]) <= 0 then
       redis.call('HDEL', KEYS[1], users[j])
+    end
+    for _, u in ipairs(undos[j]) do
+      if redis.call('HINCRBY', u[1], u[2], -u[3]) <= 0 then
+        redis.call('HDEL', u[1], u[2])
+      end
     end
   end
   redis.call('HDEL', KEYS[2], id)

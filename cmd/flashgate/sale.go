@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,6 +59,9 @@ func saleCreateCmd(args []string, stdout, stderr io.Writer) error {
 	perOrder := c.Int64("per-order-max", 1, "units one order may buy")
 	regions := mapFlag{}
 	c.Var(regions, "region", "`NAME=UNITS` of a region; repeat for each (units add up to --total)")
+	var limits limitsFlag
+	c.Var(&limits, "limit", "a purchase limit `DIM:MAX[:units|orders][:sale|day|month]`, DIM one of user, phone, device, ip, address (e.g. phone:1:orders:day); repeat for each")
+	tz := c.String("time-zone", "UTC", "IANA time `zone` in which day and month limit windows begin (e.g. Asia/Shanghai)")
 	pos, err := c.parse(args)
 	if err != nil {
 		return err
@@ -75,7 +79,7 @@ func saleCreateCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	sale := flashgate.Sale{
 		ID: *id, Title: *title, PriceCents: *price, Total: *total, StartsAt: start, EndsAt: end,
-		PerUserLimit: *perUser, PerOrderMax: *perOrder,
+		PerUserLimit: *perUser, PerOrderMax: *perOrder, Limits: limits, TimeZone: *tz,
 	}
 	if len(regions) > 0 {
 		sale.Regions = regions
@@ -255,4 +259,39 @@ func writePretty(w io.Writer, b []byte) {
 	if len(b) > 0 && b[len(b)-1] != '\n' {
 		fmt.Fprintln(w)
 	}
+}
+
+// limitsFlag is a repeatable --limit DIM:MAX[:units|orders][:sale|day|month].
+type limitsFlag []flashgate.Limit
+
+func (l *limitsFlag) String() string {
+	parts := make([]string, len(*l))
+	for i, x := range *l {
+		parts[i] = fmt.Sprintf("%s:%d:%s:%s", x.Dimension, x.Max, x.Of, x.Per)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l *limitsFlag) Set(s string) error {
+	f := strings.Split(s, ":")
+	if len(f) < 2 || len(f) > 4 {
+		return errors.New("want DIM:MAX[:units|orders][:sale|day|month]")
+	}
+	max, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return fmt.Errorf("max of %s: %w", f[0], err)
+	}
+	x := flashgate.Limit{Dimension: flashgate.Dimension(f[0]), Max: max}
+	for _, w := range f[2:] {
+		switch w {
+		case flashgate.OfUnits, flashgate.OfOrders:
+			x.Of = w
+		case flashgate.PerSale, flashgate.PerDay, flashgate.PerMonth:
+			x.Per = w
+		default:
+			return fmt.Errorf("%q: want units, orders, sale, day or month", w)
+		}
+	}
+	*l = append(*l, x)
+	return nil
 }
