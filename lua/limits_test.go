@@ -156,9 +156,9 @@ func TestLimitsCombined(t *testing.T) {
 			qty   int64
 		}
 		for _, w := range []want{
-			{1, flashgate.Subjects{User: "ub", Phone: a.Phone, Device: "dev-b", IP: "198.18.0.2", Address: "b"}, 1},   // same phone today
+			{1, flashgate.Subjects{User: "ub", Phone: a.Phone, Device: "dev-b", IP: "198.18.0.2", Address: "b"}, 1},             // same phone today
 			{4, flashgate.Subjects{User: "uc", Phone: "+8613800000003", Device: "dev-c", IP: "198.18.0.3", Address: "home"}, 1}, // address 2+1
-			{2, flashgate.Subjects{User: "ud", Phone: "+8613800000004", Device: "dev-a", IP: "198.18.0.4", Address: "d"}, 2},   // device 2+2
+			{2, flashgate.Subjects{User: "ud", Phone: "+8613800000004", Device: "dev-a", IP: "198.18.0.4", Address: "d"}, 2},    // device 2+2
 		} {
 			before := s.remaining("")
 			r := s.buy(w.sub, w.qty, now)
