@@ -1,15 +1,19 @@
 package lua_test
 
 import (
+	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 )
 
@@ -360,4 +364,78 @@ func TestLimitConcurrentSharedPhone(t *testing.T) {
 			t.Fatalf("admitted %d, remaining %d", admitted, s.remaining(""))
 		}
 	})
+}
+
+// BenchmarkAdmitDimensions compares the admission with the per-user limit
+// alone (1 dimension) against user, phone, device, IP and address limits at
+// once (5), on the standalone Redis, each admission a new buyer. It reports
+// Redis memory per admitted buyer (used_memory grown / admissions: the order's
+// record, reservation, buyer counter and, with 5, four limit counters).
+func BenchmarkAdmitDimensions(b *testing.B) {
+	for _, dims := range []int{1, 5} {
+		b.Run(fmt.Sprintf("dims=%d", dims), func(b *testing.B) {
+			c := testenv.Redis(b, testenv.RedisAddrs())
+			s := newSale(b, c, func(s *flashgate.Sale) {
+				s.Total, s.PerUserLimit, s.PerOrderMax = flashgate.MaxSaleUnits, 1, 1
+				s.TimeZone = "Asia/Shanghai"
+				if dims == 5 {
+					s.Limits = []flashgate.Limit{
+						{Dimension: flashgate.DimPhone, Max: 1, Of: flashgate.OfOrders, Per: flashgate.PerDay},
+						{Dimension: flashgate.DimDevice, Max: 2},
+						{Dimension: flashgate.DimIP, Max: 3, Per: flashgate.PerMonth},
+						{Dimension: flashgate.DimAddress, Max: 1, Of: flashgate.OfOrders},
+					}
+				}
+			})
+			b.Cleanup(func() {
+				loc, _ := s.spec.Location()
+				d, _ := flashgate.Window(flashgate.PerDay, time.Now(), loc)
+				m, _ := flashgate.Window(flashgate.PerMonth, time.Now(), loc)
+				_ = c.Do(context.Background(), c.B().Del().Key(s.k.Limit("sale"), s.k.Limit(d), s.k.Limit(m)).Build()).Error()
+			})
+			loc, _ := s.spec.Location()
+			before := usedMemory(b, c)
+			var n atomic.Int64
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					i := n.Add(1)
+					now := time.Now()
+					sub := flashgate.Subjects{User: "u" + strconv.FormatInt(i, 10), Phone: fmt.Sprintf("+86139%08d", i),
+						Device: "dev-" + strconv.FormatInt(i, 10), IP: fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255),
+						Address: fmt.Sprintf("%032x", i)}
+					cs, err := s.spec.Charges(sub, 1, now, loc)
+					if err != nil {
+						b.Fatal(err)
+					}
+					res, err := scripts.Admit(ctx, c, s.k, lua.AdmitArgs{User: sub.User, Quantity: 1, OrderID: nextID(), Now: now,
+						PayBy: now.Add(15 * time.Minute), Charges: cs, Limits: s.spec.Limits})
+					if err != nil || res.Outcome != lua.Admitted {
+						b.Fatalf("admit = %+v, %v", res, err)
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(usedMemory(b, c)-before)/float64(b.N), "redis-B/buyer")
+		})
+	}
+}
+
+func usedMemory(b *testing.B, c rueidis.Client) int64 {
+	b.Helper()
+	info, err := c.Do(context.Background(), c.B().Info().Section("memory").Build()).ToString()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	b.Fatal("no used_memory in INFO")
+	return 0
 }
