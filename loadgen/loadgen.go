@@ -4,8 +4,16 @@
 // counts by status and code, the latencies, and the order ids of every 202, which
 // an audit then checks against MySQL and Redis (DESIGN.md §2).
 //
+// By default the load is closed-loop: each worker sends its next request as
+// soon as the last one is answered, which finds the peak rate. With a Rate the
+// load is open-loop, as in wrk2: requests are due on a fixed timeline, and a
+// request's latency runs from when it was due, not from when a worker got round
+// to sending it, so a server that stalls is charged for every request its stall
+// held back (no coordinated omission).
+//
 // The hot loop allocates nothing per request: each worker owns one fasthttp
-// request and response, its own histograms and counters, merged at the end.
+// request and response and its own counters, and shares a few sharded
+// histograms; all are merged at the end.
 package loadgen
 
 import (
@@ -47,6 +55,16 @@ type Config struct {
 	// must be set.
 	Requests int64
 	Duration time.Duration
+	// Rate, when above 0, paces the run open-loop at Rate requests per second
+	// across all workers: request i is due at start + i/Rate, the next free
+	// worker sends it (at once if it is already late), and its latency is
+	// measured from when it was due. Concurrency is then only the most requests
+	// in flight; too few workers for the rate show as latency (and as send lag).
+	// With a Rate, Duration sets the number of requests (Rate × Duration, the
+	// smaller of that and Requests when both are set) and the run ends once
+	// every one of them is answered, however late, so that none of a stall's
+	// victims goes unrecorded. 0 sends as fast as the workers go.
+	Rate float64
 	// Quantity is the units per order (0 means 1); Region is sent if not "".
 	Quantity int64
 	Region   string
@@ -73,9 +91,14 @@ type Result struct {
 	Accepted []uint64
 	Elapsed  time.Duration
 	// Latency (µs) covers every request that got a response; AcceptedLatency
-	// only the 202s.
+	// only the 202s. With a Rate both run from when each request was due.
 	Latency         *hdrhistogram.Histogram
 	AcceptedLatency *hdrhistogram.Histogram
+	// Rate is Config.Rate. SendLag (µs; nil without a Rate) is how long after
+	// its due time each request left: the part of the latency spent waiting for
+	// a free worker or for the load generator's own clock.
+	Rate    float64
+	SendLag *hdrhistogram.Histogram
 	// Errors counts transport errors: refused or reset connections, timeouts.
 	Errors int64
 	// BadOrderIDs counts 202 answers without a readable order_id.
@@ -155,31 +178,52 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		idemPrefix = append(idemPrefix, '-')
 	}
 
-	r := &run{cfg: cfg, client: client, uri: reqURI, body: body, users: users, ips: ips, idemPrefix: idemPrefix}
+	r := &run{cfg: cfg, client: client, uri: reqURI, body: body, users: users, ips: ips, idemPrefix: idemPrefix,
+		limit: cfg.Requests}
+	if cfg.Rate > 0 {
+		r.interval = float64(time.Second) / cfg.Rate
+		if cfg.Duration > 0 {
+			n := max(1, int64(math.Round(cfg.Rate*cfg.Duration.Seconds())))
+			if r.limit == 0 || n < r.limit {
+				r.limit = n
+			}
+		}
+	}
 	r.shards = make([]histShard, min(cfg.Concurrency, 4*runtime.GOMAXPROCS(0)))
 	for i := range r.shards {
 		r.shards[i].lat, r.shards[i].accLat = newHist(), newHist()
+		if r.paced() {
+			r.shards[i].lag = newHist()
+		}
 	}
 	r.workers = make([]*worker, cfg.Concurrency)
 	for i := range r.workers {
 		r.workers[i] = newWorker(&r.shards[i%len(r.shards)])
 	}
 
+	// The clock starts now: a Duration runs from here.
+	start := time.Now()
+	r.start = start
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if cfg.Duration > 0 {
+	if cfg.Duration > 0 && !r.paced() {
 		var cancelT context.CancelFunc
-		runCtx, cancelT = context.WithTimeout(runCtx, cfg.Duration)
+		runCtx, cancelT = context.WithDeadline(runCtx, start.Add(cfg.Duration))
 		defer cancelT()
 	}
-	// Workers poll a flag, not the context, between requests.
+	// Workers poll a flag, not the context, between requests; a paced worker
+	// waiting for its next request also wakes on done.
+	r.done = runCtx.Done()
 	go func() {
 		<-runCtx.Done()
 		r.stop.Store(true)
 	}()
 
-	start := time.Now()
 	var wg sync.WaitGroup
+	if r.paced() {
+		r.due = make(chan struct{}, cfg.Concurrency)
+		wg.Go(r.pace)
+	}
 	for _, w := range r.workers {
 		wg.Add(1)
 		go func() {
@@ -222,6 +266,10 @@ func (c *Config) validate() error {
 		return errors.New("loadgen: set requests or duration")
 	case c.Quantity < 0:
 		return errors.New("loadgen: quantity must not be negative")
+	case c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0):
+		return errors.New("loadgen: rate must be a finite number, at least 0")
+	case c.Rate > 0 && c.Duration > 0 && c.Rate*c.Duration.Seconds() > math.MaxInt64/2:
+		return errors.New("loadgen: rate × duration is too many requests")
 	}
 	return nil
 }
@@ -271,9 +319,59 @@ type run struct {
 	ips        [][]byte // X-Forwarded-For per user, or nil
 	workers    []*worker
 	shards     []histShard
+	// limit is the number of requests to send (0: until stopped).
+	limit int64
+	// interval is the time between due times in ns (0: unpaced); request i is
+	// due at start + i×interval. The pacer puts a token in due for each
+	// request that has come due; closed, it means no more.
+	interval float64
+	start    time.Time
+	due      chan struct{}
+	done     <-chan struct{}
 
 	next atomic.Int64 // index of the next request
 	stop atomic.Bool
+}
+
+func (r *run) paced() bool { return r.interval > 0 }
+
+// dueAt is when request i is due on a paced run's timeline.
+func (r *run) dueAt(i int64) time.Time {
+	return r.start.Add(time.Duration(float64(i) * r.interval))
+}
+
+// maxNap bounds one sleep of the pacer, so that it sees a stop soon at low rates.
+const maxNap = 50 * time.Millisecond
+
+// pace is a paced run's clock: it hands the workers a token per request as the
+// request comes due, all those already due at once when it wakes late, until
+// the run's requests are all due or the run stops. On Linux it sleeps in
+// nanosleep(2), which wakes within ~0.1 ms: a Go timer, rounded to the
+// millisecond of the runtime's poller when the process is idle, would make the
+// generator itself add up to a millisecond to every latency of a light load (as
+// measured on a 2-core VM: 0.6-1 ms late on average, against 0.1-0.2). A worker
+// that takes a token takes the next request and measures from its due time, so
+// a token that waits for a busy worker costs that request its wait, as it should.
+func (r *run) pace() {
+	defer close(r.due)
+	for i := int64(0); r.limit == 0 || i < r.limit; i++ {
+		due := r.dueAt(i)
+		for {
+			d := time.Until(due)
+			if d <= 0 {
+				break
+			}
+			if r.stop.Load() {
+				return
+			}
+			nap(min(d, maxNap))
+		}
+		select {
+		case r.due <- struct{}{}:
+		case <-r.done:
+			return
+		}
+	}
 }
 
 // worker is one goroutine's state. Its live counters are atomics written only
@@ -293,7 +391,7 @@ type worker struct {
 	hist     *histShard
 }
 
-// histShard is a pair of latency histograms shared by a few workers. A
+// histShard is the latency histograms shared by a few workers. A
 // histogram is ~200 KB: one per worker would cost gigabytes at a concurrency of
 // thousands, and merging them all would take longer than the run. A lock held
 // for one RecordValue is nothing next to an HTTP round trip.
@@ -301,6 +399,7 @@ type histShard struct {
 	mu     sync.Mutex
 	lat    *hdrhistogram.Histogram
 	accLat *hdrhistogram.Histogram
+	lag    *hdrhistogram.Histogram // send lag of a paced run, else nil
 	_      [64]byte
 }
 
@@ -333,12 +432,28 @@ func (r *run) work(w *worker) {
 		idem = append(make([]byte, 0, len(r.idemPrefix)+20), r.idemPrefix...)
 	}
 	n := int64(len(r.users))
-	limit := r.cfg.Requests
+	limit := r.limit
+	paced := r.paced()
 
 	for !r.stop.Load() {
+		if paced {
+			// The pacer hands out exactly limit tokens, one per request.
+			select {
+			case _, ok := <-r.due:
+				if !ok {
+					return
+				}
+			case <-r.done:
+				return
+			}
+		}
 		i := r.next.Add(1) - 1
 		if limit > 0 && i >= limit {
 			return
+		}
+		var due time.Time
+		if paced {
+			due = r.dueAt(i)
 		}
 		req.Header.SetCanonical(hdrAuthorization, r.users[i%n])
 		if r.ips != nil {
@@ -350,7 +465,13 @@ func (r *run) work(w *worker) {
 		}
 		t0 := time.Now()
 		err := r.client.Do(req, resp)
-		us := time.Since(t0).Microseconds()
+		t1 := time.Now()
+		us := t1.Sub(t0).Microseconds()
+		if paced {
+			// Open loop: the request's latency runs from when it was due.
+			us = t1.Sub(due).Microseconds()
+			w.recordLag(t0.Sub(due).Microseconds())
+		}
 		if err != nil {
 			w.errors.Add(1)
 			w.done.Add(1)
@@ -359,6 +480,14 @@ func (r *run) work(w *worker) {
 		w.record(resp.StatusCode(), resp.Body(), us)
 		w.done.Add(1)
 	}
+}
+
+// recordLag notes how late a paced request left.
+func (w *worker) recordLag(us int64) {
+	us = min(max(us, 0), histMax)
+	w.hist.mu.Lock()
+	_ = w.hist.lag.RecordValue(us)
+	w.hist.mu.Unlock()
 }
 
 func (w *worker) record(status int, body []byte, us int64) {
@@ -471,6 +600,10 @@ func (r *run) merge(elapsed time.Duration) *Result {
 		Elapsed:         elapsed,
 		Latency:         newHist(),
 		AcceptedLatency: newHist(),
+		Rate:            r.cfg.Rate,
+	}
+	if r.paced() {
+		res.SendLag = newHist()
 	}
 	for _, w := range r.workers {
 		res.Requests += w.done.Load()
@@ -487,6 +620,9 @@ func (r *run) merge(elapsed time.Duration) *Result {
 	for i := range r.shards {
 		res.Latency.Merge(r.shards[i].lat)
 		res.AcceptedLatency.Merge(r.shards[i].accLat)
+		if res.SendLag != nil {
+			res.SendLag.Merge(r.shards[i].lag)
+		}
 	}
 	slices.Sort(res.Accepted)
 	res.Accepted = slices.Compact(res.Accepted)
@@ -544,8 +680,15 @@ func (r *Result) Write(w io.Writer) {
 		fmt.Fprintf(w, " (%d 202s without a readable order_id)", r.BadOrderIDs)
 	}
 	fmt.Fprintln(w)
+	if r.Rate > 0 {
+		fmt.Fprintf(w, "%-10s asked %.0f req/s, sent %.0f req/s; latency runs from each request's due time\n",
+			"rate", r.Rate, r.Throughput())
+	}
 	writeLatency(w, "latency", "all", r.Latency)
 	writeLatency(w, "", "202", r.AcceptedLatency)
+	if r.SendLag != nil {
+		writeLatency(w, "send lag", "all", r.SendLag)
+	}
 }
 
 func writeLatency(w io.Writer, label, of string, h *hdrhistogram.Histogram) {
@@ -568,4 +711,71 @@ func us(v int64) string {
 	default:
 		return strconv.FormatFloat(d.Seconds(), 'f', 2, 64) + "s"
 	}
+}
+
+// Summary is a Result in figures, the shape `flashgate bench --json` writes.
+type Summary struct {
+	Requests int64 `json:"requests"`
+	// TransportErrors counts requests without a response.
+	TransportErrors int64            `json:"transport_errors"`
+	ByStatus        map[int]int64    `json:"by_status"`
+	ByCode          map[string]int64 `json:"by_code"`
+	// Accepted counts distinct order ids of 202 answers.
+	Accepted    int     `json:"accepted"`
+	BadOrderIDs int64   `json:"bad_order_ids"`
+	ElapsedS    float64 `json:"elapsed_s"`
+	// Throughput is requests sent per second over the run.
+	Throughput float64 `json:"throughput"`
+	// Rate is the rate asked for (0: as fast as possible); LatencyFrom says
+	// where latencies start: "due" (paced: the request's place on the
+	// timeline) or "sent".
+	Rate            float64     `json:"rate"`
+	LatencyFrom     string      `json:"latency_from"`
+	Latency         Percentiles `json:"latency_us"`
+	AcceptedLatency Percentiles `json:"accepted_latency_us"`
+	// SendLag is how late paced requests left (absent unpaced).
+	SendLag *Percentiles `json:"send_lag_us,omitempty"`
+}
+
+// Percentiles of a latency histogram, in µs.
+type Percentiles struct {
+	Count int64 `json:"count"`
+	P50   int64 `json:"p50"`
+	P90   int64 `json:"p90"`
+	P99   int64 `json:"p99"`
+	P999  int64 `json:"p999"`
+	Max   int64 `json:"max"`
+}
+
+// PercentilesOf reads h (all zero for a nil or empty histogram).
+func PercentilesOf(h *hdrhistogram.Histogram) Percentiles {
+	if h == nil || h.TotalCount() == 0 {
+		return Percentiles{}
+	}
+	return Percentiles{
+		Count: h.TotalCount(),
+		P50:   h.ValueAtQuantile(50),
+		P90:   h.ValueAtQuantile(90),
+		P99:   h.ValueAtQuantile(99),
+		P999:  h.ValueAtQuantile(99.9),
+		Max:   h.Max(),
+	}
+}
+
+// Summary condenses the result.
+func (r *Result) Summary() Summary {
+	s := Summary{
+		Requests: r.Requests, TransportErrors: r.Errors, ByStatus: r.ByStatus, ByCode: r.ByCode,
+		Accepted: len(r.Accepted), BadOrderIDs: r.BadOrderIDs, ElapsedS: r.Elapsed.Seconds(),
+		Throughput: r.Throughput(), Rate: r.Rate, LatencyFrom: "sent",
+		Latency: PercentilesOf(r.Latency), AcceptedLatency: PercentilesOf(r.AcceptedLatency),
+	}
+	if r.Rate > 0 {
+		s.LatencyFrom = "due"
+	}
+	if r.SendLag != nil {
+		p := PercentilesOf(r.SendLag)
+		s.SendLag = &p
+	}
+	return s
 }

@@ -3,7 +3,10 @@ package loadgen
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/valyala/fasthttp"
 )
 
@@ -228,14 +232,17 @@ func TestRunTransportErrors(t *testing.T) {
 func TestConfigErrors(t *testing.T) {
 	ok := Config{Target: "http://127.0.0.1:1", Sale: "s", Tokens: tokens(1), Concurrency: 1, Requests: 1}
 	for name, mutate := range map[string]func(*Config){
-		"no target":    func(c *Config) { c.Target = "" },
-		"bad scheme":   func(c *Config) { c.Target = "ftp://x" },
-		"no host":      func(c *Config) { c.Target = "http://" },
-		"no sale":      func(c *Config) { c.Sale = "" },
-		"no tokens":    func(c *Config) { c.Tokens = nil },
-		"no workers":   func(c *Config) { c.Concurrency = 0 },
-		"no stop":      func(c *Config) { c.Requests = 0 },
-		"negative qty": func(c *Config) { c.Quantity = -1 },
+		"no target":     func(c *Config) { c.Target = "" },
+		"bad scheme":    func(c *Config) { c.Target = "ftp://x" },
+		"no host":       func(c *Config) { c.Target = "http://" },
+		"no sale":       func(c *Config) { c.Sale = "" },
+		"no tokens":     func(c *Config) { c.Tokens = nil },
+		"no workers":    func(c *Config) { c.Concurrency = 0 },
+		"no stop":       func(c *Config) { c.Requests = 0 },
+		"negative qty":  func(c *Config) { c.Quantity = -1 },
+		"negative rate": func(c *Config) { c.Rate = -1 },
+		"NaN rate":      func(c *Config) { c.Rate = math.NaN() },
+		"endless rate":  func(c *Config) { c.Rate = math.Inf(1) },
 	} {
 		c := ok
 		mutate(&c)
@@ -276,5 +283,280 @@ func TestRecordAllocs(t *testing.T) {
 		w.record(202, acc, 80)
 	}); n != 0 {
 		t.Fatalf("record allocates %v times per call", n)
+	}
+}
+
+// arrivals records when each request reached the server; stallAt > 0 makes
+// the stallAt-th request hold every handler (a global lock) for stall, the
+// way a GC pause, a full queue or a blocked event loop stalls a real server.
+type arrivals struct {
+	stallAt int64
+	stall   time.Duration
+	n       atomic.Int64
+	gate    sync.Mutex
+
+	mu sync.Mutex
+	at []time.Time
+}
+
+func startArrivals(t *testing.T, a *arrivals) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		now := time.Now()
+		n := a.n.Add(1)
+		a.mu.Lock()
+		a.at = append(a.at, now)
+		a.mu.Unlock()
+		a.gate.Lock()
+		if n == a.stallAt {
+			time.Sleep(a.stall)
+		}
+		a.gate.Unlock()
+		ctx.SetStatusCode(fasthttp.StatusConflict)
+		ctx.SetBodyString(`{"code":"sold_out","message":"sold out"}`)
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		_ = srv.Shutdown()
+		<-done
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// A paced run sends at the rate asked, spread over the run, not in a burst.
+func TestRunRate(t *testing.T) {
+	a := &arrivals{}
+	target := startArrivals(t, a)
+	const rate, n = 2000.0, 1000
+	before := time.Now()
+	res, err := Run(context.Background(), Config{
+		Target: target, Sale: "s1", Tokens: tokens(10), Concurrency: 16, Requests: n, Rate: rate,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests != n || res.Errors != 0 || res.ByStatus[409] != n {
+		t.Fatalf("requests %d errors %d status %v", res.Requests, res.Errors, res.ByStatus)
+	}
+	// The last request is due at (n-1)/rate: the run cannot be shorter.
+	if min := time.Duration(float64(n-1) / rate * float64(time.Second)); res.Elapsed < min {
+		t.Fatalf("elapsed %v, shorter than the schedule's %v", res.Elapsed, min)
+	}
+	t.Logf("achieved %.0f req/s for %.0f; latency p50 %dµs p99 %dµs; send lag p50 %dµs p99 %dµs max %dµs",
+		res.Throughput(), rate, res.Latency.ValueAtQuantile(50), res.Latency.ValueAtQuantile(99),
+		res.SendLag.ValueAtQuantile(50), res.SendLag.ValueAtQuantile(99), res.SendLag.Max())
+	// A generous band below (a busy machine makes the generator late, and
+	// the run longer); none above.
+	if got := res.Throughput(); got < 0.5*rate || got > 1.01*rate {
+		t.Fatalf("achieved %.0f req/s for %.0f asked", got, rate)
+	}
+	if res.Rate != rate || res.SendLag == nil || res.SendLag.TotalCount() != n || res.Latency.TotalCount() != n {
+		t.Fatalf("rate %v, send lag %v, latency count %d", res.Rate, res.SendLag, res.Latency.TotalCount())
+	}
+	// Never ahead of the timeline: the k-th request to reach the server left
+	// no earlier than request k was due (a closed loop would have sent them
+	// all within a few milliseconds). Late is possible, early is not.
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	slices.SortFunc(a.at, func(x, y time.Time) int { return x.Compare(y) })
+	for k, at := range a.at {
+		if due := before.Add(time.Duration(float64(k) / rate * float64(time.Second))); at.Before(due) {
+			t.Fatalf("request %d arrived %v ahead of its due time", k, due.Sub(at))
+		}
+	}
+
+	var out bytes.Buffer
+	res.Write(&out)
+	for _, want := range []string{"asked 2000 req/s", "send lag"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// With a rate, a duration is a number of requests, all of them sent.
+func TestRunRateDuration(t *testing.T) {
+	target := startArrivals(t, &arrivals{})
+	res, err := Run(context.Background(), Config{
+		Target: target, Sale: "s1", Tokens: tokens(3), Concurrency: 4, Rate: 400, Duration: 500 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests != 200 || res.Latency.TotalCount() != 200 {
+		t.Fatalf("requests %d (latencies %d), want 400/s × 0.5 s = 200", res.Requests, res.Latency.TotalCount())
+	}
+	if res.Elapsed < 495*time.Millisecond || res.Elapsed > 3*time.Second {
+		t.Fatalf("elapsed %v for a 500ms schedule", res.Elapsed)
+	}
+	// Requests is a cap on Rate × Duration.
+	res, err = Run(context.Background(), Config{
+		Target: target, Sale: "s1", Tokens: tokens(3), Concurrency: 4, Rate: 400, Duration: time.Hour, Requests: 20,
+	})
+	if err != nil || res.Requests != 20 {
+		t.Fatalf("requests %d, %v; want 20", res.Requests, err)
+	}
+}
+
+// A server that stalls once shows the stall in a paced run's histogram for
+// every request that was due during it, not only for the few in flight: the
+// latency runs from the due time (wrk2's correction of coordinated omission).
+// The same stall under a closed loop reaches at most one request per worker.
+func TestRunRateMeasuresFromSchedule(t *testing.T) {
+	const (
+		rate    = 1000.0
+		n       = 800
+		workers = 8
+		stall   = 300 * time.Millisecond
+		slow    = 100 * time.Millisecond
+	)
+	a := &arrivals{stallAt: 200, stall: stall}
+	target := startArrivals(t, a)
+	res, err := Run(context.Background(), Config{
+		Target: target, Sale: "s1", Tokens: tokens(10), Concurrency: workers, Requests: n, Rate: rate,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests != n || res.Latency.TotalCount() != n {
+		t.Fatalf("requests %d, latencies %d", res.Requests, res.Latency.TotalCount())
+	}
+	// Requests due in the first 200 ms of the 300 ms stall waited at least
+	// 100 ms: about 200 of them.
+	over := n - countBelow(res.Latency.Distribution(), slow)
+	t.Logf("paced: %d of %d over %v, p50 %dµs p99 %dµs max %dµs, send lag max %dµs", over, n, slow,
+		res.Latency.ValueAtQuantile(50), res.Latency.ValueAtQuantile(99), res.Latency.Max(), res.SendLag.Max())
+	if over < 100 {
+		t.Fatalf("%d of %d requests took over %v through a %v stall at %.0f/s; want about %d",
+			over, n, slow, stall, rate, int(rate*(stall-slow).Seconds()))
+	}
+	if p := res.Latency.ValueAtQuantile(99); p < (stall - 50*time.Millisecond).Microseconds() {
+		t.Fatalf("p99 %dµs: the stall does not show", p)
+	}
+	if lag := res.SendLag.Max(); lag < slow.Microseconds() {
+		t.Fatalf("send lag max %dµs: the queued requests left late, it should say so", lag)
+	}
+
+	// Closed loop, same stall: only the requests in flight see it (one per
+	// worker; a little slack for a machine that stalls the client too).
+	a2 := &arrivals{stallAt: 200, stall: stall}
+	target = startArrivals(t, a2)
+	res, err = Run(context.Background(), Config{
+		Target: target, Sale: "s1", Tokens: tokens(10), Concurrency: workers, Requests: n,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	over = n - countBelow(res.Latency.Distribution(), slow)
+	t.Logf("closed loop: %d of %d over %v, p50 %dµs p99 %dµs max %dµs", over, n, slow,
+		res.Latency.ValueAtQuantile(50), res.Latency.ValueAtQuantile(99), res.Latency.Max())
+	if over > 3*workers {
+		t.Fatalf("closed loop: %d requests over %v with %d workers", over, slow, workers)
+	}
+}
+
+// countBelow counts the recorded values under d.
+func countBelow(bars []hdrhistogram.Bar, d time.Duration) int {
+	n := 0
+	for _, b := range bars {
+		if b.To < d.Microseconds() {
+			n += int(b.Count)
+		}
+	}
+	return n
+}
+
+// A paced run waiting for its next due time stops at once when canceled.
+func TestRunRateCanceled(t *testing.T) {
+	target := startArrivals(t, &arrivals{})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	res, err := Run(ctx, Config{
+		Target: target, Sale: "s1", Tokens: tokens(3), Concurrency: 4, Rate: 2, Requests: 100,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second || res.Requests != 1 {
+		t.Fatalf("canceled after %v with %d requests; want 1 (only request 0 is due before 500ms)", d, res.Requests)
+	}
+}
+
+// The pacer's timeline holds: tokens come no earlier than due and, on an idle
+// machine, soon after; nothing on the way allocates.
+func TestPacer(t *testing.T) {
+	const n = 200
+	r := &run{interval: float64(200 * time.Microsecond), limit: n, due: make(chan struct{}, n)}
+	r.start = time.Now()
+	go r.pace()
+	var late []time.Duration
+	for i := int64(0); ; i++ {
+		if _, ok := <-r.due; !ok {
+			if i != n {
+				t.Fatalf("%d tokens, want %d", i, n)
+			}
+			break
+		}
+		l := time.Since(r.dueAt(i))
+		if l < 0 {
+			t.Fatalf("token %d came %v early", i, -l)
+		}
+		late = append(late, l)
+	}
+	slices.Sort(late)
+	t.Logf("token lateness p50 %v p90 %v max %v", late[n/2], late[n*9/10], late[n-1])
+
+	w := newWorker(&histShard{lat: newHist(), accLat: newHist(), lag: newHist()})
+	if a := testing.AllocsPerRun(100, func() {
+		nap(time.Microsecond)
+		w.recordLag(time.Since(r.dueAt(3)).Microseconds())
+		w.recordLag(-3) // clamped
+	}); a != 0 {
+		t.Fatalf("pacing allocates %v times per request", a)
+	}
+	if w.hist.lag.TotalCount() != 2*(100+1) {
+		t.Fatalf("lag count %d", w.hist.lag.TotalCount())
+	}
+}
+
+func TestSummary(t *testing.T) {
+	target := startArrivals(t, &arrivals{})
+	res, err := Run(context.Background(), Config{
+		Target: target, Sale: "s1", Tokens: tokens(3), Concurrency: 2, Requests: 50, Rate: 1000,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(res.Summary())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got["requests"] != 50.0 || got["rate"] != 1000.0 || got["latency_from"] != "due" ||
+		got["by_status"].(map[string]any)["409"] != 50.0 || got["by_code"].(map[string]any)["sold_out"] != 50.0 {
+		t.Fatalf("summary %s", b)
+	}
+	lat := got["latency_us"].(map[string]any)
+	if lat["count"] != 50.0 || lat["p99"].(float64) < lat["p50"].(float64) || lat["max"].(float64) < lat["p999"].(float64) {
+		t.Fatalf("latency %v", lat)
+	}
+	if _, ok := got["send_lag_us"]; !ok {
+		t.Fatalf("no send lag in %s", b)
+	}
+	res.Rate, res.SendLag = 0, nil
+	if s := res.Summary(); s.LatencyFrom != "sent" || s.SendLag != nil {
+		t.Fatalf("unpaced summary %+v", s)
 	}
 }

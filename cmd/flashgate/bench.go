@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -36,13 +37,15 @@ type benchOptions struct {
 	concurrency  int
 	requests     int64
 	duration     time.Duration
+	rate         float64 // requests/s, open loop; 0: as fast as possible
 	quantity     int64
 	region       string
 	idempotency  bool
 	oneIP        bool
 	drainTimeout time.Duration
 	noCheck      bool
-	announce     bool // say what is about to happen before the load starts
+	announce     bool   // say what is about to happen before the load starts
+	jsonPath     string // write the result as JSON here too, if not ""
 }
 
 func benchCmd(args []string, stdout, stderr io.Writer) error {
@@ -58,6 +61,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	c.IntVar(&o.concurrency, "concurrency", 256, "requests in flight")
 	c.Int64Var(&o.requests, "requests", 100000, "requests to send (unless --duration)")
 	c.DurationVar(&o.duration, "duration", 0, "send for this long instead of a number of requests")
+	c.Float64Var(&o.rate, "rate", 0, "send at this many requests/s on a fixed schedule, latency measured from each request's due time (open loop, as wrk2); with --duration it sends rate × duration requests. 0: as fast as --concurrency allows")
 	c.Int64Var(&o.quantity, "quantity", 1, "units per order")
 	c.StringVar(&o.region, "region", "", "region to buy in")
 	c.BoolVar(&o.idempotency, "idempotency", false, "send a fresh Idempotency-Key with every request")
@@ -65,6 +69,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	c.StringVar(&o.label, "label", "bench", "name on the summary line")
 	c.DurationVar(&o.drainTimeout, "drain-timeout", 60*time.Second, "how long to wait for the backend to write every accepted order")
 	c.BoolVar(&o.noCheck, "no-check", false, "skip the audit of the invariants")
+	c.StringVar(&o.jsonPath, "json", "", "also write the raw result (counts, latency percentiles, audit) as JSON to this `file`")
 	pos, err := c.parse(args)
 	if err != nil {
 		return err
@@ -80,6 +85,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		return c.usageError("--requests and --duration must not be negative")
 	case o.duration == 0 && o.requests == 0:
 		return c.usageError("give --requests or --duration")
+	case o.rate < 0 || math.IsNaN(o.rate) || math.IsInf(o.rate, 0):
+		return c.usageError("--rate must be a number of requests/s, 0 or more")
 	case o.label == "":
 		return c.usageError("--label must not be empty")
 	}
@@ -169,7 +176,7 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 	loadCtx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	res, err := loadgen.Run(loadCtx, loadgen.Config{
 		Target: o.target, Sale: o.sale, Tokens: tokens, Concurrency: o.concurrency,
-		Requests: o.requests, Duration: o.duration, Quantity: o.quantity, Region: o.region,
+		Requests: o.requests, Duration: o.duration, Rate: o.rate, Quantity: o.quantity, Region: o.region,
 		Idempotency: o.idempotency, ClientIPs: !o.oneIP, Progress: stderr,
 	})
 	stop()
@@ -177,8 +184,10 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 		return err
 	}
 	res.Write(stdout)
+	out := benchJSON{Label: o.label, Target: o.target, Sale: o.sale, Users: o.users, Concurrency: o.concurrency,
+		Load: res.Summary()}
 	if o.noCheck {
-		return nil
+		return writeJSON(o.jsonPath, out)
 	}
 
 	fmt.Fprintf(stderr, "%s: waiting up to %s for the backend to write %d accepted orders\n",
@@ -189,8 +198,55 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 	}
 	writeAudit(stdout, rep, len(res.Accepted), waited, drained)
 	fmt.Fprintln(stdout, summaryLine(o.label, rep, res.BadOrderIDs))
-	if !rep.OK() || res.BadOrderIDs > 0 {
+	ok := rep.OK() && res.BadOrderIDs == 0
+	out.Audit = &benchAudit{Report: rep, OK: ok, Drained: drained, DrainS: waited.Seconds()}
+	if err := writeJSON(o.jsonPath, out); err != nil {
+		return err
+	}
+	if !ok {
 		return exitCode(1)
+	}
+	return nil
+}
+
+// benchJSON is what `bench --json` writes: the run's settings, its figures,
+// and the audit when one ran.
+type benchJSON struct {
+	Label       string          `json:"label"`
+	Target      string          `json:"target"`
+	Sale        string          `json:"sale"`
+	Users       int             `json:"users"`
+	Concurrency int             `json:"concurrency"`
+	Load        loadgen.Summary `json:"load"`
+	Audit       *benchAudit     `json:"audit"` // null with --no-check
+}
+
+// benchAudit is the audit of a bench: the report, and OK when it found every
+// invariant kept (and every 202 carried an order id).
+type benchAudit struct {
+	audit.Report
+	OK      bool    `json:"ok"`
+	Drained bool    `json:"drained"`
+	DrainS  float64 `json:"drain_s"`
+}
+
+// writeJSON writes v, indented, to path ("" writes nothing), through a
+// temporary file so that a reader never sees half of it.
+func writeJSON(path string, v any) error {
+	if path == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("json: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("json: %w", err)
 	}
 	return nil
 }
