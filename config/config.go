@@ -162,7 +162,7 @@ func Default() Config {
 			MaxInflight: 20000,
 		},
 		Backend: Backend{
-			AdminListen: "127.0.0.1:8082", BatchSize: 500, BatchWait: 5 * time.Millisecond,
+			AdminListen: "127.0.0.1:8082", BatchSize: 500, BatchWait: 50 * time.Millisecond,
 			MaxAckPending: 20000, MaxDeliver: 10, AckWait: 30 * time.Second, ShutdownTimeout: 15 * time.Second,
 		},
 		Admin: Admin{URL: "http://127.0.0.1:8082"},
