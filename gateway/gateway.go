@@ -98,6 +98,7 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 		// its own, shorter deadline (AdmitTimeout).
 		ConnWriteTimeout: 3 * time.Second,
 		Dialer:           net.Dialer{Timeout: time.Second},
+		MaxFlushDelay:    cfg.Redis.MaxFlushDelay,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: redis %v: %w", cfg.Redis.Addrs, err)
