@@ -62,15 +62,19 @@ func (c *Cache) Verify(token []byte, now time.Time) (*Claims, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The cache keeps a token no longer than the verifier would accept it.
-	e = &cached{token: string(token), claims: claims, exp: claims.ExpiresAt.Add(leeway).Unix()}
+	// The cache keeps a token no longer than the verifier would accept it, and
+	// of its claims only what requests read: a full Claims (audience slice,
+	// issued-at and not-before dates) doubled an entry's size.
+	slim := &Claims{Phone: claims.Phone, Device: claims.Device}
+	slim.Subject, slim.ExpiresAt = claims.Subject, claims.ExpiresAt
+	e = &cached{token: string(token), claims: slim, exp: claims.ExpiresAt.Add(leeway).Unix()}
 	s.mu.Lock()
 	if len(s.m) >= c.max {
 		s.evict(now.Unix())
 	}
 	s.m[h] = e
 	s.mu.Unlock()
-	return claims, nil
+	return slim, nil
 }
 
 // evict drops expired entries, or, when none has expired, an arbitrary tenth

@@ -66,6 +66,10 @@ type Gateway struct {
 	// BreakerFailures consecutive dependency failures open a breaker for BreakerOpen.
 	BreakerFailures int           `yaml:"breaker_failures"`
 	BreakerOpen     time.Duration `yaml:"breaker_open"`
+	// MemoryLimitMB is the Go runtime's soft memory limit for the process
+	// (debug.SetMemoryLimit; 0: none): the garbage collector and scavenger
+	// work harder near it instead of letting the heap double.
+	MemoryLimitMB int `yaml:"memory_limit_mb"`
 }
 
 // RateLimit is the ops-tunable block of DESIGN.md §9 (binding). It reloads
@@ -157,7 +161,7 @@ func Default() Config {
 			MaxHeaderBytes: 8192, MaxConnsPerIP: 0,
 			TrustedProxies: []string{"127.0.0.1/32", "::1/128"},
 			TokenCacheSize: 100000, LimiterMaxKeys: 1000000,
-			BreakerFailures: 5, BreakerOpen: 2 * time.Second,
+			BreakerFailures: 5, BreakerOpen: 2 * time.Second, MemoryLimitMB: 100,
 		},
 		RateLimit: RateLimit{
 			PerIP:       Rate{Rate: 20, Burst: 40},
@@ -232,6 +236,9 @@ func (c *Config) Validate() error {
 	var errs []error
 	if len(c.Redis.Addrs) == 0 {
 		errs = append(errs, errors.New("redis.addrs is empty"))
+	}
+	if c.Gateway.MemoryLimitMB < 0 {
+		errs = append(errs, errors.New("gateway.memory_limit_mb must not be negative"))
 	}
 	if c.Redis.MaxFlushDelay < 0 || c.Redis.MaxFlushDelay > 10*time.Millisecond {
 		errs = append(errs, errors.New("redis.max_flush_delay must be 0..10ms"))
