@@ -14,7 +14,7 @@ GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
 
-.PHONY: help deps build up infra-up down status reset test demo bench bench-edge lint fmt clean
+.PHONY: help deps build up infra-up down status reset test demo bench bench-go bench-edge lint fmt clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -68,7 +68,16 @@ demo: deps build ## start the stack, create a sale and run the load against it, 
 	$(STACK) down > var/log/down.log 2>&1 || echo "make demo: stack down failed, see var/log/down.log" >&2; \
 	exit $$rc
 
-bench: deps ## run the Go benchmarks
+# flashgate against its yardsticks in one run (Redis EVALSHA, nginx's fixed answer, the seeds'
+# synchronous design; purchases, refusals, p99 at half the peak, backend ingestion, RSS with 10,000
+# connections), each audited: writes BENCHMARKS.md's generated section and bench/results.json, raw
+# outputs in var/bench/; the last lines are "target <name>: <figure> (goal <goal>) met|missed".
+# Settings: BENCH_DURATION, BENCH_CONCURRENCY, BENCH_USERS, BENCH_INGEST_ORDERS, BENCH_CONNS,
+# BENCH_PROFILE (scripts/bench.sh). Leaves a running stack as it found it.
+bench: deps build ## flashgate vs Redis, nginx and the seeds' design: BENCHMARKS.md, bench/results.json
+	@BENCH_PROFILE=$${BENCH_PROFILE:-1} scripts/bench.sh
+
+bench-go: deps ## run the Go benchmarks (go test -bench)
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 # wrk against nginx answering a fixed 409 and against a gateway answering a sold-out sale, same
