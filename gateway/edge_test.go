@@ -437,7 +437,12 @@ func TestMetricsCountRequestsByRouteAndCode(t *testing.T) {
 	s := e.sale(func(s *flashgate.Sale) { s.Total, s.PerUserLimit, s.PerOrderMax = 1, 1, 1 })
 	e.buyFrom(s, "a", "") // 202, the last unit: marks the sale sold out
 	e.buyFrom(s, "b", "") // 409 from memory
-	e.buyFrom(s, "b", "") // 429 per user
+	e.buyFrom(s, "b", "") // 409 again: the mark answers before the token and the per-user limit
+	later := e.sale(func(s *flashgate.Sale) {
+		s.StartsAt, s.EndsAt = time.Now().Add(time.Hour), time.Now().Add(2*time.Hour)
+	})
+	e.buyFrom(later, "c", "") // 425 not started
+	e.buyFrom(later, "c", "") // 429 per user
 	e.do("GET", "/v1/sales/"+s.ID, "", nil, nil)
 	res, err := http.Get("http://" + e.g.AdminAddr() + "/metrics")
 	if err != nil {
@@ -447,7 +452,8 @@ func TestMetricsCountRequestsByRouteAndCode(t *testing.T) {
 	res.Body.Close()
 	for _, want := range []string{
 		`flashgate_gateway_requests_total{code="accepted",route="purchase"} 1`,
-		`flashgate_gateway_requests_total{code="sold_out",route="purchase"} 1`,
+		`flashgate_gateway_requests_total{code="sold_out",route="purchase"} 2`,
+		`flashgate_gateway_requests_total{code="not_started",route="purchase"} 1`,
 		`flashgate_gateway_requests_total{code="rate_limited",route="purchase"} 1`,
 		`flashgate_gateway_requests_total{code="ok",route="sale"} 1`,
 		`flashgate_gateway_limiter_refusals_total{limit="user"} 1`,
@@ -481,5 +487,44 @@ func TestReusePortSharesOnePort(t *testing.T) {
 		if r := a.buyFrom(s, "u"+strconv.Itoa(i), ""); r.Status != 202 {
 			t.Fatalf("purchase %d through the shared port: %d %s", i, r.Status, r.Raw)
 		}
+	}
+}
+
+// TestSoldOutBeforeTheToken: a sold-out sale or region answers 409 before the
+// token is checked (sold out is public, and a flood is mostly new tokens);
+// what could be a replay (an Idempotency-Key), a region with stock or a
+// malformed body goes through the full checks.
+func TestSoldOutBeforeTheToken(t *testing.T) {
+	e := limitsOn(t, config.RateLimit{})
+	s := e.sale(func(s *flashgate.Sale) {
+		s.Total, s.PerUserLimit, s.PerOrderMax = 3, 1, 1
+		s.Regions = map[string]int64{"bj": 1, "sh": 2}
+	})
+	if r := e.buy(s, e.token("a"), `{"region":"bj"}`, nil); r.Status != 202 {
+		t.Fatalf("last bj unit: %+v", r)
+	}
+	if r := e.buy(s, e.token("b"), `{"region":"bj"}`, nil); r.Status != 409 { // marks bj sold out (if the admission did not)
+		t.Fatalf("bj: %+v", r)
+	}
+	cases := []struct {
+		what, token, body string
+		hdr               map[string]string
+		status            int
+		code              string
+	}{
+		{"bad token, sold-out region", "not-a-token", `{"region":"bj"}`, nil, 409, "sold_out"},
+		{"no token, sold-out region", "", `{"region":"bj"}`, nil, 409, "sold_out"},
+		{"bad token, region with stock", "not-a-token", `{"region":"sh"}`, nil, 401, "unauthorized"},
+		{"bad token, idempotency key", "not-a-token", `{"region":"bj"}`, map[string]string{"Idempotency-Key": "k1"}, 401, "unauthorized"},
+		{"bad token, bad body", "not-a-token", `{"region":`, nil, 401, "unauthorized"},
+		{"good token, region with stock", e.token("c"), `{"region":"sh"}`, nil, 202, "accepted"},
+	}
+	for _, c := range cases {
+		if r := e.buy(s, c.token, c.body, c.hdr); r.Status != c.status || r.Code != c.code {
+			t.Errorf("%s: %d %s, want %d %s", c.what, r.Status, r.Code, c.status, c.code)
+		}
+	}
+	if rem, resv := e.stock(s); rem != 1 || resv == 0 {
+		t.Errorf("remaining %d, reservations %d: want 1 left and the 2 accepted reserved", rem, resv)
 	}
 }

@@ -152,6 +152,9 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	if !g.allowIP(ctx, now) {
 		return
 	}
+	if g.soldOutEarly(ctx, s, now) {
+		return
+	}
 	claims, ok := g.user(ctx, now)
 	if !ok {
 		return
@@ -262,6 +265,37 @@ func (g *Gateway) charges(ctx *fasthttp.RequestCtx, s *sale, claims *auth.Claims
 		}
 	}
 	return s.spec.Charges(sub, body.Quantity, now, s.loc)
+}
+
+// soldOutEarly answers 409 from the sold-out mark before the token is checked:
+// that a sale (or region) is sold out is public (GET /v1/sales/{id} says so),
+// and in a flood most buyers are new tokens, each an HS256 verification the
+// answer does not need. Only a request that could be a replay (it carries an
+// Idempotency-Key) or that is malformed goes on to the full checks, which
+// answer it as before.
+func (g *Gateway) soldOutEarly(ctx *fasthttp.RequestCtx, s *sale, now time.Time) bool {
+	if s == nil || ctx.Request.Header.PeekBytes(hdrIdem) != nil {
+		return false
+	}
+	nowMS := now.UnixMilli()
+	if s.closed.Load() || nowMS >= s.endsMS || nowMS < s.startsMS {
+		return false
+	}
+	region := ""
+	if len(s.spec.Regions) > 0 {
+		body, err := parsePurchase(ctx.PostBody())
+		if err != nil || len(body.Region) == 0 {
+			return false
+		}
+		if region = s.regionName(body.Region); region == "" {
+			return false
+		}
+	}
+	if f := s.soldOutFlag(region); f == nil || !f.Load() {
+		return false
+	}
+	fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+	return true
 }
 
 // maybeReplay decides whether a purchase on a sold-out sale must still reach
