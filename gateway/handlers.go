@@ -327,6 +327,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 	}
 	id := lease.Next()
 	payBy := now.Add(g.cfg.Orders.PaymentTimeout)
+	enc := flashgate.EncodeCharges(charges)
 	var adm lua.Admission
 	start := time.Now()
 	_, err := g.breakers.forSlot(s.slot).Execute(func() (struct{}, error) {
@@ -335,7 +336,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 		var err error
 		adm, err = g.scripts.Admit(actx, g.rc, s.keys, lua.AdmitArgs{
 			User: user, Quantity: qty, OrderID: id, Now: now, IdemKey: idem, Region: region, PayBy: payBy,
-			Charges: charges, Limits: s.spec.Limits,
+			Charges: charges, Limits: s.spec.Limits, EncodedCharges: enc,
 		})
 		return struct{}{}, err
 	})
@@ -344,7 +345,6 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 		return
 	}
 	g.metrics.AdmitLatency(time.Since(start))
-	enc := flashgate.EncodeCharges(charges)
 	if err != nil {
 		g.undoAdmit(s, id, region, enc, err)
 		unavailable(ctx, "stock service unavailable")

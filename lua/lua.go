@@ -176,6 +176,9 @@ type AdmitArgs struct {
 	// flashgate.Sale.Charges), each checked against Limits[c.Limit].Max.
 	Charges []flashgate.Charge
 	Limits  []flashgate.Limit
+	// EncodedCharges is flashgate.EncodeCharges(Charges) if the caller has it
+	// already ("": Admit encodes them).
+	EncodedCharges string
 }
 
 // Admission is the script's decision.
@@ -203,7 +206,11 @@ func (s *Scripts) Admit(ctx context.Context, c rueidis.Client, k *Keys, a AdmitA
 	args := []string{a.User, strconv.FormatInt(a.Quantity, 10), strconv.FormatUint(a.OrderID, 10),
 		strconv.FormatInt(a.Now.UnixMilli(), 10), a.IdemKey, a.Region, strconv.FormatInt(a.PayBy.UnixMilli(), 10)}
 	if len(a.Charges) > 0 {
-		args = append(args, flashgate.EncodeCharges(a.Charges))
+		enc := a.EncodedCharges
+		if enc == "" {
+			enc = flashgate.EncodeCharges(a.Charges)
+		}
+		args = append(args, enc)
 		for _, ch := range a.Charges {
 			if ch.Limit < 0 || ch.Limit >= len(a.Limits) {
 				return Admission{}, fmt.Errorf("admit %s: charge of limit %d, the sale has %d", k.Sale, ch.Limit, len(a.Limits))
