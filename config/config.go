@@ -66,9 +66,10 @@ type Gateway struct {
 	// BreakerFailures consecutive dependency failures open a breaker for BreakerOpen.
 	BreakerFailures int           `yaml:"breaker_failures"`
 	BreakerOpen     time.Duration `yaml:"breaker_open"`
-	// MemoryLimitMB is the Go runtime's soft memory limit for the process
-	// (debug.SetMemoryLimit; 0: none): the garbage collector and scavenger
-	// work harder near it instead of letting the heap double.
+	// MemoryLimitMB is the Go runtime's soft memory limit of a gateway
+	// process (debug.SetMemoryLimit, set by `flashgate gateway`; 0: none):
+	// the garbage collector and scavenger work harder near it instead of
+	// letting the heap double.
 	MemoryLimitMB int `yaml:"memory_limit_mb"`
 }
 

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -89,9 +88,6 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 	if n, err := strconv.ParseInt(os.Getenv("FLASHGATE_FAILPOINT_CRASH_AFTER_ADMITS"), 10, 64); err == nil && n > 0 {
 		slog.Warn("failpoint armed: the process exits between an admission and its publish", "after", n)
 		g.crashAfter.Store(n)
-	}
-	if mb := cfg.Gateway.MemoryLimitMB; mb > 0 {
-		debug.SetMemoryLimit(int64(mb) << 20)
 	}
 	g.breakers = newBreakers(cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpen, g.metrics)
 	g.rc, err = rueidis.NewClient(rueidis.ClientOption{

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/flashgate/flashgate/backend"
@@ -42,6 +43,11 @@ func serve(name string, args []string, stderr io.Writer) error {
 	runner := gateway.Run
 	if name == "backend" {
 		runner = backend.Run
+	} else if mb := cfg.Gateway.MemoryLimitMB; mb > 0 {
+		// The soft limit is the process's: set here, where the process is
+		// the gateway, not in gateway.Start (tests run a gateway, a backend
+		// and the load in one process, under -race).
+		debug.SetMemoryLimit(int64(mb) << 20)
 	}
 	log.Info("starting", "config", c.configPath, "pid", os.Getpid())
 	if err := runner(ctx, cfg); err != nil && !errors.Is(err, context.Canceled) {
