@@ -492,8 +492,8 @@ func TestReusePortSharesOnePort(t *testing.T) {
 
 // TestSoldOutBeforeTheToken: a sold-out sale or region answers 409 before the
 // token is checked (sold out is public, and a flood is mostly new tokens);
-// what could be a replay (an Idempotency-Key), a region with stock or a
-// malformed body goes through the full checks.
+// what could be a replay (an Idempotency-Key), a region with stock or a body
+// naming no region goes through the full checks.
 func TestSoldOutBeforeTheToken(t *testing.T) {
 	e := limitsOn(t, config.RateLimit{})
 	s := e.sale(func(s *flashgate.Sale) {

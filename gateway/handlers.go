@@ -270,9 +270,10 @@ func (g *Gateway) charges(ctx *fasthttp.RequestCtx, s *sale, claims *auth.Claims
 // soldOutEarly answers 409 from the sold-out mark before the token is checked:
 // that a sale (or region) is sold out is public (GET /v1/sales/{id} says so),
 // and in a flood most buyers are new tokens, each an HS256 verification the
-// answer does not need. Only a request that could be a replay (it carries an
-// Idempotency-Key) or that is malformed goes on to the full checks, which
-// answer it as before.
+// answer does not need. A request that could be a replay (it carries an
+// Idempotency-Key) goes on to the full checks, and so does one to a sale with
+// regions whose body names no region of it (the body of a sale without
+// regions is not read here: sold out is the answer whatever it holds).
 func (g *Gateway) soldOutEarly(ctx *fasthttp.RequestCtx, s *sale, now time.Time) bool {
 	if s == nil || ctx.Request.Header.PeekBytes(hdrIdem) != nil {
 		return false
