@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -277,16 +276,7 @@ func TestLeaderKilledTakenOver(t *testing.T) {
 func spawnBackend(t *testing.T, bin string, cfg config.Config, admin string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(bin, "backend", "--config", "")
-	cmd.Env = append(os.Environ(),
-		"FLASHGATE_REDIS_ADDRS="+strings.Join(cfg.Redis.Addrs, ","),
-		"FLASHGATE_NATS_URL="+cfg.NATS.URL,
-		"FLASHGATE_NATS_STREAM="+cfg.NATS.Stream,
-		"FLASHGATE_NATS_ORDER_SUBJECT="+cfg.NATS.OrderSubject,
-		"FLASHGATE_NATS_EVENT_SUBJECT="+cfg.NATS.EventSubject,
-		"FLASHGATE_NATS_COMMAND_SUBJECT="+cfg.NATS.CommandSubject,
-		"FLASHGATE_NATS_CONSUMER="+cfg.NATS.Consumer,
-		"FLASHGATE_MYSQL_DSN="+cfg.MySQL.DSN,
-		"FLASHGATE_ADMIN_TOKEN="+cfg.Admin.Token,
+	cmd.Env = append(append(os.Environ(), config.Environ(cfg)...),
 		"FLASHGATE_BACKEND_ADMIN_LISTEN="+admin,
 		"FLASHGATE_BACKEND_ACK_WAIT=2s",
 	)

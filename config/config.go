@@ -403,3 +403,44 @@ func setValue(v reflect.Value, s string) error {
 	}
 	return nil
 }
+
+// Environ is c as environment variables, the inverse of the overrides Load
+// reads: one FLASHGATE_… entry per key (a key's short name where it has one,
+// since that name wins). A child process given os.Environ() plus these, and
+// no config file, runs with exactly c.
+func Environ(c Config) []string {
+	var out []string
+	environ(reflect.ValueOf(c), "FLASHGATE", &out)
+	return out
+}
+
+func environ(v reflect.Value, prefix string, out *[]string) {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name := strings.ToUpper(strings.Split(f.Tag.Get("yaml"), ",")[0])
+		if name == "-" {
+			continue
+		}
+		env := prefix + "_" + name
+		if f.Type.Kind() == reflect.Struct {
+			environ(v.Field(i), env, out)
+			continue
+		}
+		if short := f.Tag.Get("env"); short != "" {
+			env = "FLASHGATE_" + short
+		}
+		var s string
+		switch x := v.Field(i).Interface().(type) {
+		case time.Duration:
+			s = x.String()
+		case []string:
+			s = strings.Join(x, ",")
+		case float64:
+			s = strconv.FormatFloat(x, 'g', -1, 64)
+		default:
+			s = fmt.Sprint(x)
+		}
+		*out = append(*out, env+"="+s)
+	}
+}

@@ -379,3 +379,28 @@ func TestRateLimitValidate(t *testing.T) {
 		t.Fatalf("env override of a rate: %+v %v", c.RateLimit.PerIP, err)
 	}
 }
+
+// TestEnvironRoundTrip: a config written out by Environ and read back by the
+// environment overrides is the same config, every key of it.
+func TestEnvironRoundTrip(t *testing.T) {
+	want := Default()
+	want.Redis.Addrs = []string{"127.0.0.1:1", "127.0.0.1:2"}
+	want.NATS.Consumer = "c-1"
+	want.Auth.JWTSecret = "s3cret"
+	want.Admin.Token = "t0ken"
+	want.Gateway.AdmitTimeout = 1500 * time.Millisecond
+	want.RateLimit.PerIP.Rate = 2.5
+	want.Gateway.ReusePort = true
+	env := map[string]string{}
+	for _, kv := range Environ(want) {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	got := Default()
+	if err := applyEnv(&got, func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, want)
+	}
+}

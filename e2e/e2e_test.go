@@ -224,17 +224,8 @@ func TestSeedsExperiment(t *testing.T) {
 
 // backendEnv is the environment that points a backend process at cfg.
 func backendEnv(cfg config.Config, adminListen string) []string {
-	env := os.Environ()
+	env := append(os.Environ(), config.Environ(cfg)...)
 	set := map[string]string{
-		"FLASHGATE_REDIS_ADDRS":          join(cfg.Redis.Addrs),
-		"FLASHGATE_NATS_URL":             cfg.NATS.URL,
-		"FLASHGATE_NATS_STREAM":          cfg.NATS.Stream,
-		"FLASHGATE_NATS_ORDER_SUBJECT":   cfg.NATS.OrderSubject,
-		"FLASHGATE_NATS_EVENT_SUBJECT":   cfg.NATS.EventSubject,
-		"FLASHGATE_NATS_CONSUMER":        cfg.NATS.Consumer,
-		"FLASHGATE_MYSQL_DSN":            cfg.MySQL.DSN,
-		"FLASHGATE_ADMIN_TOKEN":          cfg.Admin.Token,
-		"FLASHGATE_JWT_SECRET":           cfg.Auth.JWTSecret,
 		"FLASHGATE_BACKEND_ADMIN_LISTEN": adminListen,
 		"FLASHGATE_BACKEND_BATCH_SIZE":   "20",
 		"FLASHGATE_BACKEND_ACK_WAIT":     "2s",
@@ -243,17 +234,6 @@ func backendEnv(cfg config.Config, adminListen string) []string {
 		env = append(env, k+"="+v)
 	}
 	return env
-}
-
-func join(a []string) string {
-	var b bytes.Buffer
-	for i, s := range a {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(s)
-	}
-	return b.String()
 }
 
 // backendProc is a backend running as its own process, to be killed with -9.

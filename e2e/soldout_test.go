@@ -42,14 +42,6 @@ func spawnGateway(t *testing.T, cfg config.Config, name string) *gatewayProc {
 	t.Helper()
 	p := &gatewayProc{name: name, addr: freeAddr(t), admin: freeAddr(t)}
 	set := map[string]string{
-		"FLASHGATE_REDIS_ADDRS":              join(cfg.Redis.Addrs),
-		"FLASHGATE_NATS_URL":                 cfg.NATS.URL,
-		"FLASHGATE_NATS_STREAM":              cfg.NATS.Stream,
-		"FLASHGATE_NATS_ORDER_SUBJECT":       cfg.NATS.OrderSubject,
-		"FLASHGATE_NATS_EVENT_SUBJECT":       cfg.NATS.EventSubject,
-		"FLASHGATE_NATS_CONSUMER":            cfg.NATS.Consumer,
-		"FLASHGATE_JWT_SECRET":               cfg.Auth.JWTSecret,
-		"FLASHGATE_ADMIN_TOKEN":              cfg.Admin.Token,
 		"FLASHGATE_GATEWAY_LISTEN":           p.addr,
 		"FLASHGATE_GATEWAY_ADMIN_LISTEN":     p.admin,
 		"FLASHGATE_GATEWAY_NODE_LEASE_TTL":   "10m",
@@ -59,7 +51,7 @@ func spawnGateway(t *testing.T, cfg config.Config, name string) *gatewayProc {
 		"FLASHGATE_RATELIMIT_MAX_INFLIGHT":   "0",
 		"FLASHGATE_GATEWAY_MAX_CONNS_PER_IP": "0",
 	}
-	env := os.Environ()
+	env := append(os.Environ(), config.Environ(cfg)...)
 	for k, v := range set {
 		env = append(env, k+"="+v) // the last of a duplicated name wins
 	}

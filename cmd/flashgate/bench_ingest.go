@@ -278,18 +278,7 @@ func newIngestRun(base config.Config, o ingestOptions, stderr io.Writer) (*inges
 	cfg.Admin.Token = hex.EncodeToString(b[2:])
 
 	r := &ingestRun{o: o, cfg: cfg, stderr: stderr}
-	r.env = append(os.Environ(),
-		"FLASHGATE_REDIS_ADDRS="+strings.Join(cfg.Redis.Addrs, ","),
-		"FLASHGATE_NATS_URL="+cfg.NATS.URL,
-		"FLASHGATE_NATS_STREAM="+cfg.NATS.Stream,
-		"FLASHGATE_NATS_ORDER_SUBJECT="+cfg.NATS.OrderSubject,
-		"FLASHGATE_NATS_EVENT_SUBJECT="+cfg.NATS.EventSubject,
-		"FLASHGATE_NATS_COMMAND_SUBJECT="+cfg.NATS.CommandSubject,
-		"FLASHGATE_NATS_CONSUMER="+cfg.NATS.Consumer,
-		"FLASHGATE_MYSQL_DSN="+cfg.MySQL.DSN,
-		"FLASHGATE_BACKEND_ADMIN_LISTEN="+cfg.Backend.AdminListen,
-		"FLASHGATE_ADMIN_TOKEN="+cfg.Admin.Token,
-	)
+	r.env = append(os.Environ(), config.Environ(cfg)...)
 	// A day, so that neither the fill nor a slow ingestion outlives the sale.
 	r.sale = newSale("ingest-"+id, "flashgate ingest", int64(o.orders), 1, 1, 9900, time.Now())
 	r.sale.EndsAt = r.sale.StartsAt.Add(24 * time.Hour)
