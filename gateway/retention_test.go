@@ -39,7 +39,7 @@ func TestRefreshReadsOnlyLiveSales(t *testing.T) {
 	now := time.Now()
 	const grace = time.Hour
 	live := warmRetention(t, rc, now.Add(time.Hour))
-	recent := warmRetention(t, rc, now.Add(-grace/2))  // ended, within the grace: 410
+	recent := warmRetention(t, rc, now.Add(-grace/2))   // ended, within the grace: 410
 	old := warmRetention(t, rc, now.Add(-48*time.Hour)) // ended long ago, not retired yet
 
 	ids, err := lua.LiveSales(ctx, rc, now.Add(-grace))
