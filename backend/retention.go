@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
 )
 
@@ -197,6 +198,14 @@ func (b *Backend) retire(ctx context.Context, id string, now time.Time) error {
 		return fmt.Errorf("retention %s: %w", id, err)
 	}
 	b.log.Debug("sale retired from redis", "sale", id, "keys", keys)
+	// Gateways forget a sale once it is live_grace past its end; this tells
+	// them now, for a sale closed early. A lost event leaves it answering 410
+	// from memory until then.
+	if b.nc != nil {
+		if err := bus.PublishEvent(b.nc, b.cfg.NATS, bus.SaleEvent{Type: bus.EventRetired, SaleID: id}); err != nil {
+			b.log.Warn("retired event", "sale", id, "err", err)
+		}
+	}
 	return nil
 }
 

@@ -106,9 +106,32 @@ func TestRetention(t *testing.T) {
 		t.Fatalf("before retention: %+v, %v", rep, err)
 	}
 
+	events := make(chan bus.SaleEvent, 16)
+	sub, err := bus.SubscribeEvents(s.nc, s.cfg.NATS, func(ev bus.SaleEvent) {
+		if ev.Type == bus.EventRetired {
+			events <- ev
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := s.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	rep, err = s.b.retireSales(ctx(t), time.Now().Add(retention+time.Minute))
 	if err != nil {
 		t.Fatal(err)
+	}
+	for range 2 {
+		select {
+		case ev := <-events:
+			if ev.SaleID != settled.ID && ev.SaleID != closed.ID {
+				t.Errorf("retired event of %s", ev.SaleID)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no retired event for each retired sale")
+		}
 	}
 	retired := map[string]bool{}
 	for _, id := range rep.Retired {

@@ -307,6 +307,8 @@ func (g *Gateway) onEvent(ev bus.SaleEvent) {
 			s.closed.Store(true)
 			s.render(g.now())
 		}
+	case bus.EventRetired:
+		g.sales.retire(ev.SaleID, g.now())
 	case bus.EventSoldOut, bus.EventRestocked:
 		if s := g.sales.get([]byte(ev.SaleID)); s != nil {
 			if f := s.soldOutFlag(ev.Region); f != nil {

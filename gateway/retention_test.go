@@ -8,6 +8,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 )
@@ -107,5 +108,41 @@ func TestPurchaseOfForgottenSale(t *testing.T) {
 	}
 	if rem, resv := e.stock(old); rem != old.Total || resv != 0 {
 		t.Errorf("forgotten sale: remaining %d reservations %d, want %d 0", rem, resv, old.Total)
+	}
+}
+
+// The backend's retired event makes gateways forget a sale closed early (its
+// ends_at still ahead); one still selling is kept whatever the event says.
+func TestRetiredEventForgetsClosedSale(t *testing.T) {
+	e := start(t)
+	closed := e.sale(func(s *flashgate.Sale) { s.Closed = true })
+	open := e.sale(nil)
+	nc := testenv.NATS(t)
+	for _, s := range []*flashgate.Sale{open, closed} {
+		if err := bus.PublishEvent(nc, e.cfg.NATS, bus.SaleEvent{Type: bus.EventRetired, SaleID: s.ID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for e.g.sales.get([]byte(closed.ID)) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the closed sale is still held after its retired event")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tok := e.token("buyer")
+	if r := e.buy(closed, tok, `{"quantity":1}`, nil); r.Status != 404 || r.Code != string(flashgate.CodeSaleNotFound) {
+		t.Errorf("retired closed sale: %d %s, want 404", r.Status, r.Code)
+	}
+	// Events from one connection arrive in order: the open sale's, sent
+	// before the closed one's, has been handled.
+	if e.g.sales.get([]byte(open.ID)) == nil {
+		t.Fatal("a sale still selling was forgotten on a retired event")
+	}
+	if r := e.buy(open, tok, `{"quantity":1}`, nil); r.Status != 202 {
+		t.Errorf("open sale: %d %s, want 202", r.Status, r.Code)
 	}
 }

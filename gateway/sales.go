@@ -221,6 +221,22 @@ func (s *sales) prune(now time.Time) {
 	}
 }
 
+// retire forgets a sale retention removed from Redis (the backend's retired
+// event) before its ends_at + grace: one closed early. A sale still selling
+// is kept whatever the event says: only a sale that is over is ever retired.
+func (s *sales) retire(id string, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := *s.m.Load()
+	sl, ok := old[id]
+	if !ok || (!sl.closed.Load() && now.UnixMilli() < sl.endsMS) {
+		return
+	}
+	m := maps.Clone(old)
+	delete(m, id)
+	s.m.Store(&m)
+}
+
 // refreshStock reads the approximate remaining units of every open sale.
 func (s *sales) refreshStock(ctx context.Context, rc rueidis.Client, now time.Time) {
 	for _, sl := range s.list() {
