@@ -209,6 +209,15 @@ func (b *Backend) retire(ctx context.Context, id string, now time.Time) error {
 	return nil
 }
 
+// retired reports whether retention removed sale from Redis, for the Redis
+// write-backs of a repeated pay or cancel, which would bring a key of it back.
+// Unknown (MySQL failed) counts as not retired: the write-back heals more than
+// a stray key costs.
+func (b *Backend) retired(ctx context.Context, sale string) bool {
+	at, err := saleRetired(ctx, b.db, sale)
+	return err == nil && at != nil
+}
+
 // saleRetired reports when the sale left Redis for good (nil: it has not).
 func saleRetired(ctx context.Context, q queryer, id string) (*time.Time, error) {
 	var at sql.NullTime

@@ -177,6 +177,14 @@ func TestRetention(t *testing.T) {
 		}
 	}
 
+	// A buyer paying or canceling again gets MySQL's answer; nothing is
+	// written back to Redis.
+	wantReply(t, "pay again", s.command(bus.CmdPay, paid, "u1"), bus.ReplyOK, "paid", "")
+	wantReply(t, "cancel again", s.command(bus.CmdCancel, canceled, "u2"), bus.ReplyOK, "canceled", flashgate.ReasonCanceled)
+	if keys := saleKeys(t, s.rc, settled.ID); len(keys) != 0 {
+		t.Errorf("a repeated pay or cancel wrote the retired sale back: %v", keys)
+	}
+
 	// MySQL keeps the history: the admin view answers from it.
 	code, body := s.call("GET", "/admin/v1/sales/"+settled.ID, s.cfg.Admin.Token, "")
 	if code != http.StatusOK || body["retired_at"] == nil || body["sold"] != float64(2) {
