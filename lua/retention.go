@@ -65,36 +65,57 @@ func Unindex(ctx context.Context, c rueidis.Client, sale string) error {
 // BackfillLive scores in LiveIndex each sale of SalesIndex it lacks (sales
 // warmed before LiveIndex existed), from the ends_at of its meta. A sale
 // without meta is left out: warming it indexes it. It answers how many it
-// added.
+// added. Round trips go by backfillChunk sales.
 func BackfillLive(ctx context.Context, c rueidis.Client) (int, error) {
 	ids, err := c.Do(ctx, c.B().Smembers().Key(SalesIndex).Build()).AsStrSlice()
 	if err != nil {
 		return 0, fmt.Errorf("backfill live index: %w", err)
 	}
 	added := 0
-	for _, id := range ids {
-		_, err := c.Do(ctx, c.B().Zscore().Key(LiveIndex).Member(id).Build()).AsFloat64()
-		if err == nil {
-			continue
-		}
-		if !rueidis.IsRedisNil(err) {
+	for start := 0; start < len(ids); start += backfillChunk {
+		part := ids[start:min(start+backfillChunk, len(ids))]
+		scores, err := c.Do(ctx, c.B().Zmscore().Key(LiveIndex).Member(part...).Build()).ToArray()
+		if err != nil {
 			return added, fmt.Errorf("backfill live index: %w", err)
 		}
-		ends, err := c.Do(ctx, c.B().Hget().Key(KeysFor(id, nil).Meta).Field("ends").Build()).AsInt64()
-		if rueidis.IsRedisNil(err) {
+		var missing []string
+		var gets rueidis.Commands
+		for i, sc := range scores {
+			if sc.IsNil() {
+				missing = append(missing, part[i])
+				gets = append(gets, c.B().Hget().Key(KeysFor(part[i], nil).Meta).Field("ends").Build())
+			}
+		}
+		if len(missing) == 0 {
 			continue
 		}
+		zadd := c.B().Zadd().Key(LiveIndex).Nx().ScoreMember() // NX: a warm that raced us scored it already
+		n := 0
+		for i, r := range c.DoMulti(ctx, gets...) {
+			ends, err := r.AsInt64()
+			if rueidis.IsRedisNil(err) {
+				continue
+			}
+			if err != nil {
+				return added, fmt.Errorf("backfill live index %s: %w", missing[i], err)
+			}
+			zadd = zadd.ScoreMember(float64(ends), missing[i])
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		k, err := c.Do(ctx, zadd.Build()).AsInt64()
 		if err != nil {
-			return added, fmt.Errorf("backfill live index %s: %w", id, err)
+			return added, fmt.Errorf("backfill live index: %w", err)
 		}
-		// NX: a warm that raced us scored it already.
-		if err := c.Do(ctx, c.B().Zadd().Key(LiveIndex).Nx().ScoreMember().ScoreMember(float64(ends), id).Build()).Error(); err != nil {
-			return added, fmt.Errorf("backfill live index %s: %w", id, err)
-		}
-		added++
+		added += int(k)
 	}
 	return added, nil
 }
+
+// backfillChunk bounds the sales of one round trip of BackfillLive.
+const backfillChunk = 500
 
 // AllKeys lists every key sale may have in Redis: those of KeysFor, the
 // restock ledger, the warm lock, and the limit counters of every window an
