@@ -42,14 +42,15 @@ type Backend struct {
 	cmds    *commandServer // pay and cancel (lifecycle.go)
 	// js publishes dead letters and republished orders; ops counts them;
 	// leader runs the leader-elected work (deadletter.go, reconcile.go, leader.go).
-	js  jetstream.JetStream
-	ops *opsMetrics
-	// retention counts what the leader's retention passes do.
+	js      jetstream.JetStream
+	ops     *opsMetrics
+	leader  *leadership
+	srv     *http.Server
+	addr    string
+	metrics *metrics.Backend
+
+	// retention counts what the leader's retention passes do (retention.go).
 	retention *retentionMetrics
-	leader    *leadership
-	srv       *http.Server
-	addr      string
-	metrics   *metrics.Backend
 
 	// stopFetch ends the consumer loop after the batch in hand; loopDone closes
 	// when it has. procCtx carries that batch's work and is cancelled only when
