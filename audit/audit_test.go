@@ -64,7 +64,7 @@ func healthy(t *testing.T, db *sql.DB, rc rueidis.Client, sale string) []uint64 
 	t.Cleanup(func() {
 		_, stock := k.StockKeys()
 		rc.Do(context.Background(), rc.B().Del().Key(append(stock, k.Meta, k.Users, k.Resv, k.Orders, k.Idem)...).Build())
-		rc.Do(context.Background(), rc.B().Srem().Key(lua.SalesIndex).Member(sale).Build())
+		lua.Unindex(context.Background(), rc, sale)
 	})
 	if _, err := lua.Load().Warm(ctx(t), rc, s, map[string]int64{"bj": 4, "sh": 3}); err != nil {
 		t.Fatal(err)

@@ -165,6 +165,9 @@ type ledgerView struct {
 	SoldByRegion      map[string]int64       `json:"sold_by_region,omitempty"`
 	OrdersByStatus    map[string]statusCount `json:"orders_by_status"`
 	Invariant3        invariant3             `json:"invariant3"`
+	// RetiredAt: when retention removed the sale from Redis (docs/retention.md);
+	// the view is then MySQL's alone.
+	RetiredAt *time.Time `json:"retired_at,omitempty"`
 }
 
 type invariant3 struct {
@@ -186,6 +189,22 @@ func (b *Backend) ledger(w http.ResponseWriter, r *http.Request) {
 	byStatus, err := ordersByStatus(r.Context(), b.db, id)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
+		return
+	}
+	retired, err := saleRetired(r.Context(), b.db, id)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
+		return
+	}
+	if retired != nil {
+		// Settled when it was retired: nothing reserved, the rest unsold.
+		rem := row.Total - row.Sold
+		writeJSON(w, http.StatusOK, ledgerView{
+			Sale: &row.Sale, Total: row.Total, Remaining: rem,
+			Sold: row.Sold, SoldByRegion: row.RegionSold, OrdersByStatus: byStatus,
+			Invariant3: invariant3{Holds: true, Remaining: rem, Sold: row.Sold, Total: row.Total},
+			RetiredAt:  retired,
+		})
 		return
 	}
 	red, err := audit.RedisLedger(r.Context(), b.rc, id, row.RegionNames())

@@ -49,6 +49,9 @@ type Backend struct {
 	addr    string
 	metrics *metrics.Backend
 
+	// retention counts what the leader's retention passes do (retention.go).
+	retention *retentionMetrics
+
 	// stopFetch ends the consumer loop after the batch in hand; loopDone closes
 	// when it has. procCtx carries that batch's work and is cancelled only when
 	// Shutdown runs out of time.

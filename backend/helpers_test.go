@@ -82,7 +82,7 @@ func cleanRedis(t testing.TB, rc rueidis.Client, s *flashgate.Sale) {
 			keys = append(keys, "fg:{s:"+s.ID+"}:stock")
 		}
 		rc.Do(c, rc.B().Del().Key(keys...).Build())
-		rc.Do(c, rc.B().Srem().Key(lua.SalesIndex).Member(s.ID).Build())
+		lua.Unindex(c, rc, s.ID)
 	})
 }
 

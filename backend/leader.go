@@ -102,6 +102,7 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 		return err
 	}
 	b.ops = newOpsMetrics(b.metrics.Registry())
+	b.retention = newRetentionMetrics(b.metrics.Registry())
 	b.warmer.inFlight = b.warmRemaining
 	return nil
 }
@@ -215,6 +216,9 @@ func (b *Backend) leaderWork(ctx context.Context) {
 	wg.Go(func() { b.reconcileLoop(ctx) })
 	if leaderSweepEvery > 0 {
 		wg.Go(func() { b.runSweeper(ctx, leaderSweepEvery) })
+	}
+	if retireEvery > 0 {
+		wg.Go(func() { b.retireLoop(ctx) })
 	}
 	wg.Wait()
 }

@@ -336,6 +336,9 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 		// crash or a late confirm lost).
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
 		defer cancel()
+		if b.retired(rctx, o.Sale) {
+			return o.reply("", ""), nil
+		}
 		if err := b.scripts.MarkPaid(rctx, b.rc, lua.KeysFor(o.Sale, nil), o.ID, o.record()); err != nil {
 			b.log.Warn("paid status to redis", "sale", o.Sale, "order", o.ID, "err", err)
 		}
@@ -394,7 +397,9 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 	case o.Status == flashgate.OrderCanceled:
 		// Canceled now, or before (by the buyer or the sweeper): restock is
 		// idempotent, so running it again heals a Redis step that failed.
-		b.restock(ctx, o.Sale, []orderRow{o})
+		if !b.retired(ctx, o.Sale) {
+			b.restock(ctx, o.Sale, []orderRow{o})
+		}
 		return o.reply("", ""), nil
 	default:
 		return o.closed(), nil

@@ -113,6 +113,10 @@ type ReconcileReport struct {
 	// Invariant3Holds: after reconcile, remaining + reserved + sold = total, per
 	// region too.
 	Invariant3Holds bool `json:"invariant3_holds"`
+	// RetiredAt: retention removed the sale from Redis then
+	// (docs/retention.md); reconcile leaves it alone (its restocks and warms
+	// would write its keys back).
+	RetiredAt *time.Time `json:"retired_at,omitempty"`
 }
 
 // StockRepair is the ledger repair of one reconcile.
@@ -168,6 +172,11 @@ func (b *Backend) ReconcileWith(ctx context.Context, saleID string, opt Reconcil
 }
 
 func (b *Backend) reconcile(ctx context.Context, id string, opt ReconcileOptions, rep *ReconcileReport) error {
+	retired, err := saleRetired(ctx, b.db, id)
+	if err != nil || retired != nil {
+		rep.RetiredAt, rep.Invariant3Holds = retired, retired != nil
+		return err
+	}
 	before, err := b.readLedger(ctx, id)
 	if err != nil {
 		return err

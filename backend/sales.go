@@ -140,7 +140,8 @@ func loadSale(ctx context.Context, q queryer, id string) (*saleRow, error) {
 
 // closeSaleRow marks a sale closed: from now on the guard refuses its orders.
 func closeSaleRow(ctx context.Context, db *sql.DB, id string, now time.Time) error {
-	res, err := db.ExecContext(ctx, `UPDATE sales SET closed = 1, updated_at = ? WHERE id = ?`, now, id)
+	// closed_at keeps the first close: retention counts from it.
+	res, err := db.ExecContext(ctx, `UPDATE sales SET closed = 1, closed_at = COALESCE(closed_at, ?), updated_at = ? WHERE id = ?`, now, now, id)
 	if err != nil {
 		return fmt.Errorf("close sale %s: %w", id, err)
 	}

@@ -79,6 +79,11 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	// A retired sale stays out of Redis: warming it would bring back its keys
+	// (and a gateway's refresh would load it again).
+	if retired, err := saleRetired(ctx, w.db, sale); err != nil || retired != nil {
+		return false, err
+	}
 	k := lua.KeysFor(sale, row.RegionNames())
 	warm, err := w.isWarm(ctx, k)
 	if err != nil || warm {

@@ -140,7 +140,8 @@ const (
 	EventClosed    = "closed"
 	EventSoldOut   = "sold_out"
 	EventRestocked = "restocked"
-	EventWarm      = "warm" // a gateway found the sale not warmed: a backend should warm it
+	EventWarm      = "warm"    // a gateway found the sale not warmed: a backend should warm it
+	EventRetired   = "retired" // retention removed the sale from Redis: gateways forget it
 )
 
 // SaleEvent tells gateways (and backends, for warm) that a sale changed.

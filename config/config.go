@@ -30,6 +30,7 @@ type Config struct {
 	MySQL     MySQL     `yaml:"mysql"`
 	Orders    Orders    `yaml:"orders"`
 	RateLimit RateLimit `yaml:"ratelimit"`
+	Sales     Sales     `yaml:"sales"`
 
 	// Source is the file the configuration was loaded from ("" for none); the
 	// gateway watches it to reload the rate limits.
@@ -150,6 +151,19 @@ type Orders struct {
 	PaymentTimeout time.Duration `yaml:"payment_timeout"`
 }
 
+// Sales sets how long a sale stays in Redis and in gateways' memory after it
+// is over (docs/retention.md). MySQL keeps every sale for good.
+type Sales struct {
+	// Retention: a sale that is over (ended or closed) and settled leaves Redis
+	// this long after it ended; the backend leader deletes its keys.
+	Retention time.Duration `yaml:"retention"`
+	// LiveGrace: gateways load and keep a sale until this long after its
+	// ends_at (answering 410 ended, order status, pay and cancel); past it a
+	// gateway forgets the sale (404 sale_not_found) and its refresh no longer
+	// reads it.
+	LiveGrace time.Duration `yaml:"live_grace"`
+}
+
 // Default is the configuration of the local stack (DESIGN.md §10).
 func Default() Config {
 	return Config{
@@ -183,6 +197,7 @@ func Default() Config {
 		},
 		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},
 		Orders: Orders{PaymentTimeout: 15 * time.Minute},
+		Sales:  Sales{Retention: 7 * 24 * time.Hour, LiveGrace: 24 * time.Hour},
 	}
 }
 
@@ -272,6 +287,17 @@ func (c *Config) Validate() error {
 	}
 	if c.Gateway.BreakerFailures < 1 || c.Gateway.BreakerOpen <= 0 {
 		errs = append(errs, errors.New("gateway.breaker_failures and breaker_open must be positive"))
+	}
+	// The reconciler repairs (and may re-warm) a sale for an hour after it
+	// ends: retiring it inside that hour would have its keys written again.
+	if c.Sales.Retention < time.Hour {
+		errs = append(errs, errors.New("sales.retention must be at least 1h"))
+	}
+	// A buyer pays or cancels through a gateway, which must still hold the
+	// sale until the last payment deadline; and a gateway must not hold a sale
+	// Redis has retired.
+	if c.Sales.LiveGrace < c.Orders.PaymentTimeout || c.Sales.LiveGrace > c.Sales.Retention {
+		errs = append(errs, errors.New("sales.live_grace must be between orders.payment_timeout and sales.retention"))
 	}
 	return errors.Join(append(errs, c.RateLimit.Validate())...)
 }

@@ -70,7 +70,7 @@ type Gateway struct {
 // Start connects to Redis and NATS, leases an order-id node, loads the sales,
 // and serves the public and admin ports. It returns once it serves.
 func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
-	g := &Gateway{cfg: cfg, scripts: lua.Load(), sales: newSales(), now: time.Now, metrics: metrics.NewGateway()}
+	g := &Gateway{cfg: cfg, scripts: lua.Load(), sales: newSales(cfg.Sales.LiveGrace), now: time.Now, metrics: metrics.NewGateway()}
 	defer func() {
 		if err != nil {
 			g.closeClients(context.Background())
@@ -307,6 +307,8 @@ func (g *Gateway) onEvent(ev bus.SaleEvent) {
 			s.closed.Store(true)
 			s.render(g.now())
 		}
+	case bus.EventRetired:
+		g.sales.retire(ev.SaleID, g.now())
 	case bus.EventSoldOut, bus.EventRestocked:
 		if s := g.sales.get([]byte(ev.SaleID)); s != nil {
 			if f := s.soldOutFlag(ev.Region); f != nil {

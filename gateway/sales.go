@@ -125,10 +125,13 @@ func (s *sale) render(now time.Time) {
 type sales struct {
 	m  atomic.Pointer[map[string]*sale]
 	mu sync.Mutex // serialises writers
+	// grace is how long past its ends_at a sale is still loaded and kept
+	// (sales.live_grace, docs/retention.md).
+	grace time.Duration
 }
 
-func newSales() *sales {
-	s := &sales{}
+func newSales(grace time.Duration) *sales {
+	s := &sales{grace: grace}
 	m := map[string]*sale{}
 	s.m.Store(&m)
 	return s
@@ -168,12 +171,19 @@ func (s *sales) put(spec *flashgate.Sale) {
 	s.m.Store(&m)
 }
 
-// load reads every sale Redis knows (the sales index and each meta hash).
+// load reads the live sales Redis holds: those ending after now − grace (the
+// live index and each one's meta hash), however many ended sales Redis still
+// holds. Then it forgets the sales that ended before now − grace.
 func (s *sales) load(ctx context.Context, rc rueidis.Client) error {
-	ids, err := rc.Do(ctx, rc.B().Smembers().Key(lua.SalesIndex).Build()).AsStrSlice()
+	return s.loadAt(ctx, rc, time.Now())
+}
+
+func (s *sales) loadAt(ctx context.Context, rc rueidis.Client, now time.Time) error {
+	ids, err := lua.LiveSales(ctx, rc, now.Add(-s.grace))
 	if err != nil {
 		return err
 	}
+	defer s.prune(now)
 	for _, id := range ids {
 		spec, err := lua.LoadSale(ctx, rc, id)
 		if err != nil {
@@ -184,6 +194,47 @@ func (s *sales) load(ctx context.Context, rc rueidis.Client) error {
 		s.put(spec)
 	}
 	return nil
+}
+
+// prune forgets the sales that ended before now − grace: their purchases and
+// order requests answer 404 sale_not_found from then on, on every gateway
+// alike (one started later never loads them). The rule is the sale's own
+// ends_at, not its absence from Redis's index: after Redis lost its data a sale
+// must stay known, its purchases answering 503 while it is warmed again.
+func (s *sales) prune(now time.Time) {
+	cut := now.Add(-s.grace).UnixMilli()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := *s.m.Load()
+	var m map[string]*sale
+	for id, sl := range old {
+		if sl.endsMS > cut {
+			continue
+		}
+		if m == nil {
+			m = maps.Clone(old)
+		}
+		delete(m, id)
+	}
+	if m != nil {
+		s.m.Store(&m)
+	}
+}
+
+// retire forgets a sale retention removed from Redis (the backend's retired
+// event) before its ends_at + grace: one closed early. A sale still selling
+// is kept whatever the event says: only a sale that is over is ever retired.
+func (s *sales) retire(id string, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := *s.m.Load()
+	sl, ok := old[id]
+	if !ok || (!sl.closed.Load() && now.UnixMilli() < sl.endsMS) {
+		return
+	}
+	m := maps.Clone(old)
+	delete(m, id)
+	s.m.Store(&m)
 }
 
 // refreshStock reads the approximate remaining units of every open sale.

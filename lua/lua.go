@@ -36,7 +36,8 @@ var (
 	warmSrc string
 )
 
-// SalesIndex is the set of every sale id Redis knows, read by gateways at start.
+// SalesIndex is the set of every sale id Redis holds (see LiveIndex for the
+// ones gateways read).
 const SalesIndex = "fg:sales"
 
 // Keys are the Redis keys of one sale. Build them once per sale (KeysFor), not
@@ -391,7 +392,7 @@ func (s *Scripts) Warm(ctx context.Context, c rueidis.Client, sale *flashgate.Sa
 	if err != nil {
 		return false, fmt.Errorf("warm %s: %w", sale.ID, err)
 	}
-	if err := c.Do(ctx, c.B().Sadd().Key(SalesIndex).Member(sale.ID).Build()).Error(); err != nil {
+	if err := indexSale(ctx, c, sale); err != nil {
 		return false, fmt.Errorf("warm %s: index: %w", sale.ID, err)
 	}
 	return n == 1, nil

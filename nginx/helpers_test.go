@@ -386,7 +386,7 @@ func cleanRedis(t testing.TB, rc rueidis.Client, s *flashgate.Sale) {
 		_, stock := k.StockKeys()
 		keys = append(keys, stock...)
 		rc.Do(c, rc.B().Del().Key(keys...).Build())
-		rc.Do(c, rc.B().Srem().Key(lua.SalesIndex).Member(s.ID).Build())
+		lua.Unindex(c, rc, s.ID)
 	})
 }
 

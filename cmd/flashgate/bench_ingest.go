@@ -639,7 +639,7 @@ func (r *ingestRun) cleanup(stderr io.Writer) {
 	stock, _ := k.Stock("")
 	// One hash tag: one DEL on one shard.
 	warn("redis keys", rc.Do(ctx, rc.B().Del().Key(k.Meta, stock, k.Users, k.Resv, k.Orders, k.Idem, k.Restocked()).Build()).Error())
-	warn("redis sales index", rc.Do(ctx, rc.B().Srem().Key(lua.SalesIndex).Member(r.sale.ID).Build()).Error())
+	warn("redis sales index", lua.Unindex(ctx, rc, r.sale.ID))
 }
 
 // process is a flashgate process this command started.

@@ -1,0 +1,236 @@
+package backend
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/lua"
+)
+
+// Retention (docs/retention.md). Redis holds what admission needs; once a sale
+// is over and settled nothing reads its keys but the order-status GET, which
+// MySQL answers as well. So the leader removes a sale from Redis
+// sales.retention after it ended (or closed, if earlier), provided it is
+// settled: no order still unpaid within, or past, its payment deadline (the
+// sweeper would write its restock back), no reservation open in Redis and no
+// order message in the stream. MySQL keeps the sale and its orders for good
+// and records when it was retired; a retired sale is never warmed again.
+
+// retireEvery is how often the leader looks for sales to retire; 0: the
+// leader does not (this package's tests call retireSales with their own clock).
+var retireEvery = time.Minute
+
+// retirePage is how many candidate sales one query reads.
+const retirePage = 500
+
+type retentionMetrics struct {
+	retired prometheus.Counter
+	held    prometheus.Gauge
+}
+
+func newRetentionMetrics(reg prometheus.Registerer) *retentionMetrics {
+	const ns, sub = "flashgate", "backend"
+	m := &retentionMetrics{
+		retired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "sales_retired_total",
+			Help: "Sales the leader removed from Redis after sales.retention (ended or closed, and settled)."}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "sales_retention_held",
+			Help: "Sales past sales.retention kept in Redis at the last pass because they are not settled."}),
+	}
+	reg.MustRegister(m.retired, m.held)
+	return m
+}
+
+// RetireReport is what one retention pass did.
+type RetireReport struct {
+	Retired []string          // removed from Redis now
+	Held    map[string]string // past retention but not settled: why
+}
+
+// retireLoop runs a retention pass every retireEvery until ctx (the leader
+// lock's) ends. The first pass also scores in the live index the sales warmed
+// before it existed, so that gateways' refresh sees them.
+func (b *Backend) retireLoop(ctx context.Context) {
+	if n, err := lua.BackfillLive(ctx, b.rc); err != nil {
+		b.log.Warn("retention: backfilling the live sales index", "err", err)
+	} else if n > 0 {
+		b.log.Info("retention: sales added to the live index", "sales", n)
+	}
+	t := time.NewTicker(retireEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rep, err := b.retireSales(ctx, time.Now())
+		if err != nil && ctx.Err() == nil {
+			b.log.Warn("retention pass", "err", err)
+		}
+		if len(rep.Retired) > 0 {
+			b.log.Info("sales retired from redis", "sales", len(rep.Retired), "held", len(rep.Held))
+		}
+	}
+}
+
+// retireSales retires every sale that ended or closed sales.retention before
+// now and is settled. An error on one sale is reported after the others are
+// done.
+func (b *Backend) retireSales(ctx context.Context, now time.Time) (RetireReport, error) {
+	rep := RetireReport{Held: map[string]string{}}
+	cutoff := now.Add(-b.cfg.Sales.Retention).UTC()
+	var errs []error
+	after, afterID := time.Unix(0, 0).UTC(), ""
+	for {
+		ids, last, lastID, err := retireCandidates(ctx, b.db, cutoff, after, afterID)
+		if err != nil {
+			return rep, errors.Join(append(errs, err)...)
+		}
+		for _, id := range ids {
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
+			why, err := b.unsettled(ctx, id)
+			if err == nil && why == "" {
+				err = b.retire(ctx, id, now)
+			}
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case why != "":
+				rep.Held[id] = why
+			default:
+				rep.Retired = append(rep.Retired, id)
+			}
+		}
+		if len(ids) < retirePage {
+			break
+		}
+		after, afterID = last, lastID
+	}
+	if b.retention != nil {
+		b.retention.held.Set(float64(len(rep.Held)))
+		b.retention.retired.Add(float64(len(rep.Retired)))
+	}
+	return rep, errors.Join(errs...)
+}
+
+// retireCandidates pages through the sales not yet retired whose end (ends_at,
+// or closed_at when it closed earlier) is at or before cutoff, in (ends_at, id)
+// order after (after, afterID). A sale closed before closed_at existed counts
+// from its last update.
+func retireCandidates(ctx context.Context, db *sql.DB, cutoff, after time.Time, afterID string) (ids []string, last time.Time, lastID string, err error) {
+	rows, err := db.QueryContext(ctx, `SELECT id, ends_at FROM sales
+		WHERE retired_at IS NULL
+		  AND (ends_at <= ? OR closed_at <= ? OR (closed = 1 AND closed_at IS NULL AND updated_at <= ?))
+		  AND (ends_at > ? OR (ends_at = ? AND id > ?))
+		ORDER BY ends_at, id LIMIT ?`, cutoff, cutoff, cutoff, after, after, afterID, retirePage)
+	if err != nil {
+		return nil, last, "", fmt.Errorf("retention: candidates: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := rows.Scan(&lastID, &last); err != nil {
+			return nil, last, "", fmt.Errorf("retention: candidates: %w", err)
+		}
+		ids = append(ids, lastID)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, last, "", fmt.Errorf("retention: candidates: %w", err)
+	}
+	return ids, last, lastID, nil
+}
+
+// unsettled answers why the sale cannot leave Redis yet ("" when it can).
+func (b *Backend) unsettled(ctx context.Context, id string) (string, error) {
+	// An unpaid order, even past its deadline: the sweeper will cancel it and
+	// restock its units into Redis. (pending: written by nothing today, but
+	// not final either.)
+	var open int64
+	if err := b.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders WHERE sale_id = ? AND status IN (?, ?)`,
+		id, string(flashgate.OrderConfirmed), string(flashgate.OrderPending)).Scan(&open); err != nil {
+		return "", fmt.Errorf("retention %s: orders: %w", id, err)
+	}
+	if open > 0 {
+		return fmt.Sprintf("%d orders unpaid", open), nil
+	}
+	resv, err := b.rc.Do(ctx, b.rc.B().Hlen().Key(lua.KeysFor(id, nil).Resv).Build()).AsInt64()
+	if err != nil {
+		return "", fmt.Errorf("retention %s: reservations: %w", id, err)
+	}
+	if resv > 0 {
+		return fmt.Sprintf("%d reservations open", resv), nil
+	}
+	// Read after the reservations: an admission's message is published after
+	// its reservation is written and acked after it is settled, so an order
+	// is seen in one or the other.
+	inFlight, err := b.streamCount(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("retention %s: %w", id, err)
+	}
+	if inFlight > 0 {
+		return fmt.Sprintf("%d order messages in the stream", inFlight), nil
+	}
+	return "", nil
+}
+
+// retire removes the sale from Redis, then records it in MySQL. A crash in
+// between leaves the sale a candidate: the next pass deletes nothing more and
+// records it.
+func (b *Backend) retire(ctx context.Context, id string, now time.Time) error {
+	row, err := loadSale(ctx, b.db, id)
+	if err != nil {
+		return fmt.Errorf("retention: %w", err)
+	}
+	keys, err := lua.Retire(ctx, b.rc, &row.Sale)
+	if err != nil {
+		return fmt.Errorf("retention: %w", err)
+	}
+	if _, err := b.db.ExecContext(ctx, `UPDATE sales SET retired_at = ? WHERE id = ? AND retired_at IS NULL`,
+		now.UTC(), id); err != nil {
+		return fmt.Errorf("retention %s: %w", id, err)
+	}
+	b.log.Debug("sale retired from redis", "sale", id, "keys", keys)
+	// Gateways forget a sale once it is live_grace past its end; this tells
+	// them now, for a sale closed early. A lost event leaves it answering 410
+	// from memory until then.
+	if b.nc != nil {
+		if err := bus.PublishEvent(b.nc, b.cfg.NATS, bus.SaleEvent{Type: bus.EventRetired, SaleID: id}); err != nil {
+			b.log.Warn("retired event", "sale", id, "err", err)
+		}
+	}
+	return nil
+}
+
+// retired reports whether retention removed sale from Redis, for the Redis
+// write-backs of a repeated pay or cancel, which would bring a key of it back.
+// Unknown (MySQL failed) counts as not retired: the write-back heals more than
+// a stray key costs.
+func (b *Backend) retired(ctx context.Context, sale string) bool {
+	at, err := saleRetired(ctx, b.db, sale)
+	return err == nil && at != nil
+}
+
+// saleRetired reports when the sale left Redis for good (nil: it has not).
+func saleRetired(ctx context.Context, q queryer, id string) (*time.Time, error) {
+	var at sql.NullTime
+	err := q.QueryRowContext(ctx, `SELECT retired_at FROM sales WHERE id = ?`, id).Scan(&at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("sale %s: %w", id, errSaleNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sale %s: %w", id, err)
+	}
+	if !at.Valid {
+		return nil, nil
+	}
+	t := at.Time.UTC()
+	return &t, nil
+}
