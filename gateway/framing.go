@@ -53,8 +53,13 @@ func checkFraming(h *fasthttp.RequestHeader) (int, string) {
 			return fasthttp.StatusBadRequest, "malformed header line"
 		}
 		name := line[:colon]
-		if bytes.ContainsAny(name, " \t") {
+		if bytes.IndexByte(name, ' ') >= 0 || bytes.IndexByte(name, '\t') >= 0 {
 			return fasthttp.StatusBadRequest, "whitespace in a header name"
+		}
+		// Only two names matter below; comparing lengths first keeps the
+		// case-insensitive comparisons off most lines.
+		if len(name) != len(hdrTE) && len(name) != len(hdrCL) {
+			continue
 		}
 		value := bytes.TrimSpace(line[colon+1:])
 		switch {
