@@ -35,7 +35,7 @@ type edgeListener struct {
 	lingerBytes int64
 
 	open    atomic.Int64
-	backoff atomic.Bool // the last Accept failed: not accepting until one succeeds
+	backoff atomic.Bool // sleeping after a failed Accept
 	mu      sync.Mutex
 	byIP    map[netip.Addr]int
 
@@ -142,10 +142,12 @@ func (l *edgeListener) Accept() (net.Conn, error) {
 			case <-l.done:
 				t.Stop()
 			}
+			// Not ready only while backing off: if the connections that
+			// failed went away, the next Accept blocks with nothing wrong.
+			l.backoff.Store(false)
 			continue
 		}
 		delay = 0
-		l.backoff.Store(false)
 		if l.open.Add(1) > l.max {
 			l.open.Add(-1)
 			l.refusedMax.Inc()

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
@@ -431,4 +435,72 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 		t.Fatalf("accept errors not counted: %v", mm)
 	}
 	t.Logf("flood %d, answered %d, accept errors %s", len(flooded), answered, mm[1])
+}
+
+// failingListener fails its first fails Accepts with err, then accepts from
+// the real listener.
+type failingListener struct {
+	net.Listener
+	fails int
+	err   error
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	if l.fails > 0 {
+		l.fails--
+		return nil, l.err
+	}
+	return l.Listener.Accept()
+}
+
+// TestAcceptBacksOff: temporary accept errors are retried with back-off (and
+// counted, and reported as not ready meanwhile); any other error ends Accept.
+func TestAcceptBacksOff(t *testing.T) {
+	real, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer real.Close()
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ECONNABORTED} {
+		fl := &failingListener{Listener: real, fails: 4, err: &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", errno)}}
+		l := newEdgeListener(fl, edgeOptions{maxConns: 10})
+		got := make(chan net.Conn, 1)
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				t.Errorf("%v: Accept: %v", errno, err)
+			}
+			got <- c
+		}()
+		// 5+10+20+40 ms of back-off: it is seen meanwhile.
+		for l.notAccepting() == "" {
+			time.Sleep(time.Millisecond)
+		}
+		c, err := net.Dial("tcp", real.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := <-got
+		if sc == nil {
+			t.Fatalf("%v: no connection", errno)
+		}
+		if why := l.notAccepting(); why != "" {
+			t.Fatalf("%v: still not accepting after an accept: %s", errno, why)
+		}
+		if n := counterValue(l.acceptErrors); n != 4 {
+			t.Fatalf("%v: %v accept errors counted, want 4", errno, n)
+		}
+		sc.Close()
+		c.Close()
+	}
+	fl := &failingListener{Listener: real, fails: 1, err: &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EINVAL)}}
+	if _, err := newEdgeListener(fl, edgeOptions{maxConns: 10}).Accept(); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("a permanent error: %v", err)
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
 }
