@@ -223,6 +223,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.shutdown.Do(func() {
 		slog.Info("gateway shutting down: draining in-flight requests")
 		err := g.srv.ShutdownWithContext(ctx)
+		g.edge.lingering.Wait() // bounded: each lingers at most 500 ms
 		err = errors.Join(err, g.admin.Shutdown(ctx))
 		g.stop()
 		g.bg.Wait()

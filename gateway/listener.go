@@ -42,6 +42,7 @@ type edgeListener struct {
 	// lingerSlots bounds the refused connections lingering at once outside
 	// fasthttp's workers: each holds a descriptor above the cap.
 	lingerSlots chan struct{}
+	lingering   sync.WaitGroup // the refusals' lingering closes (wait: Shutdown)
 	// wake cuts a back-off short when a connection closes: a descriptor
 	// has just been freed, so accept may succeed again.
 	wake      chan struct{}
@@ -190,8 +191,9 @@ func (l *edgeListener) refuse(c net.Conn, answer []byte) {
 	_, _ = c.Write(answer)
 	select {
 	case l.lingerSlots <- struct{}{}:
+		l.lingering.Add(1)
 		go func() {
-			defer func() { <-l.lingerSlots }()
+			defer func() { <-l.lingerSlots; l.lingering.Done() }()
 			lingerClose(c, min(l.lingerTime, 500*time.Millisecond), 64<<10)
 		}()
 	default:
