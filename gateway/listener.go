@@ -159,6 +159,7 @@ func (l *edgeListener) Accept() (net.Conn, error) {
 		if l.perIP > 0 {
 			ip := peerAddr(c.RemoteAddr())
 			if !l.proxies.trusted(ip) {
+				ip = connKey(ip)
 				l.mu.Lock()
 				if l.byIP[ip] >= l.perIP {
 					l.mu.Unlock()
@@ -180,6 +181,16 @@ func (l *edgeListener) Accept() (net.Conn, error) {
 		}
 		return ec, nil
 	}
+}
+
+// connKey is the per-address cap's key: an IPv6 client by its /64, the
+// smallest block a site is given (one host may hold all of it).
+func connKey(ip netip.Addr) netip.Addr {
+	if ip.Is6() {
+		p, _ := ip.Prefix(64)
+		return p.Addr()
+	}
+	return ip
 }
 
 // refuse answers a connection the caps leave no room for and closes it. The

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -233,6 +234,15 @@ func TestSilentAndStalledConnectionsAreClosed(t *testing.T) {
 	if _, err := br.ReadByte(); err != io.EOF {
 		t.Fatalf("stalled connection left open after its 408: %v", err)
 	}
+	// A body that stalls: the same 408.
+	body, err := net.Dial("tcp", e.g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer body.Close()
+	body.Write([]byte("POST /v1/sales/none/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"quantity\""))
+	_ = body.SetReadDeadline(time.Now().Add(20 * time.Second))
+	jsonRefusal(t, bufio.NewReader(body), 408, "invalid_request")
 	for i := 0; i < silent; i++ {
 		if err := <-done; err != nil {
 			t.Fatalf("silent connection: %v", err)
@@ -503,4 +513,17 @@ func counterValue(c prometheus.Counter) float64 {
 	var m dto.Metric
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
+}
+
+func TestConnKeyGroupsIPv6By64(t *testing.T) {
+	for in, want := range map[string]string{
+		"2001:db8:1:2:aaaa::1": "2001:db8:1:2::",
+		"2001:db8:1:2:bbbb::9": "2001:db8:1:2::",
+		"2001:db8:1:3::1":      "2001:db8:1:3::",
+		"192.0.2.7":            "192.0.2.7",
+	} {
+		if got := connKey(netip.MustParseAddr(in)); got != netip.MustParseAddr(want) {
+			t.Errorf("connKey(%s) = %s, want %s", in, got, want)
+		}
+	}
 }
