@@ -166,6 +166,7 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 		maxConns: conns, perIP: cfg.Gateway.MaxConnsPerIP, proxies: g.proxies,
 		firstByte: cfg.Gateway.ReadTimeout, lingerTime: cfg.Gateway.LingerTimeout,
 		lingerBytes: int64(cfg.Gateway.LingerMaxBytes), reg: g.metrics.Registry(),
+		onRefuse: func() { g.metrics.Refused(metrics.LimitConns) },
 	})
 	g.ln = g.edge
 	slog.Info("gateway: public port limits", "max_conns", conns, "max_conns_per_ip", cfg.Gateway.MaxConnsPerIP)

@@ -52,6 +52,7 @@ type edgeListener struct {
 	acceptErrors prometheus.Counter
 	refusedMax   prometheus.Counter
 	refusedIP    prometheus.Counter
+	onRefuse     func() // also counts every refusal (the limiter refusals' "conns")
 }
 
 type edgeOptions struct {
@@ -61,13 +62,14 @@ type edgeOptions struct {
 	lingerTime      time.Duration
 	lingerBytes     int64
 	reg             prometheus.Registerer
+	onRefuse        func()
 }
 
 func newEdgeListener(ln net.Listener, o edgeOptions) *edgeListener {
 	l := &edgeListener{
 		Listener: ln, max: int64(o.maxConns), perIP: o.perIP, proxies: o.proxies,
 		firstByte: o.firstByte, lingerTime: o.lingerTime, lingerBytes: o.lingerBytes,
-		byIP: map[netip.Addr]int{}, lingerSlots: make(chan struct{}, 64),
+		onRefuse: o.onRefuse, byIP: map[netip.Addr]int{}, lingerSlots: make(chan struct{}, 64),
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	const ns, sub = "flashgate", "gateway"
@@ -198,6 +200,9 @@ func connKey(ip netip.Addr) netip.Addr {
 // reset that can destroy the answer in flight, so while a slot is free the
 // close lingers (briefly) in its own goroutine; otherwise it is immediate.
 func (l *edgeListener) refuse(c net.Conn, answer []byte) {
+	if l.onRefuse != nil {
+		l.onRefuse()
+	}
 	_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 	_, _ = c.Write(answer)
 	select {

@@ -276,7 +276,8 @@ func TestPerIPCapSparesTrustedProxies(t *testing.T) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	jsonRefusal(t, bufio.NewReader(c), 429, "rate_limited")
-	if m := e.metricsText(); !strings.Contains(m, `flashgate_gateway_conns_refused_total{reason="per_ip"} 1`) {
+	if m := e.metricsText(); !strings.Contains(m, `flashgate_gateway_conns_refused_total{reason="per_ip"} 1`) ||
+		!strings.Contains(m, `flashgate_gateway_limiter_refusals_total{limit="conns"} 1`) {
 		t.Fatalf("refusal not counted:\n%s", grepLines(m, "conns"))
 	}
 }
