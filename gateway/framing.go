@@ -32,6 +32,7 @@ func checkFraming(h *fasthttp.RequestHeader) (int, string) {
 		return fasthttp.StatusHTTPVersionNotSupported, "only HTTP/1.1 and HTTP/1.0 are served"
 	}
 	te, cl := 0, 0
+	unknownTE, conflictCL := false, false
 	var firstCL []byte
 	raw := h.RawHeaders()
 	for len(raw) > 0 {
@@ -64,26 +65,45 @@ func checkFraming(h *fasthttp.RequestHeader) (int, string) {
 		value := bytes.TrimSpace(line[colon+1:])
 		switch {
 		case bytes.EqualFold(name, hdrTE):
-			if te++; te > 1 {
-				return fasthttp.StatusBadRequest, "more than one Transfer-Encoding header"
-			}
-			if !bytes.EqualFold(value, chunked) {
-				return fasthttp.StatusNotImplemented, "the only transfer coding served is chunked"
-			}
+			te++
+			unknownTE = unknownTE || !bytes.EqualFold(value, chunked)
 		case bytes.EqualFold(name, hdrCL):
 			if cl++; cl > 1 && !bytes.Equal(value, firstCL) {
-				return fasthttp.StatusBadRequest, "conflicting Content-Length headers"
+				conflictCL = true
 			}
 			firstCL = value
 		}
 	}
-	if te > 0 && cl > 0 {
+	// Every line is read before answering: a malformed one is a 400 even
+	// after an unknown coding, which alone is a 501.
+	switch {
+	case conflictCL:
+		return fasthttp.StatusBadRequest, "conflicting Content-Length headers"
+	case te > 1:
+		return fasthttp.StatusBadRequest, "more than one Transfer-Encoding header"
+	case te > 0 && cl > 0:
 		return fasthttp.StatusBadRequest, "both Transfer-Encoding and Content-Length"
-	}
-	if te > 0 && http10 {
+	case te > 0 && http10:
 		return fasthttp.StatusBadRequest, "Transfer-Encoding in an HTTP/1.0 request"
+	case unknownTE:
+		return fasthttp.StatusNotImplemented, "the only transfer coding served is chunked"
 	}
 	return 0, ""
+}
+
+// headerReceived runs once a request's head is in, before its body is read.
+// A chunked body whose framing is in doubt (Transfer-Encoding with
+// Content-Length, ...) is not read at all: the parsed head is set to an empty
+// body, so serve runs at once and refuses it from the raw head, which keeps
+// what the client sent (else a body framed the attacker's other way could hold
+// the connection until read_timeout). Other requests pay one comparison.
+func headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if h.ContentLength() == -1 { // chunked
+		if st, _ := checkFraming(h); st != 0 {
+			h.SetContentLength(0)
+		}
+	}
+	return fasthttp.RequestConfig{}
 }
 
 // serve is the public port's handler: the framing check, then the API.

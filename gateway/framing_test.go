@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/flashgate/flashgate/config"
 )
 
 // saleHits is how many GET sale requests the gateway has answered 200.
@@ -27,7 +29,8 @@ func (e *env) saleHits() string {
 // lenient parser would run. Each must answer its status in JSON, close the
 // connection, and never run the second request.
 func TestSmugglingIsRefused(t *testing.T) {
-	e := start(t)
+	// A refusal must not wait for read_timeout (the client gives up at 5 s).
+	e := start(t, func(c *config.Config) { c.Gateway.ReadTimeout = time.Minute })
 	s := e.sale(nil)
 	post := "POST /v1/sales/" + s.ID + "/orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + e.token("smuggler") + "\r\n"
 	smuggled := "GET /v1/sales/" + s.ID + " HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -37,6 +40,8 @@ func TestSmugglingIsRefused(t *testing.T) {
 	}{
 		{"CL then TE", post + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
 		{"TE then CL", post + "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n", 400},
+		// The chunked body never ends: refused without waiting for it.
+		{"CL+TE, body held", post + "Content-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n100\r\nab", 400},
 		{"space before colon", post + "Transfer-Encoding : chunked\r\n\r\n0\r\n\r\n", 400},
 		{"space before colon, CL", post + "Content-Length : 0\r\nContent-Length: 2\r\n\r\n{}", 400},
 		{"obs-fold TE", post + "X-A: b\r\n Transfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}", 400},

@@ -130,6 +130,7 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 	conns := connCap(cfg.Gateway.MaxConns, cfg.Gateway.Concurrency, raiseFDLimit())
 	g.srv = &fasthttp.Server{
 		Handler:               g.serve,
+		HeaderReceived:        headerReceived,
 		ErrorHandler:          g.handleError,
 		Name:                  "flashgate",
 		NoDefaultServerHeader: true,
