@@ -56,8 +56,19 @@ type Gateway struct {
 	ReusePort bool `yaml:"reuseport"`
 	// MaxHeaderBytes bounds the request line and headers (fasthttp's read buffer).
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
-	// MaxConnsPerIP bounds concurrent connections from one peer address (0: none).
+	// MaxConns caps the public port's open connections; past it a new
+	// connection gets a 503 and is closed (0: the file-descriptor limit less
+	// headroom for the gateway's own connections; never above Concurrency).
+	MaxConns int `yaml:"max_conns"`
+	// MaxConnsPerIP bounds concurrent connections from one peer address (0:
+	// none). Trusted proxies are exempt: behind nginx every connection comes
+	// from nginx's address.
 	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
+	// LingerTimeout and LingerMaxBytes bound the lingering close: after an
+	// error answer (413, 400, ...) the gateway half-closes and discards what
+	// the client still sends, so the client reads the answer, not a reset.
+	LingerTimeout  time.Duration `yaml:"linger_timeout"`
+	LingerMaxBytes int           `yaml:"linger_max_bytes"`
 	// TrustedProxies are the CIDRs whose X-Forwarded-For / X-Real-IP are believed.
 	TrustedProxies []string `yaml:"trusted_proxies"`
 	// TokenCacheSize bounds the verified-token cache (0 turns it off).
@@ -173,7 +184,8 @@ func Default() Config {
 			IdleTimeout: 60 * time.Second, Concurrency: 256 * 1024,
 			AdmitTimeout: 500 * time.Millisecond, PublishTimeout: 2 * time.Second,
 			ShutdownTimeout: 10 * time.Second, SaleRefresh: 5 * time.Second, NodeLeaseTTL: 15 * time.Second,
-			MaxHeaderBytes: 8192, MaxConnsPerIP: 0,
+			MaxHeaderBytes: 8192, MaxConnsPerIP: 128,
+			LingerTimeout: 2 * time.Second, LingerMaxBytes: 1 << 20,
 			TrustedProxies: []string{"127.0.0.1/32", "::1/128"},
 			TokenCacheSize: 100000, LimiterMaxKeys: 1000000,
 			BreakerFailures: 5, BreakerOpen: 2 * time.Second, MemoryLimitMB: 100,
@@ -281,6 +293,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Gateway.MaxHeaderBytes < 1024 {
 		errs = append(errs, errors.New("gateway.max_header_bytes must be at least 1024"))
+	}
+	if c.Gateway.MaxConns < 0 || c.Gateway.MaxConnsPerIP < 0 || c.Gateway.Concurrency < 0 {
+		errs = append(errs, errors.New("gateway.max_conns, max_conns_per_ip and concurrency must not be negative (0: derived / no cap)"))
+	}
+	if c.Gateway.ReadTimeout <= 0 {
+		errs = append(errs, errors.New("gateway.read_timeout must be positive: it bounds every connection's request"))
+	}
+	if c.Gateway.LingerTimeout < 0 || c.Gateway.LingerTimeout > 30*time.Second || c.Gateway.LingerMaxBytes < 0 {
+		errs = append(errs, errors.New("gateway.linger_timeout must be 0..30s and linger_max_bytes not negative"))
 	}
 	if c.Gateway.LimiterMaxKeys < 1 {
 		errs = append(errs, errors.New("gateway.limiter_max_keys must be positive"))

@@ -371,6 +371,7 @@ func TestServerLimits(t *testing.T) {
 	e := start(t, func(c *config.Config) {
 		c.Gateway.MaxHeaderBytes = 2048
 		c.Gateway.MaxConnsPerIP = 2
+		c.Gateway.TrustedProxies = nil // a trusted proxy has no per-address cap
 	})
 	s := e.sale(nil)
 	// Headers over the limit: 431 with the JSON body.

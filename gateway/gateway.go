@@ -11,9 +11,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +53,7 @@ type Gateway struct {
 	srv     *fasthttp.Server
 	admin   *http.Server
 	ln      net.Listener
+	edge    *edgeListener
 	adminLn net.Listener
 
 	// crashAfter is a failpoint for fault tests: set from the environment
@@ -126,8 +127,10 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 	}
 	g.breakers.refreshSlots(ctx, g.rc)
 
+	conns := connCap(cfg.Gateway.MaxConns, cfg.Gateway.Concurrency, raiseFDLimit())
 	g.srv = &fasthttp.Server{
-		Handler:               g.handle,
+		Handler:               g.serve,
+		HeaderReceived:        headerReceived,
 		ErrorHandler:          g.handleError,
 		Name:                  "flashgate",
 		NoDefaultServerHeader: true,
@@ -137,7 +140,13 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 		IdleTimeout:           cfg.Gateway.IdleTimeout,
 		MaxRequestBodySize:    cfg.Gateway.MaxBodyBytes,
 		ReadBufferSize:        cfg.Gateway.MaxHeaderBytes,
-		Concurrency:           cfg.Gateway.Concurrency,
+		// The edge listener caps connections (gateway.max_conns, at most
+		// concurrency) and refuses the excess in JSON; fasthttp's own cap,
+		// answered in plain text, is set past it so it never fires (a
+		// worker is released a moment after its connection closes).
+		Concurrency: 2*conns + 1024,
+		// Errors name their cause without quoting the client's bytes in logs.
+		SecureErrorLogMessage: true,
 		// An idle keep-alive connection gives its read and write buffers back
 		// to the pool: 10,000 open connections held 180 MiB without it, 64
 		// MiB with it (issue 6: ≤ 150 MB), for a pool get and put per request.
@@ -145,18 +154,23 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 		CloseOnShutdown:   true,
 		Logger:            quietLogger{},
 	}
+	var ln net.Listener
 	if cfg.Gateway.ReusePort {
-		g.ln, err = reuseport.Listen("tcp4", cfg.Gateway.Listen)
+		ln, err = reuseport.Listen("tcp4", cfg.Gateway.Listen)
 	} else {
-		g.ln, err = net.Listen("tcp", cfg.Gateway.Listen)
+		ln, err = net.Listen("tcp", cfg.Gateway.Listen)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	if n := cfg.Gateway.MaxConnsPerIP; n > 0 {
-		g.ln = &connLimit{Listener: g.ln, max: n, open: map[netip.Addr]int{},
-			refused: func() { g.metrics.Refused(metrics.LimitConns) }}
-	}
+	g.edge = newEdgeListener(ln, edgeOptions{
+		maxConns: conns, perIP: cfg.Gateway.MaxConnsPerIP, proxies: g.proxies,
+		firstByte: cfg.Gateway.ReadTimeout, lingerTime: cfg.Gateway.LingerTimeout,
+		lingerBytes: int64(cfg.Gateway.LingerMaxBytes), reg: g.metrics.Registry(),
+		onRefuse: func() { g.metrics.Refused(metrics.LimitConns) },
+	})
+	g.ln = g.edge
+	slog.Info("gateway: public port limits", "max_conns", conns, "max_conns_per_ip", cfg.Gateway.MaxConnsPerIP)
 	if g.adminLn, err = net.Listen("tcp", cfg.Gateway.AdminListen); err != nil {
 		g.ln.Close()
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -211,6 +225,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.shutdown.Do(func() {
 		slog.Info("gateway shutting down: draining in-flight requests")
 		err := g.srv.ShutdownWithContext(ctx)
+		g.edge.lingering.Wait() // bounded: each lingers at most 500 ms
 		err = errors.Join(err, g.admin.Shutdown(ctx))
 		g.stop()
 		g.bg.Wait()
@@ -372,6 +387,9 @@ func (g *Gateway) adminMux() *http.ServeMux {
 		if !g.lease.Load().Valid() {
 			errs = append(errs, errors.New("order-id node lease lost"))
 		}
+		if why := g.edge.notAccepting(); why != "" {
+			errs = append(errs, errors.New(why))
+		}
 		if err := errors.Join(errs...); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
@@ -391,21 +409,31 @@ type quietLogger struct{}
 
 func (quietLogger) Printf(format string, args ...any) { slog.Debug(fmt.Sprintf(format, args...)) }
 
-// handleError answers what fasthttp refuses before the handler runs.
+// handleError answers what fasthttp refuses before the handler runs. Each
+// answer closes the connection; those to a client that may still be sending
+// linger, so it reads the answer instead of a reset.
 func (g *Gateway) handleError(ctx *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+	ctx.SetConnectionClose()
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// A slow client (slowloris): no linger, it has had its time.
+		fail(ctx, fasthttp.StatusRequestTimeout, flashgate.CodeInvalidRequest,
+			fmt.Sprintf("request not received within %s", g.cfg.Gateway.ReadTimeout))
+		return
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		fail(ctx, fasthttp.StatusRequestEntityTooLarge, flashgate.CodeBodyTooLarge,
 			fmt.Sprintf("body over %d bytes", g.cfg.Gateway.MaxBodyBytes))
-		ctx.SetConnectionClose()
-		return
-	}
-	var small *fasthttp.ErrSmallBuffer
-	if errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer) {
+	case errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer):
 		fail(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, flashgate.CodeInvalidRequest,
 			fmt.Sprintf("request line and headers over %d bytes", g.cfg.Gateway.MaxHeaderBytes))
-		ctx.SetConnectionClose()
-		return
+	case errors.Is(err, fasthttp.ErrUnsupportedTransferEncoding):
+		fail(ctx, fasthttp.StatusNotImplemented, flashgate.CodeInvalidRequest, "the only transfer coding served is chunked")
+	case strings.Contains(err.Error(), "unsupported HTTP version"):
+		// fasthttp has no error value for it.
+		fail(ctx, fasthttp.StatusHTTPVersionNotSupported, flashgate.CodeInvalidRequest, "only HTTP/1.1 and HTTP/1.0 are served")
+	default:
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "malformed HTTP request")
 	}
-	fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "malformed HTTP request")
-	ctx.SetConnectionClose()
+	lingerOnClose(ctx)
 }

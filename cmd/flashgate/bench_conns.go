@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -78,7 +79,7 @@ func benchConnsCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	// The gateway's own settings that bound the run, as far as this command's
 	// configuration tells (the gateway may have been started with another).
-	if n := cfg.Gateway.MaxConnsPerIP; n > 0 && n < o.conns {
+	if n := cfg.Gateway.MaxConnsPerIP; n > 0 && n < o.conns && !trustedTarget(cfg.Gateway.TrustedProxies, o.target) {
 		fmt.Fprintf(stderr, "conns: warning: gateway.max_conns_per_ip is %d: a gateway so configured refuses connections from this one address past it (run it with FLASHGATE_GATEWAY_MAX_CONNS_PER_IP=0)\n", n)
 	}
 	if n := cfg.Gateway.Concurrency; n > 0 && n < o.conns {
@@ -419,4 +420,25 @@ func (r *connsResult) write(w io.Writer) {
 	}
 	fmt.Fprintf(w, "%-10s open files: ours %d, the gateway's %s; ephemeral ports %s\n",
 		"limits", r.Limits.ClientNoFile, r.Limits.GatewayNoFile, r.Limits.PortRange)
+}
+
+// trustedTarget tells whether connections to target come from a trusted
+// proxy's address, which max_conns_per_ip does not cap: so for a loopback
+// target when loopback is trusted (the source address of a loopback
+// connection is the target's own).
+func trustedTarget(proxies []string, target string) bool {
+	u, err := url.Parse(target)
+	if err != nil {
+		return false
+	}
+	a, err := netip.ParseAddr(u.Hostname())
+	if err != nil || !a.IsLoopback() {
+		return false
+	}
+	for _, p := range proxies {
+		if pr, err := netip.ParsePrefix(p); err == nil && pr.Contains(a.Unmap()) {
+			return true
+		}
+	}
+	return false
 }

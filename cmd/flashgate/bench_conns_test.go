@@ -184,3 +184,24 @@ func TestMetricValue(t *testing.T) {
 		t.Fatal("found a sample that is not there")
 	}
 }
+
+// TestTrustedTarget: the per-address warning is for targets whose clients
+// the gateway caps, not for a loopback target when loopback is trusted.
+func TestTrustedTarget(t *testing.T) {
+	lo := []string{"127.0.0.1/32", "::1/128"}
+	for _, c := range []struct {
+		proxies []string
+		target  string
+		want    bool
+	}{
+		{lo, "http://127.0.0.1:8080", true},
+		{lo, "http://[::1]:8080", true},
+		{nil, "http://127.0.0.1:8080", false},
+		{[]string{"10.0.0.0/8"}, "http://10.1.2.3:8080", false}, // not loopback: the source is another address
+		{lo, "http://localhost:8080", false},
+	} {
+		if got := trustedTarget(c.proxies, c.target); got != c.want {
+			t.Errorf("trustedTarget(%v, %s) = %v, want %v", c.proxies, c.target, got, c.want)
+		}
+	}
+}
