@@ -21,7 +21,7 @@ import (
 // Connect dials NATS with a name and endless reconnects: a NATS restart is an
 // outage to ride out, not a reason to exit.
 func Connect(cfg config.NATS, name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(cfg.URL,
+	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
@@ -31,7 +31,11 @@ func Connect(cfg config.NATS, name string) (*nats.Conn, error) {
 		// gateway answers 503 and releases) instead of being sent later, after
 		// its buyer was told 503.
 		nats.ReconnectBufSize(-1),
-	)
+	}
+	if cfg.User != "" {
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("nats %s: %w", cfg.URL, err)
 	}

@@ -92,6 +92,8 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 	g.breakers = newBreakers(cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpen, g.metrics)
 	g.rc, err = rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:  cfg.Redis.Addrs,
+		Username:     cfg.Redis.Username,
+		Password:     cfg.Redis.Password,
 		DisableCache: true,
 		// Only a dead-server detector: rueidis closes a pipelined connection
 		// whose replies take longer, failing everything on it. Each request has
