@@ -130,6 +130,9 @@ trap 'exit 130' INT TERM
 # the stack: infra, and a backend to create the sale
 
 "$STACK" infra-up >>"$LOG/bench-edge-stack.log" 2>&1 || die "scripts/stack.sh infra-up failed" "$LOG/bench-edge-stack.log"
+# The operator's credentials (docs/credentials.md): the CLI and the bench's own processes log in.
+# shellcheck disable=SC1091 # written by scripts/stack.sh
+. "$ROOT/var/secrets.env"
 if [[ "$(status_of backend)" != up ]]; then
 	before=()
 	for p in nginx gateway backend; do

@@ -264,6 +264,9 @@ say "building bin/flashgate and bin/bench-report"
 # the stack: infra, and a backend behind the bench gateway
 
 "$STACK" infra-up >>"$LOG/bench-stack.log" 2>&1 || die "scripts/stack.sh infra-up failed" "$LOG/bench-stack.log"
+# The operator's credentials (docs/credentials.md): the CLI and the bench's own processes log in.
+# shellcheck disable=SC1091 # written by scripts/stack.sh
+. "$ROOT/var/secrets.env"
 if [[ "$(status_of backend)" != up ]]; then
 	before=()
 	for p in nginx gateway backend; do

@@ -40,8 +40,9 @@ func SecretsFile() string {
 	}
 }
 
-// readSecrets parses the lines NAME=VALUE (optionally "export ", optionally
-// single-quoted) of the stack's secrets file.
+// readSecrets parses the lines NAME=VALUE of the stack's secrets file
+// (optionally "export "; VALUE bare or in single quotes, a quote inside
+// written '\'' as the shell does).
 func readSecrets(path string) map[string]string {
 	out := map[string]string{}
 	f, err := os.Open(path)
@@ -60,7 +61,7 @@ func readSecrets(path string) map[string]string {
 			continue
 		}
 		if len(v) >= 2 && v[0] == '\'' && v[len(v)-1] == '\'' {
-			v = v[1 : len(v)-1]
+			v = strings.ReplaceAll(v[1:len(v)-1], `'\''`, `'`)
 		}
 		out[k] = v
 	}
