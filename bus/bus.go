@@ -25,8 +25,8 @@ func Connect(cfg config.NATS, name string) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.Timeout(2*time.Second),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.Timeout(2 * time.Second),
 		nats.RetryOnFailedConnect(false),
 		// No reconnect buffer: a publish while NATS is away fails at once (the
 		// gateway answers 503 and releases) instead of being sent later, after

@@ -103,4 +103,3 @@ func (a *AuthStack) Config(c config.Config, r Role) config.Config {
 	c.NATS.CommandSubject, c.NATS.Consumer = def.CommandSubject, def.Consumer
 	return c
 }
-

@@ -42,7 +42,7 @@ func SecretsFile() string {
 
 // readSecrets parses the lines NAME=VALUE of the stack's secrets file
 // (optionally "export "; VALUE bare or in single quotes, a quote inside
-// written '\'' as the shell does).
+// written '\” as the shell does).
 func readSecrets(path string) map[string]string {
 	out := map[string]string{}
 	f, err := os.Open(path)
