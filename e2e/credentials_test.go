@@ -49,6 +49,19 @@ func TestRolesRunASale(t *testing.T) {
 	if r := call(t, gcfg, "POST", orders, "bob"); r.status != 409 {
 		t.Fatalf("second buyer of one unit: %d %s", r.status, r.Code)
 	}
+	// The backend leads (reconcile, expiry) and keeps its lead past a renewal
+	// of the lock, which runs scripts of its own.
+	deadline = time.Now().Add(20 * time.Second)
+	for !be.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatal("the backend never took the leader lock")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(6 * time.Second) // the lock is renewed every 2.5 s
+	if !be.IsLeader() {
+		t.Fatal("the backend lost the leader lock")
+	}
 	// Nothing either of them tried was refused (Redis logs every refusal).
 	admin, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{st.Redis.Addr},
 		Username: st.Admin.RedisUser, Password: st.Admin.RedisPassword, DisableCache: true})

@@ -353,10 +353,11 @@ write_secrets_env() {
 # Redis ACL. Passwords are stored hashed. The default user is off: a client that does not log in
 # gets NOAUTH. Gateway and backend run the Lua scripts of lua/ (whose commands are checked
 # against the same rules) and a few commands of their own, on flashgate's keys only; neither may
-# run FLUSHALL, CONFIG, KEYS, DEBUG, SHUTDOWN, ACL, MONITOR or touch other keys.
+# run FLUSHALL, CONFIG, KEYS, DEBUG, SHUTDOWN, ACL, MONITOR or touch other keys. The backend's
+# leader lock (rueidislock) runs its own scripts (GET, SET, DEL, PEXPIREAT) on flashgate:*.
 REDIS_CONN_CMDS="+ping +hello +auth +client|setname +client|getname +client|id +client|tracking +client|caching +readonly +cluster|slots +cluster|shards +cluster|info +cluster|myid"
 REDIS_SCRIPT_CMDS="+evalsha +eval +evalsha_ro +eval_ro +script|load +script|exists"
-REDIS_DATA_CMDS="+get +set +del +exists +pttl +pexpire +mget +incrby +decrby +hget +hset +hdel +hexists +hgetall +hincrby +hmget +hvals +hlen +sadd +srem +smembers +sismember +scard"
+REDIS_DATA_CMDS="+get +set +del +exists +pttl +pexpire +pexpireat +mget +incrby +decrby +hget +hset +hdel +hexists +hgetall +hincrby +hmget +hvals +hlen +sadd +srem +smembers +sismember +scard"
 
 render_redis_acl() {
 	local extra=""
