@@ -76,9 +76,7 @@ RUN="$ROOT/var/run"
 NGINX_PREFIX="$OUT/nginx"
 NGINX_PID="$RUN/bench-nginx.pid"
 GW_PIDFILE="$RUN/bench-gateway.pid"
-# The same local-only secrets as the Makefile (and so as a stack `make up` started).
-export FLASHGATE_JWT_SECRET="${FLASHGATE_JWT_SECRET:-flashgate-local-dev-jwt-secret}"
-export FLASHGATE_ADMIN_TOKEN="${FLASHGATE_ADMIN_TOKEN:-flashgate-local-dev-admin-token}"
+# The secrets are the stack's (var/secrets.env, read after infra-up below), or the environment's.
 
 T0="$(date +%s)"
 say() { printf 'bench: [%4ss] %s\n' "$(($(date +%s) - T0))" "$*" >&2; }
