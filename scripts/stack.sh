@@ -36,7 +36,7 @@
 # (given at infra-up/up, they replace the generated ones: the operator's passwords),
 # GO (go command), NGINX_RATE/NGINX_BURST/NGINX_CONN/NGINX_READ_TIMEOUT/NGINX_GATEWAYS (nginx's
 # per-IP limits and upstream, see the nginx section), everything else is passed through to the
-# app processes unchanged.
+# app processes unchanged (but for their logins, which are their role's).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -238,6 +238,7 @@ SECRETS_DIR="$VAR/secrets"
 SECRETS_STATE="$SECRETS_DIR/generated.env"
 SECRETS_ENV="$VAR/secrets.env"
 REDIS_ACL="$SECRETS_DIR/redis-users.acl"
+REDIS_AUTH_CONF="$SECRETS_DIR/redis-auth.conf"
 NATS_CONF="$SECRETS_DIR/nats.conf"
 
 U_ADMIN=flashgate_admin
@@ -375,6 +376,9 @@ render_redis_acl() {
 			user $U_REPLICA on #$(sha256 "$S_REDIS_REPLICA") resetkeys resetchannels -@all +ping +psync +sync +replconf +auth +hello
 		ACL
 		mv -f "$REDIS_ACL.tmp.$$" "$REDIS_ACL"
+		# Every node's own login to its master (a replica's), kept off the command line.
+		printf 'aclfile %s\nmasteruser %s\nmasterauth %s\n' "$REDIS_ACL" "$U_REPLICA" "$S_REDIS_REPLICA" >"$REDIS_AUTH_CONF.tmp.$$"
+		mv -f "$REDIS_AUTH_CONF.tmp.$$" "$REDIS_AUTH_CONF"
 	)
 }
 
@@ -458,11 +462,10 @@ redis_start() {
 	fi
 	mkdirs "$dir"
 	say "starting redis on 127.0.0.1:$port"
-	redis-server --port "$port" --bind 127.0.0.1 --protected-mode yes \
+	redis-server "$REDIS_AUTH_CONF" --port "$port" --bind 127.0.0.1 --protected-mode yes \
 		--daemonize yes --pidfile "$pidfile" --logfile "$logfile" --dir "$dir" \
 		--appendonly yes --appendfsync everysec --save "" \
-		--enable-debug-command local --aclfile "$REDIS_ACL" \
-		--masteruser "$U_REPLICA" --masterauth "$S_REDIS_REPLICA" "$@" ||
+		--enable-debug-command local "$@" ||
 		die "redis-server on port $port failed to start" "$logfile"
 }
 
