@@ -6,10 +6,11 @@ SHELL := /bin/bash
 # Go lives in /usr/local/go on our machines, which is not on every PATH (CI, sudo, cron).
 export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
-# Secrets of the LOCAL stack only (loopback). Set your own in the environment:
-# `FLASHGATE_JWT_SECRET=… FLASHGATE_ADMIN_TOKEN=… make up`; the CLI reads the same variables.
-export FLASHGATE_JWT_SECRET ?= flashgate-local-dev-jwt-secret
-export FLASHGATE_ADMIN_TOKEN ?= flashgate-local-dev-admin-token
+# Secrets: the stack generates them (and a login per role for Redis, NATS and MariaDB) into var/
+# and writes the operator's set to var/secrets.env, which the targets below that need them source
+# (`. var/secrets.env` does it for your shell). Set your own in the environment:
+# `FLASHGATE_JWT_SECRET=… FLASHGATE_ADMIN_TOKEN=… make up` (docs/credentials.md).
+SECRETS := var/secrets.env
 GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
@@ -46,7 +47,7 @@ reset: ## stop the stack and delete its data (var/)
 test: deps ## start the infra, run go test -race, stop the infra
 	@rc=0; \
 	if $(STACK) infra-up; then \
-		$(GO) test -race -count=1 ./... || rc=$$?; \
+		. $(SECRETS); $(GO) test -race -count=1 ./... || rc=$$?; \
 	else \
 		rc=$$?; echo "make test: infra-up failed" >&2; \
 	fi; \
@@ -61,7 +62,7 @@ test: deps ## start the infra, run go test -race, stop the infra
 demo: deps build ## start the stack, create a sale and run the load against it, stop the stack
 	@mkdir -p var/log; rc=0; : > var/log/demo.out; \
 	if $(STACK) up; then \
-		$(BIN) demo | tee var/log/demo.out || rc=$$?; \
+		. $(SECRETS); $(BIN) demo | tee var/log/demo.out || rc=$$?; \
 	else \
 		rc=$$?; echo "make demo: stack up failed" | tee var/log/demo.out >&2; \
 	fi; \

@@ -107,7 +107,7 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 		return nil, err
 	}
 
-	if b.rc, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: cfg.Redis.Addrs, DisableCache: true}); err != nil {
+	if b.rc, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: cfg.Redis.Addrs, Username: cfg.Redis.Username, Password: cfg.Redis.Password, DisableCache: true}); err != nil {
 		return nil, fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
 	}
 

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/rueidis/rueidislock"
 
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
 )
 
 // Leader election (DESIGN.md §8). The background work that must run on exactly
@@ -110,7 +111,7 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 // startLeading joins the election: a goroutine queues for the lock and runs the
 // leader's work while it holds it, until stopLeading.
 func (b *Backend) startLeading() error {
-	locker, err := newLeaderLocker(b.cfg.Redis.Addrs, leaderValidity)
+	locker, err := newLeaderLocker(b.cfg.Redis, leaderValidity)
 	if err != nil {
 		return err
 	}
@@ -133,9 +134,9 @@ const electionPoll = 250 * time.Millisecond
 // lockAttemptTimeout bounds one attempt to take or extend the leader lock.
 const lockAttemptTimeout = 500 * time.Millisecond
 
-func newLeaderLocker(addrs []string, validity time.Duration) (rueidislock.Locker, error) {
+func newLeaderLocker(rc config.Redis, validity time.Duration) (rueidislock.Locker, error) {
 	l, err := rueidislock.NewLocker(rueidislock.LockerOption{
-		ClientOption: rueidis.ClientOption{InitAddress: addrs},
+		ClientOption: rueidis.ClientOption{InitAddress: rc.Addrs, Username: rc.Username, Password: rc.Password},
 		KeyPrefix:    leaderKeyPrefix,
 		KeyValidity:  validity,
 		KeyMajority:  1,
@@ -150,7 +151,7 @@ func newLeaderLocker(addrs []string, validity time.Duration) (rueidislock.Locker
 		NoLoopTracking: true,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("leader lock on %v: %w", addrs, err)
+		return nil, fmt.Errorf("leader lock on %v: %w", rc.Addrs, err)
 	}
 	return l, nil
 }

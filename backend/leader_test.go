@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidislock"
 
 	"github.com/flashgate/flashgate/config"
@@ -34,11 +33,11 @@ func testLocker(t *testing.T, addrs []string, validity time.Duration, noCache bo
 		// A holder that hears nothing: it learns it lost the lock only when a
 		// renewal finds the key taken (a paused or partitioned process).
 		l, err = rueidislock.NewLocker(rueidislock.LockerOption{
-			ClientOption: rueidis.ClientOption{InitAddress: addrs, DisableCache: true},
+			ClientOption: testenv.RedisOption(addrs),
 			KeyPrefix:    leaderKeyPrefix, KeyValidity: validity, KeyMajority: 1, TryNextAfter: lockAttemptTimeout,
 		})
 	} else {
-		l, err = newLeaderLocker(addrs, validity)
+		l, err = newLeaderLocker(config.Redis{Addrs: addrs, Username: testenv.RedisUsername(), Password: testenv.RedisPassword()}, validity)
 	}
 	if err != nil {
 		t.Fatal(err)

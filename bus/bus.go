@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -21,17 +22,21 @@ import (
 // Connect dials NATS with a name and endless reconnects: a NATS restart is an
 // outage to ride out, not a reason to exit.
 func Connect(cfg config.NATS, name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(cfg.URL,
+	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.Timeout(2*time.Second),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.Timeout(2 * time.Second),
 		nats.RetryOnFailedConnect(false),
 		// No reconnect buffer: a publish while NATS is away fails at once (the
 		// gateway answers 503 and releases) instead of being sent later, after
 		// its buyer was told 503.
 		nats.ReconnectBufSize(-1),
-	)
+	}
+	if cfg.User != "" {
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("nats %s: %w", cfg.URL, err)
 	}
@@ -155,6 +160,18 @@ type SaleEvent struct {
 // EventSubject is the subject of sale's events.
 func EventSubject(cfg config.NATS, sale string) string { return cfg.EventSubject + "." + sale }
 
+// HintSubject is the subject of a gateway's hints about sale: sold out,
+// restocked, or not warmed. Hints have a subject of their own so that NATS
+// permissions can let gateways send hints and only backends send the events
+// that change a sale (created, closed): a gateway's credentials cannot close
+// a sale. The extra token keeps it apart from any sale's event subject.
+func HintSubject(cfg config.NATS, sale string) string { return cfg.EventSubject + ".hint." + sale }
+
+// IsHint reports whether a gateway may send events of type typ.
+func IsHint(typ string) bool {
+	return typ == EventSoldOut || typ == EventRestocked || typ == EventWarm
+}
+
 // PublishEvent sends a sale event on core NATS (at most once: gateways also
 // refresh their cache periodically, so a lost event heals).
 func PublishEvent(nc *nats.Conn, cfg config.NATS, ev SaleEvent) error {
@@ -165,12 +182,32 @@ func PublishEvent(nc *nats.Conn, cfg config.NATS, ev SaleEvent) error {
 	return nc.Publish(EventSubject(cfg, ev.SaleID), b)
 }
 
-// SubscribeEvents calls fn for every sale event.
+// PublishHint sends a gateway's hint (IsHint) on the sale's hint subject.
+func PublishHint(nc *nats.Conn, cfg config.NATS, ev SaleEvent) error {
+	if !IsHint(ev.Type) {
+		return fmt.Errorf("sale event %q is not a gateway's hint", ev.Type)
+	}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	return nc.Publish(HintSubject(cfg, ev.SaleID), b)
+}
+
+// SubscribeEvents calls fn for every sale event and every hint. An event
+// counts only on its own sale's subject, and a hint subject carries only
+// hints: whoever may publish hints cannot pass off a closed sale as one.
 func SubscribeEvents(nc *nats.Conn, cfg config.NATS, fn func(SaleEvent)) (*nats.Subscription, error) {
-	return nc.Subscribe(cfg.EventSubject+".*", func(m *nats.Msg) {
-		var ev SaleEvent
-		if json.Unmarshal(m.Data, &ev) == nil && flashgate.ValidID(ev.SaleID) {
-			fn(ev)
+	prefix := cfg.EventSubject + "."
+	return nc.Subscribe(cfg.EventSubject+".>", func(m *nats.Msg) {
+		sale, hint := strings.CutPrefix(m.Subject[len(prefix):], "hint.")
+		if !hint && strings.Contains(sale, ".") {
+			return
 		}
+		var ev SaleEvent
+		if json.Unmarshal(m.Data, &ev) != nil || !flashgate.ValidID(ev.SaleID) || ev.SaleID != sale || (hint && !IsHint(ev.Type)) {
+			return
+		}
+		fn(ev)
 	})
 }

@@ -134,6 +134,10 @@ type Redis struct {
 	// of concurrent requests into one write (rueidis MaxFlushDelay): fewer
 	// syscalls for the gateway and for Redis, at most this much latency.
 	MaxFlushDelay time.Duration `yaml:"max_flush_delay"`
+	// Username and Password log in as a Redis ACL user (AUTH/HELLO). An
+	// empty Username with a Password logs in as Redis's default user.
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
 }
 
 // NATS is JetStream for orders and core NATS for sale events.
@@ -149,6 +153,10 @@ type NATS struct {
 	Replicas       int           `yaml:"replicas"`
 	DedupWindow    time.Duration `yaml:"dedup_window"`
 	MaxStreamMsgs  int64         `yaml:"max_stream_msgs"`
+	// User and Password log in to NATS; the server's permissions for that
+	// user decide what this process may publish and subscribe to.
+	User     string `yaml:"user"`
+	Password string `yaml:"password"`
 }
 
 // MySQL is the source of truth.
@@ -264,6 +272,12 @@ func (c *Config) Validate() error {
 	var errs []error
 	if len(c.Redis.Addrs) == 0 {
 		errs = append(errs, errors.New("redis.addrs is empty"))
+	}
+	if c.NATS.Password != "" && c.NATS.User == "" {
+		errs = append(errs, errors.New("nats.password is set without nats.user"))
+	}
+	if c.Redis.Username != "" && c.Redis.Password == "" {
+		errs = append(errs, errors.New("redis.username is set without redis.password"))
 	}
 	if c.Gateway.MemoryLimitMB < 0 {
 		errs = append(errs, errors.New("gateway.memory_limit_mb must not be negative"))

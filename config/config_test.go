@@ -226,6 +226,8 @@ func TestValidate(t *testing.T) {
 		{"short dedup", func(c *Config) { c.NATS.DedupWindow = time.Minute }, "dedup_window"},
 		{"no payment timeout", func(c *Config) { c.Orders.PaymentTimeout = 0 }, "payment_timeout"},
 		{"two algorithms", func(c *Config) { c.Auth.JWTSecret, c.Auth.EdDSAPublicKeyFile = "s", "/k" }, "not both"},
+		{"nats password alone", func(c *Config) { c.NATS.Password = "p" }, "nats.password"},
+		{"redis user without password", func(c *Config) { c.Redis.Username = "u" }, "redis.username"},
 		{"several at once", func(c *Config) { c.Redis.Addrs, c.Backend.BatchSize = nil, 0 }, "batch_size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -391,6 +393,9 @@ func TestEnvironRoundTrip(t *testing.T) {
 	want.Gateway.AdmitTimeout = 1500 * time.Millisecond
 	want.RateLimit.PerIP.Rate = 2.5
 	want.Gateway.ReusePort = true
+	want.Redis.Username, want.Redis.Password = "flashgate_gateway", "r-pass"
+	want.NATS.User, want.NATS.Password = "gateway", "n-pass"
+	want.MySQL.DSN = "flashgate_app:m-pass@tcp(127.0.0.1:13306)/flashgate"
 	env := map[string]string{}
 	for _, kv := range Environ(want) {
 		k, v, _ := strings.Cut(kv, "=")
@@ -399,6 +404,12 @@ func TestEnvironRoundTrip(t *testing.T) {
 	got := Default()
 	if err := applyEnv(&got, func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err != nil {
 		t.Fatal(err)
+	}
+	// The names the stack's var/secrets.env writes are the ones Environ writes.
+	for _, k := range []string{"FLASHGATE_REDIS_USERNAME", "FLASHGATE_REDIS_PASSWORD", "FLASHGATE_NATS_USER", "FLASHGATE_NATS_PASSWORD", "FLASHGATE_MYSQL_DSN"} {
+		if env[k] == "" {
+			t.Errorf("Environ has no %s", k)
+		}
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, want)

@@ -286,7 +286,7 @@ func newSoldOutStack(t *testing.T, keyed int) *soldOutStack {
 		keyed:  map[string]purchase{}}
 	t.Cleanup(st.client.CloseIdleConnections)
 	var err error
-	if st.events, err = st.nc.SubscribeSync(cfg.NATS.EventSubject + ".*"); err != nil {
+	if st.events, err = st.nc.SubscribeSync(cfg.NATS.EventSubject + ".>"); err != nil {
 		t.Fatal(err)
 	}
 	st.a = spawnGateway(t, cfg, "A")

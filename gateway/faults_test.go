@@ -372,7 +372,7 @@ func (e *env) shutdown() {
 // such late messages there were.
 func (e *env) auditStream(url string, s *flashgate.Sale, accepted map[uint64]bool) int {
 	e.t.Helper()
-	nc, err := nats.Connect(url)
+	nc, err := nats.Connect(url, testenv.NATSOptions()...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

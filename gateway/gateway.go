@@ -93,6 +93,8 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 	g.breakers = newBreakers(cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpen, g.metrics)
 	g.rc, err = rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:  cfg.Redis.Addrs,
+		Username:     cfg.Redis.Username,
+		Password:     cfg.Redis.Password,
 		DisableCache: true,
 		// Only a dead-server detector: rueidis closes a pipelined connection
 		// whose replies take longer, failing everything on it. Each request has
@@ -110,7 +112,7 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 	if g.js, err = jetstream.New(g.nc); err != nil {
 		return nil, fmt.Errorf("gateway: jetstream: %w", err)
 	}
-	if _, err = bus.EnsureStream(ctx, g.js, cfg.NATS); err != nil {
+	if err = awaitStream(ctx, g.js, cfg.NATS); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	lease, err := orderid.Acquire(ctx, g.rc, cfg.Gateway.NodeLeaseTTL)
@@ -350,7 +352,7 @@ func (g *Gateway) restocked(s *sale, region string) {
 }
 
 func (g *Gateway) broadcast(s *sale, typ, region string) {
-	if err := bus.PublishEvent(g.nc, g.cfg.NATS, bus.SaleEvent{Type: typ, SaleID: s.spec.ID, Region: region}); err != nil {
+	if err := bus.PublishHint(g.nc, g.cfg.NATS, bus.SaleEvent{Type: typ, SaleID: s.spec.ID, Region: region}); err != nil {
 		// The refresh loop reads Redis every 500 ms and heals a lost event.
 		slog.Warn("gateway: sale event", "type", typ, "sale", s.spec.ID, "err", err)
 	}
@@ -364,7 +366,7 @@ func (g *Gateway) askWarm(s *sale) {
 	if now-last < 1000 || !s.warmAsked.CompareAndSwap(last, now) {
 		return
 	}
-	if err := bus.PublishEvent(g.nc, g.cfg.NATS, bus.SaleEvent{Type: bus.EventWarm, SaleID: s.spec.ID}); err != nil {
+	if err := bus.PublishHint(g.nc, g.cfg.NATS, bus.SaleEvent{Type: bus.EventWarm, SaleID: s.spec.ID}); err != nil {
 		slog.Warn("gateway: ask warm", "sale", s.spec.ID, "err", err)
 	}
 }
@@ -436,4 +438,23 @@ func (g *Gateway) handleError(ctx *fasthttp.RequestCtx, err error) {
 		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "malformed HTTP request")
 	}
 	lingerOnClose(ctx)
+}
+
+// awaitStream checks that the orders stream exists. Backends create it: a
+// gateway's NATS user may only look it up (and publish orders), so that a
+// gateway cannot change the stream's retention or limits. A stream that does
+// not exist yet is created if this gateway's user is allowed to (a test's
+// or an operator's user), and is otherwise the backend's to create.
+func awaitStream(ctx context.Context, js jetstream.JetStream, cfg config.NATS) error {
+	_, err := js.Stream(ctx, cfg.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, cerr := bus.EnsureStream(ctx, js, cfg); cerr != nil {
+			return fmt.Errorf("stream %s does not exist and this gateway cannot create it (start a backend first): %w", cfg.Stream, cerr)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", cfg.Stream, err)
+	}
+	return nil
 }

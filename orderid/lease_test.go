@@ -162,7 +162,9 @@ func TestLeaseLostBeforeExpiry(t *testing.T) {
 
 func TestAcquireNoFreeNode(t *testing.T) {
 	// A database of its own, so that filling every node id disturbs nobody.
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: testenv.RedisAddrs(), DisableCache: true, SelectDB: 14})
+	opt := testenv.RedisOption(testenv.RedisAddrs())
+	opt.SelectDB = 14
+	c, err := rueidis.NewClient(opt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,9 +50,7 @@ LOG="$ROOT/var/log"
 RUN="$ROOT/var/run"
 NGINX_PREFIX="$OUT/nginx"
 NGINX_PID="$RUN/bench-nginx.pid"
-# The same local-only secrets as the Makefile (and so as a stack `make up` started).
-export FLASHGATE_JWT_SECRET="${FLASHGATE_JWT_SECRET:-flashgate-local-dev-jwt-secret}"
-export FLASHGATE_ADMIN_TOKEN="${FLASHGATE_ADMIN_TOKEN:-flashgate-local-dev-admin-token}"
+# The secrets are the stack's (var/secrets.env, read after infra-up below), or the environment's.
 
 say() { printf 'bench-edge: %s\n' "$*"; }
 die() {
@@ -130,6 +128,9 @@ trap 'exit 130' INT TERM
 # the stack: infra, and a backend to create the sale
 
 "$STACK" infra-up >>"$LOG/bench-edge-stack.log" 2>&1 || die "scripts/stack.sh infra-up failed" "$LOG/bench-edge-stack.log"
+# The operator's credentials (docs/credentials.md): the CLI and the bench's own processes log in.
+# shellcheck disable=SC1091 # written by scripts/stack.sh
+. "$ROOT/var/secrets.env"
 if [[ "$(status_of backend)" != up ]]; then
 	before=()
 	for p in nginx gateway backend; do

@@ -57,8 +57,22 @@ need() {
 		command -v "$c" >/dev/null 2>&1 || die "'$c' not found: run 'make deps' first (Debian package redis-tools)"
 	done
 }
-rcli() { redis-cli -h "$HOST" -p "$PORT" --no-raw "$@"; }
-rraw() { redis-cli -h "$HOST" -p "$PORT" --raw "$@"; }
+# The stack's Redis wants a login: the operator's, from var/secrets.env (REDISCLI_AUTH is its
+# password), when the environment gives none.
+login() {
+	if [[ -z "${FLASHGATE_REDIS_USERNAME:-}" && -f "$ROOT/var/secrets.env" ]]; then
+		# shellcheck disable=SC1091 # written by scripts/stack.sh
+		. "$ROOT/var/secrets.env"
+	fi
+	AUTH_ARGS=()
+	if [[ -n "${FLASHGATE_REDIS_USERNAME:-}" ]]; then
+		export REDISCLI_AUTH="${REDISCLI_AUTH:-${FLASHGATE_REDIS_PASSWORD:-}}"
+		AUTH_ARGS=(--user "$FLASHGATE_REDIS_USERNAME" --no-auth-warning)
+	fi
+}
+login
+rcli() { redis-cli -h "$HOST" -p "$PORT" "${AUTH_ARGS[@]}" --no-raw "$@"; }
+rraw() { redis-cli -h "$HOST" -p "$PORT" "${AUTH_ARGS[@]}" --raw "$@"; }
 posint() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
 
 need redis-benchmark redis-cli awk
@@ -73,6 +87,7 @@ if [[ "$(rraw ping 2>/dev/null)" != PONG ]]; then
 	[[ "$HOST:$PORT" == 127.0.0.1:16379 ]] || die "no Redis answers on $HOST:$PORT"
 	say "no Redis on 127.0.0.1:16379: scripts/stack.sh infra-up"
 	"$STACK" infra-up >>"$LOG/bench-redis-stack.log" 2>&1 || die "scripts/stack.sh infra-up failed" "$LOG/bench-redis-stack.log"
+	login
 	[[ "$(rraw ping 2>/dev/null)" == PONG ]] || die "still no Redis on $HOST:$PORT"
 fi
 THREAD_ARGS=()
@@ -151,7 +166,9 @@ run() {
 	local p="$1" out="$OUT/redis-p$1.csv" before after p50 p99
 	new_sale
 	before="$(stock_left)"
-	redis-benchmark -h "$HOST" -p "$PORT" -c "$CLIENTS" -n "$REQUESTS" -P "$p" "${THREAD_ARGS[@]}" \
+	local bauth=()
+	[[ -n "${FLASHGATE_REDIS_USERNAME:-}" ]] && bauth=(--user "$FLASHGATE_REDIS_USERNAME" -a "$REDISCLI_AUTH")
+	redis-benchmark -h "$HOST" -p "$PORT" "${bauth[@]}" -c "$CLIENTS" -n "$REQUESTS" -P "$p" "${THREAD_ARGS[@]}" \
 		-r "$KEYSPACE" --csv \
 		EVALSHA "$SHA" 6 "${KEYS[@]}" u__rand_int__ 1 1__rand_int__ "$NOW_MS" "" "" "$((NOW_MS + 900000))" \
 		>"$out" 2>&1 || die "redis-benchmark -P $p failed" "$out"

@@ -76,9 +76,7 @@ RUN="$ROOT/var/run"
 NGINX_PREFIX="$OUT/nginx"
 NGINX_PID="$RUN/bench-nginx.pid"
 GW_PIDFILE="$RUN/bench-gateway.pid"
-# The same local-only secrets as the Makefile (and so as a stack `make up` started).
-export FLASHGATE_JWT_SECRET="${FLASHGATE_JWT_SECRET:-flashgate-local-dev-jwt-secret}"
-export FLASHGATE_ADMIN_TOKEN="${FLASHGATE_ADMIN_TOKEN:-flashgate-local-dev-admin-token}"
+# The secrets are the stack's (var/secrets.env, read after infra-up below), or the environment's.
 
 T0="$(date +%s)"
 say() { printf 'bench: [%4ss] %s\n' "$(($(date +%s) - T0))" "$*" >&2; }
@@ -264,6 +262,9 @@ say "building bin/flashgate and bin/bench-report"
 # the stack: infra, and a backend behind the bench gateway
 
 "$STACK" infra-up >>"$LOG/bench-stack.log" 2>&1 || die "scripts/stack.sh infra-up failed" "$LOG/bench-stack.log"
+# The operator's credentials (docs/credentials.md): the CLI and the bench's own processes log in.
+# shellcheck disable=SC1091 # written by scripts/stack.sh
+. "$ROOT/var/secrets.env"
 if [[ "$(status_of backend)" != up ]]; then
 	before=()
 	for p in nginx gateway backend; do

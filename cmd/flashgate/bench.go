@@ -306,7 +306,7 @@ func awaitDrain(ctx context.Context, cfg config.Config, sale string, accepted []
 		return rep, 0, false, fmt.Errorf("mysql: %w", err)
 	}
 	defer db.Close()
-	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cfg.Redis.Addrs, DisableCache: true})
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cfg.Redis.Addrs, Username: cfg.Redis.Username, Password: cfg.Redis.Password, DisableCache: true})
 	if err != nil {
 		return rep, 0, false, fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
 	}

@@ -338,7 +338,7 @@ func (r *ingestRun) createDatabase(ctx context.Context) error {
 // fill admits every order in Redis and publishes it to the run's stream with
 // Nats-Msg-Id = order id, as the gateway's purchase does, and returns the ids.
 func (r *ingestRun) fill(ctx context.Context) ([]uint64, error) {
-	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: r.cfg.Redis.Addrs, DisableCache: true})
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: r.cfg.Redis.Addrs, Username: r.cfg.Redis.Username, Password: r.cfg.Redis.Password, DisableCache: true})
 	if err != nil {
 		return nil, fmt.Errorf("redis %v: %w", r.cfg.Redis.Addrs, err)
 	}
@@ -629,7 +629,7 @@ func (r *ingestRun) cleanup(stderr io.Writer) {
 		warn("drop database "+r.dbName(), err)
 		db.Close()
 	}
-	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: r.cfg.Redis.Addrs, DisableCache: true})
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: r.cfg.Redis.Addrs, Username: r.cfg.Redis.Username, Password: r.cfg.Redis.Password, DisableCache: true})
 	if err != nil {
 		warn("redis", err)
 		return

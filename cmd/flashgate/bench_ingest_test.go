@@ -38,7 +38,9 @@ func TestBenchIngest(t *testing.T) {
 	bin := buildFlashgate(t)
 	base := config.Default()
 	base.Redis.Addrs = testenv.RedisAddrs()
+	base.Redis.Username, base.Redis.Password = testenv.RedisUsername(), testenv.RedisPassword()
 	base.NATS.URL = testenv.NATSURL()
+	base.NATS.User, base.NATS.Password = testenv.NATSUser(), testenv.NATSPassword()
 	base.MySQL.DSN = testenv.MySQLDSN()
 	dir := t.TempDir()
 	o := ingestOptions{

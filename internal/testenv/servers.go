@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"database/sql"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -33,6 +34,12 @@ func StartRedis(t testing.TB) *Server {
 	s := &Server{t: t, bin: "redis-server", Addr: "127.0.0.1:" + strconv.Itoa(port), args: []string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", t.TempDir(), "--enable-debug-command", "local"}}
+	// The tests' own user beside the default one: a configuration with the
+	// tests' credentials (which the processes a test starts inherit) logs in
+	// here as on the stack, and a client without any still gets in.
+	if u := RedisUsername(); u != "" {
+		s.args = append(s.args, "--user", u, "on", ">"+RedisPassword(), "~*", "&*", "+@all")
+	}
 	s.t.Cleanup(s.Kill)
 	s.Start()
 	return s
@@ -44,6 +51,16 @@ func StartNATS(t testing.TB) *Server {
 	port := FreePort(t)
 	s := &Server{t: t, bin: "nats-server", Addr: "127.0.0.1:" + strconv.Itoa(port), args: []string{
 		"-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", t.TempDir()}}
+	// As for Redis: the tests' user exists, and a client without credentials
+	// logs in as it.
+	if u := NATSUser(); u != "" {
+		conf := filepath.Join(t.TempDir(), "nats.conf")
+		body := fmt.Sprintf("authorization { users = [ { user: %q, password: %q } ] }\nno_auth_user: %q\n", u, NATSPassword(), u)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s.args = append(s.args, "-c", conf)
+	}
 	s.t.Cleanup(s.Kill)
 	s.Start()
 	return s

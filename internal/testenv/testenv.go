@@ -1,6 +1,8 @@
 // Package testenv connects integration tests to the real servers of the local stack
 // (DESIGN.md §10), or to those the FLASHGATE_* variables name. A test that cannot
 // reach its server fails; it never skips: `make test` starts the stack first.
+// The credentials come from the environment or the stack's var/secrets.env
+// (creds.go).
 package testenv
 
 import (
@@ -8,7 +10,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -27,13 +28,6 @@ func ID(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 // RedisAddrs is the standalone Redis.
 func RedisAddrs() []string { return split(env("FLASHGATE_REDIS_ADDRS", "127.0.0.1:16379")) }
 
@@ -49,7 +43,7 @@ const hint = " (is the stack up? `make infra-up`)"
 // Redis connects to addrs and closes the client when the test ends.
 func Redis(t testing.TB, addrs []string) rueidis.Client {
 	t.Helper()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
+	c, err := rueidis.NewClient(RedisOption(addrs))
 	if err != nil {
 		t.Fatalf("redis %v: %v"+hint, addrs, err)
 	}
@@ -85,7 +79,7 @@ func NATSURL() string { return env("FLASHGATE_NATS_URL", "nats://127.0.0.1:14222
 // NATS connects and closes the connection when the test ends.
 func NATS(t testing.TB) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(NATSURL(), nats.Timeout(3*time.Second))
+	nc, err := nats.Connect(NATSURL(), NATSOptions(nats.Timeout(3*time.Second))...)
 	if err != nil {
 		t.Fatalf("nats %s: %v"+hint, NATSURL(), err)
 	}
@@ -139,7 +133,9 @@ func Config(t testing.TB) config.Config {
 	c.Gateway.AdminListen = "127.0.0.1:0"
 	c.Backend.AdminListen = "127.0.0.1:0"
 	c.Redis.Addrs = RedisAddrs()
+	c.Redis.Username, c.Redis.Password = RedisUsername(), RedisPassword()
 	c.NATS.URL = NATSURL()
+	c.NATS.User, c.NATS.Password = NATSUser(), NATSPassword()
 	c.NATS.Stream = "T_" + strings.ToUpper(id)
 	c.NATS.OrderSubject = id + ".orders"
 	c.NATS.EventSubject = id + ".events.sale"
@@ -157,7 +153,7 @@ func Config(t testing.TB) config.Config {
 }
 
 func deleteStream(c config.NATS) {
-	nc, err := nats.Connect(c.URL)
+	nc, err := nats.Connect(c.URL, NATSOptions()...)
 	if err != nil {
 		return
 	}
