@@ -180,7 +180,10 @@ func (b *Backend) handleSale(sale string, es []entry) bool {
 	outs, err := b.writer.process(ctx, sale, orders)
 	if err != nil {
 		b.metrics.BatchFailed()
-		outage := b.outage(sale)
+		// A write MySQL could not make for now (a lock held elsewhere, a
+		// deadline, no connection left, read-only) is an outage of this sale,
+		// however fast the probe answers: the order waits, it is not poison.
+		outage := stalled(err) || b.outage(sale)
 		if !outage && len(es) > 1 {
 			// Not an outage: maybe an order is poison. The halves are tried
 			// now, and theirs, so the others do not wait for it: a poison order
