@@ -245,6 +245,9 @@ func (b *Backend) recordOutcome(o outcome) {
 		b.metrics.Outcome(metrics.StatusDropped, "")
 	default:
 		b.metrics.Outcome(o.Status, o.Reason)
+		if o.Status == flashgate.OrderFailed && o.Reason == flashgate.ReasonBadCharges {
+			b.metrics.ChargesRefused()
+		}
 	}
 }
 

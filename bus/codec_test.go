@@ -19,6 +19,10 @@ func TestOrderMsgRoundTrip(t *testing.T) {
 		{ID: 42, Sale: "s", User: "u", Qty: 3, Idem: "only-idem"},                                                         // idem, no region
 		{ID: math.MaxUint64, Sale: long, User: long, Qty: flashgate.MaxSaleUnits, Idem: long, Region: "abcdefghijklmnop"}, // the edges
 		{ID: 9, Sale: "S", User: "U", Qty: 1, Created: -1, Expires: math.MinInt64},
+		// the facts the backend works the charges out from
+		{ID: 10, Sale: "s", User: "u", Qty: 1, Charges: "0/d20261124/1/+8613800000001,1/sale/1/2001:db8::/64",
+			Phone: "+8613800000001", Device: "dev-1.a:b", IP: "2001:db8::/64", Addr: "0123456789abcdef0123456789abcdef"},
+		{ID: 11, Sale: "s", User: "u", Qty: 1, IP: "10.0.0.1"},
 	} {
 		b := m.Append(nil)
 		// Append writes what encoding/json would, byte for byte.
@@ -86,6 +90,10 @@ func TestDecodeOrderRejects(t *testing.T) {
 		{"region too long", `{"id":"1","sale":"s","user":"u","qty":1,"region":"abcdefghijklmnopq"}`},
 		{"idem with a space", `{"id":"1","sale":"s","user":"u","qty":1,"idem":"a b"}`},
 		{"idem of 65", `{"id":"1","sale":"s","user":"u","qty":1,"idem":"` + strings.Repeat("k", 65) + `"}`},
+		{"phone with a comma", `{"id":"1","sale":"s","user":"u","qty":1,"phone":"+86,1"}`},
+		{"device with a quote", `{"id":"1","sale":"s","user":"u","qty":1,"device":"d\""}`},
+		{"ip with a pipe", `{"id":"1","sale":"s","user":"u","qty":1,"ip":"1.2.3.4|x"}`},
+		{"addr of 65", `{"id":"1","sale":"s","user":"u","qty":1,"addr":"` + strings.Repeat("a", 65) + `"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if m, err := DecodeOrder([]byte(tc.body)); !errors.Is(err, ErrBadMsg) {
