@@ -233,18 +233,19 @@ func (b *Backend) deadLetter(ctx context.Context, e entry, cause error) error {
 }
 
 // releaseFailed gives a failed order's units back to Redis, exactly once, with
-// the region of its reservation (the message's may be what made it poison). A
+// the region and charges of its reservation (the message's may be what made
+// it poison). A
 // Redis that does not know the order is told it failed, so the buyer sees why.
 func (b *Backend) releaseFailed(ctx context.Context, o bus.OrderMsg, reason string) error {
-	region := o.Region
+	region, charges := o.Region, o.Charges
 	rec, ok, err := lua.Order(ctx, b.rc, lua.KeysFor(o.Sale, nil), o.ID)
 	if err != nil {
 		return err
 	}
 	if ok {
-		region = rec.Region
+		region, charges = rec.Region, rec.Charges
 	}
-	r, err := b.scripts.Release(ctx, b.rc, regionKeys(o.Sale, region), o.ID, region, o.Charges, lua.ReleaseBackend, reason)
+	r, err := b.scripts.Release(ctx, b.rc, regionKeys(o.Sale, region), o.ID, region, charges, lua.ReleaseBackend, reason)
 	if err != nil {
 		return err
 	}

@@ -25,8 +25,8 @@ func TestForgedChargesRefused(t *testing.T) {
 	loc, _ := sale.Location()
 
 	// forge admits for sub with charges cs, and publishes what a gateway
-	// would, facts and all.
-	forge := func(sub flashgate.Subjects, cs []flashgate.Charge) bus.OrderMsg {
+	// would, facts and all, with charges sent.
+	forge := func(sub flashgate.Subjects, cs, sent []flashgate.Charge) bus.OrderMsg {
 		t.Helper()
 		now := time.Now()
 		a := lua.AdmitArgs{User: sub.User, Quantity: 1, OrderID: nextID.Add(1), Now: now, PayBy: now.Add(15 * time.Minute),
@@ -36,7 +36,7 @@ func TestForgedChargesRefused(t *testing.T) {
 			t.Fatalf("admit %+v: %+v, %v", sub, got, err)
 		}
 		m := bus.OrderMsg{ID: got.OrderID, Sale: sale.ID, User: sub.User, Qty: 1, Created: now.UnixMilli(),
-			Expires: a.PayBy.UnixMilli(), Charges: flashgate.EncodeCharges(cs),
+			Expires: a.PayBy.UnixMilli(), Charges: flashgate.EncodeCharges(sent),
 			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Addr: sub.Address}
 		s.publish(m)
 		return m
@@ -49,14 +49,15 @@ func TestForgedChargesRefused(t *testing.T) {
 		return cs
 	}
 
-	// The address limit left out: one order per address would not hold.
+	// The address limit left out of the message: MySQL would not count the
+	// address's one order.
 	omit := flashgate.Subjects{User: "f1", Phone: "+8613800000001", Address: "addr1"}
-	omitted := forge(omit, charges(omit)[:1])
+	omitted := forge(omit, charges(omit), charges(omit)[:1])
 	// Charged to somebody else's phone than the one the order is by.
 	other := flashgate.Subjects{User: "f2", Phone: "+8613800000002", Address: "addr2"}
 	cs := charges(other)
 	cs[0].Subject = "+8613800000099"
-	elsewhere := forge(other, cs)
+	elsewhere := forge(other, cs, cs)
 	honest := admitSub(t, s.rc, k, sale, flashgate.Subjects{User: "h", Phone: "+8613800000003", Address: "addr3"}, 1)
 	s.publish(honest)
 
@@ -83,7 +84,7 @@ func TestForgedChargesRefused(t *testing.T) {
 	for _, c := range []struct {
 		lim             int
 		window, subject string
-	}{{0, day, "+8613800000001"}, {0, day, "+8613800000099"}, {1, "sale", "addr2"}} {
+	}{{0, day, "+8613800000001"}, {1, "sale", "addr1"}, {0, day, "+8613800000099"}, {1, "sale", "addr2"}} {
 		if n := redisCounter(t, s.rc, k, c.window, c.lim, c.subject); n != 0 {
 			t.Errorf("Redis counter %d/%s/%s = %d after the refusal", c.lim, c.window, c.subject, n)
 		}

@@ -671,12 +671,24 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.O
 		rec := lua.Record{Reason: s.reason, User: o.User, Qty: o.Qty, Region: o.Region,
 			Created: o.Created, Expires: o.Expires, Idem: o.Idem, Charges: o.Charges}
 		if s.status == flashgate.OrderFailed {
-			r, err := w.scripts.Release(ctx, w.rc, regionKeys(sale, o.Region), o.ID, o.Region, o.Charges, lua.ReleaseBackend, s.reason)
+			region, charges := o.Region, o.Charges
+			if s.reason == flashgate.ReasonBadCharges {
+				// The message's charges are not to be trusted: the release
+				// gives back what the admission counted, as Redis recorded it.
+				rec, ok, err := lua.Order(ctx, w.rc, lua.KeysFor(sale, nil), o.ID)
+				if err != nil {
+					return err
+				}
+				if ok {
+					region, charges = rec.Region, rec.Charges
+				}
+			}
+			r, err := w.scripts.Release(ctx, w.rc, regionKeys(sale, region), o.ID, region, charges, lua.ReleaseBackend, s.reason)
 			if err != nil {
 				return err
 			}
 			if r.Released && w.restocked != nil {
-				w.restocked(sale, o.Region)
+				w.restocked(sale, region)
 			}
 			if !r.Unknown {
 				continue
