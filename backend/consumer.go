@@ -225,13 +225,19 @@ func (b *Backend) handleSale(sale string, es []entry) bool {
 	return true
 }
 
-// nakDelay grows with the message's deliveries, up to limit.
+// nakDelay grows with the message's tries (its deliveries, and those of the
+// copies it was recycled from), up to limit.
 func nakDelay(m jetstream.Msg, limit time.Duration) time.Duration {
 	n := uint64(1)
 	if md, err := m.Metadata(); err == nil && md.NumDelivered > 0 {
 		n = md.NumDelivered
 	}
-	return min(limit, nakBase<<min(n-1, 10))
+	return retryDelay(n+priorTries(m.Headers()), limit)
+}
+
+// retryDelay is the delay before try n+1: nakBase, doubling, at most limit.
+func retryDelay(n uint64, limit time.Duration) time.Duration {
+	return min(limit, nakBase<<min(max(n, 1)-1, 10))
 }
 
 // recordOutcome counts one message's outcome: each order decided once (a copy

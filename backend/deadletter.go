@@ -305,6 +305,16 @@ func failOrderRow(ctx context.Context, db *sql.DB, o bus.OrderMsg, reason string
 	return st, n == 1, nil
 }
 
+// hdrOutageTries is the header of a recycled message: how often its order was
+// tried before this copy.
+const hdrOutageTries = "Flashgate-Outage-Tries"
+
+// priorTries reads hdrOutageTries (0 if absent or unreadable).
+func priorTries(h nats.Header) uint64 {
+	n, _ := strconv.ParseUint(h.Get(hdrOutageTries), 10, 32)
+	return n
+}
+
 // recycle re-enqueues a message that ran out of deliveries in an outage: a
 // fresh copy (its own delivery count) under a message id of its own (the
 // order's may still be in the duplicate window), then the original goes. A
@@ -312,6 +322,10 @@ func failOrderRow(ctx context.Context, db *sql.DB, o bus.OrderMsg, reason string
 func (b *Backend) recycle(ctx context.Context, e entry) error {
 	msgID := strconv.FormatUint(e.order.ID, 10) + "-r" + strconv.FormatUint(streamSeq(e.msg), 10)
 	fresh := &nats.Msg{Subject: e.msg.Subject(), Data: e.msg.Data(), Header: nats.Header{}}
+	// The copy's back-off goes on from where the original's ended, rather
+	// than start again at its first step: a long outage is retried every
+	// ack wait or so, not in a burst per recycle.
+	fresh.Header.Set(hdrOutageTries, strconv.FormatUint(priorTries(e.msg.Headers())+deliveries(e.msg), 10))
 	if _, err := b.js.PublishMsg(ctx, fresh, jetstream.WithMsgID(msgID)); err != nil {
 		return fmt.Errorf("recycle %s/%d: %w", e.order.Sale, e.order.ID, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flashgate/flashgate/audit"
@@ -43,6 +44,30 @@ func TestStalled(t *testing.T) {
 		if got := stalled(c.err); got != c.want {
 			t.Errorf("stalled(%v) = %v, want %v", c.err, got, c.want)
 		}
+	}
+}
+
+func TestRetryDelay(t *testing.T) {
+	limit := 30 * time.Second
+	for _, c := range []struct {
+		n    uint64
+		want time.Duration
+	}{{0, nakBase}, {1, nakBase}, {2, 2 * nakBase}, {5, 16 * nakBase}, {8, limit}, {1000, limit}} {
+		if got := retryDelay(c.n, limit); got != c.want {
+			t.Errorf("retryDelay(%d) = %v, want %v", c.n, got, c.want)
+		}
+	}
+	h := nats.Header{}
+	if priorTries(h) != 0 {
+		t.Fatal("no header: 0 tries")
+	}
+	h.Set(hdrOutageTries, "7")
+	if priorTries(h) != 7 {
+		t.Fatal("header 7")
+	}
+	h.Set(hdrOutageTries, "-1")
+	if priorTries(h) != 0 {
+		t.Fatal("a bad header counts as none")
 	}
 }
 
