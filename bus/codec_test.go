@@ -125,6 +125,8 @@ func TestAppendDoesNotAllocate(t *testing.T) {
 func FuzzDecodeOrder(f *testing.F) {
 	f.Add([]byte(`{"id":"1","sale":"s","user":"u","qty":1}`))
 	f.Add((&OrderMsg{ID: 3, Sale: "s", User: "u", Qty: 2, Region: "bj", Created: 1, Expires: 2, Idem: "k"}).Append(nil))
+	f.Add((&OrderMsg{ID: 4, Sale: "s", User: "u", Qty: 1, Charges: "0/sale/1/10.0.0.1", IP: "10.0.0.1", Phone: "+8613800000001",
+		Device: "d-1", Addr: "0123456789abcdef"}).Append(nil))
 	f.Add([]byte(`{"id":"0"}`))
 	f.Add([]byte(`null`))
 	f.Add([]byte(`{"id":1e400}`))
