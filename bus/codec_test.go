@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestOrderMsgRoundTrip(t *testing.T) {
@@ -165,5 +166,39 @@ func BenchmarkDecodeOrder(b *testing.B) {
 		if _, err := DecodeOrder(body); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A message rebuilt from a Redis record gets its facts back from its charges,
+// and the charges the sale's limits make from those facts are the same.
+func TestSubjectsFromCharges(t *testing.T) {
+	s := flashgate.Sale{ID: "s", Title: "t", Total: 10, PerUserLimit: 5, PerOrderMax: 5, TimeZone: "Asia/Shanghai",
+		Limits: []flashgate.Limit{
+			{Dimension: flashgate.DimUser, Max: 3},
+			{Dimension: flashgate.DimPhone, Max: 2, Per: flashgate.PerDay},
+			{Dimension: flashgate.DimDevice, Max: 2, Of: flashgate.OfOrders},
+			{Dimension: flashgate.DimIP, Max: 4, Per: flashgate.PerMonth},
+			{Dimension: flashgate.DimAddress, Max: 1},
+		}}
+	s.StartsAt = time.Now().Add(-time.Hour)
+	s.EndsAt = time.Now().Add(time.Hour)
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	loc, _ := s.Location()
+	now := time.UnixMilli(time.Now().UnixMilli())
+	sub := flashgate.Subjects{User: "u", Phone: "+8613800000001", Device: "dev:1", IP: "2001:db8:1:2::/64", Address: "0123456789abcdef"}
+	cs, err := s.Charges(sub, 2, now, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := OrderMsg{ID: 1, Sale: "s", User: "u", Qty: 2, Created: now.UnixMilli(), Charges: flashgate.EncodeCharges(cs)}
+	m.SubjectsFromCharges(s.Limits)
+	if got := m.Subjects(); got != sub {
+		t.Fatalf("subjects %+v, want %+v", got, sub)
+	}
+	again, err := s.Charges(m.Subjects(), m.Qty, time.UnixMilli(m.Created), loc)
+	if err != nil || flashgate.EncodeCharges(again) != m.Charges {
+		t.Fatalf("charges again %q, %v; want %q", flashgate.EncodeCharges(again), err, m.Charges)
 	}
 }
