@@ -71,6 +71,37 @@ func TestRetryDelay(t *testing.T) {
 	}
 }
 
+// A sale that stalls is written in smaller transactions, halving per stall
+// down to one order, and back to whole batches as it writes again.
+func TestStallCaps(t *testing.T) {
+	var c stallCaps
+	if c.get("s") != 0 {
+		t.Fatal("a cap before any stall")
+	}
+	c.wrote("s", 100) // no cap: stays none
+	if c.get("s") != 0 {
+		t.Fatal("a cap after a write")
+	}
+	c.stalled("s", 100)
+	c.stalled("s", 50)
+	if got := c.get("s"); got != 25 {
+		t.Fatalf("cap %d after two stalls, want 25", got)
+	}
+	c.stalled("s", 1)
+	if got := c.get("s"); got != 1 {
+		t.Fatalf("cap %d, want 1", got)
+	}
+	if c.get("other") != 0 {
+		t.Fatal("another sale capped")
+	}
+	for _, want := range []int{2, 4, 8, 16, 32, 64, 0} {
+		c.wrote("s", 100)
+		if got := c.get("s"); got != want {
+			t.Fatalf("cap %d, want %d", got, want)
+		}
+	}
+}
+
 // startOn is start with the backend and the test's env on MySQL dsn.
 func startOn(t *testing.T, dsn string, cfgFn func(*config.Config)) *started {
 	t.Helper()
