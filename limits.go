@@ -323,6 +323,10 @@ func ParseCharges(s string) ([]Charge, error) {
 	return out, nil
 }
 
+// ValidSubject reports whether s could be a normalised subject (see
+// validSubject): what an order's message may carry as a fact.
+func ValidSubject(s string) bool { return validSubject(s) }
+
 // validSubject reports whether s is 1-64 bytes of what normalised subjects
 // are made of, [A-Za-z0-9_.:+/-]: nothing that JSON, the record separators of
 // Redis ('|', ',') or a charge's own ('/' only after the subject starts) need

@@ -45,6 +45,7 @@ type Backend struct {
 	js      jetstream.JetStream
 	ops     *opsMetrics
 	leader  *leadership
+	caps    stallCaps // sales whose writes stalled lately (consumer.go)
 	srv     *http.Server
 	addr    string
 	metrics *metrics.Backend

@@ -153,7 +153,7 @@ func (b *Backend) handle(msgs []jetstream.Msg) bool {
 	var failed atomic.Bool
 	for sale, es := range groups {
 		wg.Go(func() {
-			if !b.handleSale(sale, es) {
+			if !b.writeSale(sale, es) {
 				failed.Store(true)
 			}
 		})
@@ -162,14 +162,97 @@ func (b *Backend) handle(msgs []jetstream.Msg) bool {
 	return !failed.Load()
 }
 
+// ackWait bounds the processing of one batch (then the server redelivers it).
+func (b *Backend) ackWait() time.Duration {
+	if b.cfg.Backend.AckWait <= 0 {
+		return config.Default().Backend.AckWait
+	}
+	return b.cfg.Backend.AckWait
+}
+
+// errSaleStalled is the cause given to orders that were not tried because an
+// earlier part of their batch found the sale's writes stalled.
+var errSaleStalled = errors.New("the sale's writes are stalled: not tried")
+
+// writeSale writes one sale's group in parts of at most the sale's stall cap.
+// While MySQL cannot write the sale, one part is tried and the rest wait
+// untried, and the cap halves each time, so that a batch too slow for its
+// deadline is written in smaller transactions (a lock held elsewhere only
+// costs one small try per fetch); once the sale writes again the cap doubles
+// per successful group until it is gone.
+func (b *Backend) writeSale(sale string, es []entry) bool {
+	size := len(es)
+	if c := b.caps.get(sale); c > 0 {
+		size = min(size, c)
+	}
+	ok := true
+	for i := 0; i < len(es); i += size {
+		part := es[i:min(i+size, len(es))]
+		done, stalled := b.handleSale(sale, part)
+		if done {
+			continue
+		}
+		ok = false
+		if stalled {
+			b.caps.stalled(sale, len(part))
+			for _, e := range es[i+len(part):] {
+				b.retryLater(e, true, errSaleStalled, b.ackWait())
+			}
+			return false
+		}
+	}
+	if ok {
+		b.caps.wrote(sale, b.cfg.Backend.BatchSize)
+	}
+	return ok
+}
+
+// stallCaps are the sales whose writes stalled lately, each with the most
+// orders one of its transactions may take for now (see writeSale).
+type stallCaps struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+// get is sale's cap, 0 for none.
+func (c *stallCaps) get(sale string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[sale]
+}
+
+// stalled halves the cap below a part of n orders that stalled.
+func (c *stallCaps) stalled(sale string, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]int{}
+	}
+	c.m[sale] = max(1, n/2)
+}
+
+// wrote doubles the cap after a group was written; a cap of a whole batch is
+// no cap.
+func (c *stallCaps) wrote(sale string, batch int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, ok := c.m[sale]
+	if !ok {
+		return
+	}
+	if n *= 2; n >= max(batch, 1) {
+		delete(c.m, sale)
+		return
+	}
+	c.m[sale] = n
+}
+
 // handleSale processes one sale's group and acks it; on any error it naks every
 // message of the group, so nothing uncommitted (or not written back to Redis) is
-// ever acked. A redelivery of a committed order only writes it back again.
-func (b *Backend) handleSale(sale string, es []entry) bool {
-	timeout := b.cfg.Backend.AckWait
-	if timeout <= 0 {
-		timeout = config.Default().Backend.AckWait
-	}
+// ever acked. A redelivery of a committed order only writes it back again. It
+// reports whether the group was written and, if not, whether MySQL stalled.
+func (b *Backend) handleSale(sale string, es []entry) (done, stalledErr bool) {
+	timeout := b.ackWait()
 	ctx, cancel := context.WithTimeout(b.procCtx, timeout)
 	defer cancel()
 	began := time.Now()
@@ -180,22 +263,26 @@ func (b *Backend) handleSale(sale string, es []entry) bool {
 	outs, err := b.writer.process(ctx, sale, orders)
 	if err != nil {
 		b.metrics.BatchFailed()
-		outage := b.outage(sale)
+		// A write MySQL could not make for now (a lock held elsewhere, a
+		// deadline, no connection left, read-only) is an outage of this sale,
+		// however fast the probe answers: the order waits, it is not poison.
+		stalledErr = stalled(err)
+		outage := stalledErr || b.outage(sale)
 		if !outage && len(es) > 1 {
 			// Not an outage: maybe an order is poison. The halves are tried
 			// now, and theirs, so the others do not wait for it: a poison order
 			// among n costs 2·log2(n) transactions (deadletter.go).
 			b.log.Warn("order batch failed; retrying it in halves", "sale", sale, "orders", len(es), "err", err)
 			half := len(es) / 2
-			left := b.handleSale(sale, es[:half])
-			right := b.handleSale(sale, es[half:])
-			return left && right
+			left, ls := b.handleSale(sale, es[:half])
+			right, rs := b.handleSale(sale, es[half:])
+			return left && right, ls || rs
 		}
 		b.log.Error("order batch failed; nak'ed for redelivery", "sale", sale, "orders", len(es), "outage", outage, "err", err)
 		for _, e := range es {
 			b.retryLater(e, outage, err, timeout)
 		}
-		return false
+		return false, stalledErr
 	}
 	var confirmed, failedN, dropped, existed int
 	for i, e := range es {
@@ -219,16 +306,22 @@ func (b *Backend) handleSale(sale string, es []entry) bool {
 	b.metrics.Batch(len(es), time.Since(began))
 	b.log.Debug("order batch written", "sale", sale, "confirmed", confirmed, "failed", failedN,
 		"dropped", dropped, "redelivered", existed)
-	return true
+	return true, false
 }
 
-// nakDelay grows with the message's deliveries, up to limit.
+// nakDelay grows with the message's tries (its deliveries, and those of the
+// copies it was recycled from), up to limit.
 func nakDelay(m jetstream.Msg, limit time.Duration) time.Duration {
 	n := uint64(1)
 	if md, err := m.Metadata(); err == nil && md.NumDelivered > 0 {
 		n = md.NumDelivered
 	}
-	return min(limit, nakBase<<min(n-1, 10))
+	return retryDelay(n+priorTries(m.Headers()), limit)
+}
+
+// retryDelay is the delay before try n+1: nakBase, doubling, at most limit.
+func retryDelay(n uint64, limit time.Duration) time.Duration {
+	return min(limit, nakBase<<min(max(n, 1)-1, 10))
 }
 
 // recordOutcome counts one message's outcome: each order decided once (a copy
@@ -242,6 +335,9 @@ func (b *Backend) recordOutcome(o outcome) {
 		b.metrics.Outcome(metrics.StatusDropped, "")
 	default:
 		b.metrics.Outcome(o.Status, o.Reason)
+		if o.Status == flashgate.OrderFailed && o.Reason == flashgate.ReasonBadCharges {
+			b.metrics.ChargesRefused()
+		}
 	}
 }
 

@@ -3,11 +3,15 @@ package backend
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -27,7 +31,9 @@ import (
 // once more (lastTry keeps one delivery spare).
 //
 // Not every failure is the message's fault. When MySQL, the sale's Redis or
-// NATS does not answer (outage), the order waits, as DESIGN.md §1 promises:
+// NATS does not answer, or MySQL answers but cannot make the write for now (a
+// row locked elsewhere, a deadlock, a statement past its deadline, no
+// connection left, read-only: stalled), that is an outage and the order waits:
 // it is nak'ed, and on its last try re-enqueued as a fresh message (recycle)
 // instead of dead-lettered. Only an order that fails on its own while its
 // dependencies answer is poison. A batch that fails is retried at once in
@@ -96,6 +102,45 @@ func (b *Backend) outage(sale string) bool {
 		return true
 	}
 	return false
+}
+
+// MySQL errors that say the server cannot make this write for now, not that
+// the write is wrong: it must wait for the server, whatever it carries.
+var stalledErrnos = map[uint16]bool{
+	1021: true, // ER_DISK_FULL
+	1040: true, // ER_CON_COUNT_ERROR: too many connections
+	1053: true, // ER_SERVER_SHUTDOWN
+	1114: true, // ER_RECORD_FILE_FULL: the table is full
+	1203: true, // ER_TOO_MANY_USER_CONNECTIONS
+	1205: true, // ER_LOCK_WAIT_TIMEOUT: a row is locked elsewhere
+	1213: true, // ER_LOCK_DEADLOCK
+	1226: true, // ER_USER_LIMIT_REACHED
+	1290: true, // ER_OPTION_PREVENTS_STATEMENT: --read-only
+	1317: true, // ER_QUERY_INTERRUPTED: KILL QUERY
+	1637: true, // ER_TOO_MANY_CONCURRENT_TRXS
+	1792: true, // ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+	1836: true, // ER_READ_ONLY_MODE
+	1927: true, // ER_CONNECTION_KILLED (MariaDB)
+	1969: true, // ER_STATEMENT_TIMEOUT: MariaDB max_statement_time
+	3024: true, // ER_QUERY_TIMEOUT: MySQL max_execution_time
+	4031: true, // ER_CLIENT_INTERACTION_TIMEOUT: the server dropped the connection
+}
+
+// stalled reports whether err says MySQL (or the way to it) cannot write now
+// rather than that the orders are wrong: a server error of stalledErrnos, a
+// deadline or cancellation, a broken connection. Such a batch is an outage
+// of its sale (docs/ingest.md): retried, never dead-lettered.
+func stalled(err error) bool {
+	if err == nil {
+		return false
+	}
+	if stalledErrnos[mysqlErrno(err)] {
+		return true
+	}
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, sql.ErrConnDone) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne)
 }
 
 // retryLater handles a message whose processing failed with cause: nak'ed
@@ -188,18 +233,19 @@ func (b *Backend) deadLetter(ctx context.Context, e entry, cause error) error {
 }
 
 // releaseFailed gives a failed order's units back to Redis, exactly once, with
-// the region of its reservation (the message's may be what made it poison). A
+// the region and charges of its reservation (the message's may be what made
+// it poison). A
 // Redis that does not know the order is told it failed, so the buyer sees why.
 func (b *Backend) releaseFailed(ctx context.Context, o bus.OrderMsg, reason string) error {
-	region := o.Region
+	region, charges := o.Region, o.Charges
 	rec, ok, err := lua.Order(ctx, b.rc, lua.KeysFor(o.Sale, nil), o.ID)
 	if err != nil {
 		return err
 	}
 	if ok {
-		region = rec.Region
+		region, charges = rec.Region, rec.Charges
 	}
-	r, err := b.scripts.Release(ctx, b.rc, regionKeys(o.Sale, region), o.ID, region, o.Charges, lua.ReleaseBackend, reason)
+	r, err := b.scripts.Release(ctx, b.rc, regionKeys(o.Sale, region), o.ID, region, charges, lua.ReleaseBackend, reason)
 	if err != nil {
 		return err
 	}
@@ -259,6 +305,16 @@ func failOrderRow(ctx context.Context, db *sql.DB, o bus.OrderMsg, reason string
 	return st, n == 1, nil
 }
 
+// hdrOutageTries is the header of a recycled message: how often its order was
+// tried before this copy.
+const hdrOutageTries = "Flashgate-Outage-Tries"
+
+// priorTries reads hdrOutageTries (0 if absent or unreadable).
+func priorTries(h nats.Header) uint64 {
+	n, _ := strconv.ParseUint(h.Get(hdrOutageTries), 10, 32)
+	return n
+}
+
 // recycle re-enqueues a message that ran out of deliveries in an outage: a
 // fresh copy (its own delivery count) under a message id of its own (the
 // order's may still be in the duplicate window), then the original goes. A
@@ -266,6 +322,10 @@ func failOrderRow(ctx context.Context, db *sql.DB, o bus.OrderMsg, reason string
 func (b *Backend) recycle(ctx context.Context, e entry) error {
 	msgID := strconv.FormatUint(e.order.ID, 10) + "-r" + strconv.FormatUint(streamSeq(e.msg), 10)
 	fresh := &nats.Msg{Subject: e.msg.Subject(), Data: e.msg.Data(), Header: nats.Header{}}
+	// The copy's back-off goes on from where the original's ended, rather
+	// than start again at its first step: a long outage is retried every
+	// ack wait or so, not in a burst per recycle.
+	fresh.Header.Set(hdrOutageTries, strconv.FormatUint(priorTries(e.msg.Headers())+deliveries(e.msg), 10))
 	if _, err := b.js.PublishMsg(ctx, fresh, jetstream.WithMsgID(msgID)); err != nil {
 		return fmt.Errorf("recycle %s/%d: %w", e.order.Sale, e.order.ID, err)
 	}

@@ -51,7 +51,8 @@ func admitSub(t testing.TB, rc rueidis.Client, k *lua.Keys, s *flashgate.Sale, s
 		t.Fatalf("admit %+v: %+v, %v", sub, got, err)
 	}
 	return bus.OrderMsg{ID: got.OrderID, Sale: k.Sale, User: sub.User, Qty: qty, Created: now.UnixMilli(),
-		Expires: a.PayBy.UnixMilli(), Charges: flashgate.EncodeCharges(cs)}
+		Expires: a.PayBy.UnixMilli(), Charges: flashgate.EncodeCharges(cs),
+		Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Addr: sub.Address}
 }
 
 func (e *env) used(sale string, lim int, window, subject string) int64 {

@@ -511,8 +511,10 @@ func (b *Backend) staleReservations(ctx context.Context, l *ledgerRead, staleAft
 	}
 	msgOf := func(id uint64) bus.OrderMsg {
 		r := l.resv[id]
-		return bus.OrderMsg{ID: id, Sale: sale, User: r.User, Qty: r.Qty, Region: r.Region,
+		m := bus.OrderMsg{ID: id, Sale: sale, User: r.User, Qty: r.Qty, Region: r.Region,
 			Created: r.Created, Expires: r.Expires, Idem: r.Idem, Charges: r.Charges}
+		m.SubjectsFromCharges(l.row.Limits)
+		return m
 	}
 	var decided []bus.OrderMsg
 	var missing []uint64

@@ -81,6 +81,10 @@ type saleShape struct {
 	limit   int64
 	regions map[string]bool // empty for a sale without regions
 	limits  []flashgate.Limit
+	// spec and loc work an order's charges out (flashgate.Sale.Charges) from
+	// the limits and time zone MySQL holds.
+	spec *flashgate.Sale
+	loc  *time.Location
 }
 
 // usageKey is one row of limit_usage of a sale.
@@ -90,17 +94,20 @@ type usageKey struct {
 	subject string
 }
 
-// charges parses an order's charges and checks them against the sale's
-// limits; false when they do not fit (the order then fails, bad_charges).
+// charges works out what the order counts against the sale's limits, from
+// the order's own facts (user, phone, device, ip, address hash, creation
+// time) and the sale's limits and time zone as MySQL holds them, the way the
+// gateway does. false when the message carries other charges (or lacks a
+// fact a limit needs): whoever made it cannot be trusted with the limits, so
+// the order fails (bad_charges). The message's charges are still what the
+// admission counted in Redis, and what the release there gives back.
 func (s *saleShape) charges(o bus.OrderMsg) ([]flashgate.Charge, bool) {
-	cs, err := flashgate.ParseCharges(o.Charges)
-	if err != nil {
-		return nil, false
+	if len(s.limits) == 0 {
+		return nil, o.Charges == ""
 	}
-	for _, c := range cs {
-		if c.Limit >= len(s.limits) {
-			return nil, false
-		}
+	cs, err := s.spec.Charges(o.Subjects(), o.Qty, time.UnixMilli(o.Created), s.loc)
+	if err != nil || flashgate.EncodeCharges(cs) != o.Charges {
+		return nil, false
 	}
 	return cs, true
 }
@@ -129,7 +136,13 @@ func (w *orderWriter) shape(ctx context.Context, q queryer, sale string) (*saleS
 	if err != nil {
 		return nil, err
 	}
-	s = &saleShape{limit: row.PerUserLimit, regions: make(map[string]bool, len(row.Regions)), limits: row.Limits}
+	loc, err := row.Location()
+	if err != nil {
+		return nil, fmt.Errorf("sale %s: time zone: %w", sale, err)
+	}
+	spec := row.Sale
+	s = &saleShape{limit: row.PerUserLimit, regions: make(map[string]bool, len(row.Regions)), limits: row.Limits,
+		spec: &spec, loc: loc}
 	for r := range row.Regions {
 		s.regions[r] = true
 	}
@@ -605,6 +618,8 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, o bus.OrderMsg) (string, error) {
 	cs, ok := shape.charges(o)
 	if !ok {
+		w.log.Warn("order refused: its charges are not what its facts and the sale's limits make", "sale", sale,
+			"order", o.ID, "user", o.User, "charges", o.Charges)
 		return flashgate.ReasonBadCharges, nil
 	}
 	for _, c := range cs {
@@ -656,12 +671,24 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.O
 		rec := lua.Record{Reason: s.reason, User: o.User, Qty: o.Qty, Region: o.Region,
 			Created: o.Created, Expires: o.Expires, Idem: o.Idem, Charges: o.Charges}
 		if s.status == flashgate.OrderFailed {
-			r, err := w.scripts.Release(ctx, w.rc, regionKeys(sale, o.Region), o.ID, o.Region, o.Charges, lua.ReleaseBackend, s.reason)
+			region, charges := o.Region, o.Charges
+			if s.reason == flashgate.ReasonBadCharges {
+				// The message's charges are not to be trusted: the release
+				// gives back what the admission counted, as Redis recorded it.
+				rec, ok, err := lua.Order(ctx, w.rc, lua.KeysFor(sale, nil), o.ID)
+				if err != nil {
+					return err
+				}
+				if ok {
+					region, charges = rec.Region, rec.Charges
+				}
+			}
+			r, err := w.scripts.Release(ctx, w.rc, regionKeys(sale, region), o.ID, region, charges, lua.ReleaseBackend, s.reason)
 			if err != nil {
 				return err
 			}
 			if r.Released && w.restocked != nil {
-				w.restocked(sale, o.Region)
+				w.restocked(sale, region)
 			}
 			if !r.Unknown {
 				continue

@@ -87,11 +87,51 @@ type OrderMsg struct {
 	// Charges: what the order counts against the sale's purchase limits
 	// (flashgate.EncodeCharges).
 	Charges string `json:"charges,omitempty"`
+	// The order's facts its charges follow from (normalised as
+	// flashgate.Subjects; only the dimensions the sale's limits count by):
+	// the backend works the charges out again from them and refuses an order
+	// whose Charges differ. A message without them (older gateways) is
+	// refused when the sale limits by phone, device, ip or address.
+	Phone  string `json:"phone,omitempty"`
+	Device string `json:"device,omitempty"`
+	IP     string `json:"ip,omitempty"`
+	Addr   string `json:"addr,omitempty"` // the shipping address's hash, never the address
+}
+
+// Subjects are who the order is by, as its message says.
+func (m *OrderMsg) Subjects() flashgate.Subjects {
+	return flashgate.Subjects{User: m.User, Phone: m.Phone, Device: m.Device, IP: m.IP, Address: m.Addr}
+}
+
+// SubjectsFromCharges fills m's facts from the subjects its charges name, for
+// an order republished from a Redis record (which keeps the charges the
+// admission counted, not the facts): each charge of a limit of dimension d
+// names the order's subject in d.
+func (m *OrderMsg) SubjectsFromCharges(limits []flashgate.Limit) {
+	cs, err := flashgate.ParseCharges(m.Charges)
+	if err != nil {
+		return // the backend refuses the order: its charges are bad anyway
+	}
+	for _, c := range cs {
+		if c.Limit >= len(limits) {
+			continue
+		}
+		switch limits[c.Limit].Dimension {
+		case flashgate.DimPhone:
+			m.Phone = c.Subject
+		case flashgate.DimDevice:
+			m.Device = c.Subject
+		case flashgate.DimIP:
+			m.IP = c.Subject
+		case flashgate.DimAddress:
+			m.Addr = c.Subject
+		}
+	}
 }
 
 // Append encodes m as JSON onto b without reflection. Every string field is
-// already validated (ids to [A-Za-z0-9_-], charges to normalised subjects of
-// digits, letters and ".:+/_-"), so none needs escaping.
+// already validated (ids to [A-Za-z0-9_-], charges and facts to normalised
+// subjects of digits, letters and ".:+/_-"), so none needs escaping.
 func (m *OrderMsg) Append(b []byte) []byte {
 	b = append(b, `{"id":"`...)
 	b = strconv.AppendUint(b, m.ID, 10)
@@ -117,7 +157,20 @@ func (m *OrderMsg) Append(b []byte) []byte {
 		b = append(b, m.Charges...)
 		b = append(b, '"')
 	}
+	b = appendFact(b, `,"phone":"`, m.Phone)
+	b = appendFact(b, `,"device":"`, m.Device)
+	b = appendFact(b, `,"ip":"`, m.IP)
+	b = appendFact(b, `,"addr":"`, m.Addr)
 	return append(b, '}')
+}
+
+func appendFact(b []byte, key, v string) []byte {
+	if v == "" {
+		return b
+	}
+	b = append(b, key...)
+	b = append(b, v...)
+	return append(b, '"')
 }
 
 // ErrBadMsg marks a message that can never be processed.
@@ -135,6 +188,11 @@ func DecodeOrder(b []byte) (OrderMsg, error) {
 	}
 	if _, err := flashgate.ParseCharges(m.Charges); err != nil {
 		return m, fmt.Errorf("%w: %v", ErrBadMsg, err)
+	}
+	for _, f := range [...]string{m.Phone, m.Device, m.IP, m.Addr} {
+		if f != "" && !flashgate.ValidSubject(f) {
+			return m, fmt.Errorf("%w: subject %q", ErrBadMsg, f)
+		}
 	}
 	return m, nil
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestOrderMsgRoundTrip(t *testing.T) {
@@ -19,6 +20,10 @@ func TestOrderMsgRoundTrip(t *testing.T) {
 		{ID: 42, Sale: "s", User: "u", Qty: 3, Idem: "only-idem"},                                                         // idem, no region
 		{ID: math.MaxUint64, Sale: long, User: long, Qty: flashgate.MaxSaleUnits, Idem: long, Region: "abcdefghijklmnop"}, // the edges
 		{ID: 9, Sale: "S", User: "U", Qty: 1, Created: -1, Expires: math.MinInt64},
+		// the facts the backend works the charges out from
+		{ID: 10, Sale: "s", User: "u", Qty: 1, Charges: "0/d20261124/1/+8613800000001,1/sale/1/2001:db8::/64",
+			Phone: "+8613800000001", Device: "dev-1.a:b", IP: "2001:db8::/64", Addr: "0123456789abcdef0123456789abcdef"},
+		{ID: 11, Sale: "s", User: "u", Qty: 1, IP: "10.0.0.1"},
 	} {
 		b := m.Append(nil)
 		// Append writes what encoding/json would, byte for byte.
@@ -86,6 +91,10 @@ func TestDecodeOrderRejects(t *testing.T) {
 		{"region too long", `{"id":"1","sale":"s","user":"u","qty":1,"region":"abcdefghijklmnopq"}`},
 		{"idem with a space", `{"id":"1","sale":"s","user":"u","qty":1,"idem":"a b"}`},
 		{"idem of 65", `{"id":"1","sale":"s","user":"u","qty":1,"idem":"` + strings.Repeat("k", 65) + `"}`},
+		{"phone with a comma", `{"id":"1","sale":"s","user":"u","qty":1,"phone":"+86,1"}`},
+		{"device with a quote", `{"id":"1","sale":"s","user":"u","qty":1,"device":"d\""}`},
+		{"ip with a pipe", `{"id":"1","sale":"s","user":"u","qty":1,"ip":"1.2.3.4|x"}`},
+		{"addr of 65", `{"id":"1","sale":"s","user":"u","qty":1,"addr":"` + strings.Repeat("a", 65) + `"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if m, err := DecodeOrder([]byte(tc.body)); !errors.Is(err, ErrBadMsg) {
@@ -117,6 +126,8 @@ func TestAppendDoesNotAllocate(t *testing.T) {
 func FuzzDecodeOrder(f *testing.F) {
 	f.Add([]byte(`{"id":"1","sale":"s","user":"u","qty":1}`))
 	f.Add((&OrderMsg{ID: 3, Sale: "s", User: "u", Qty: 2, Region: "bj", Created: 1, Expires: 2, Idem: "k"}).Append(nil))
+	f.Add((&OrderMsg{ID: 4, Sale: "s", User: "u", Qty: 1, Charges: "0/sale/1/10.0.0.1", IP: "10.0.0.1", Phone: "+8613800000001",
+		Device: "d-1", Addr: "0123456789abcdef"}).Append(nil))
 	f.Add([]byte(`{"id":"0"}`))
 	f.Add([]byte(`null`))
 	f.Add([]byte(`{"id":1e400}`))
@@ -155,5 +166,39 @@ func BenchmarkDecodeOrder(b *testing.B) {
 		if _, err := DecodeOrder(body); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A message rebuilt from a Redis record gets its facts back from its charges,
+// and the charges the sale's limits make from those facts are the same.
+func TestSubjectsFromCharges(t *testing.T) {
+	s := flashgate.Sale{ID: "s", Title: "t", Total: 10, PerUserLimit: 5, PerOrderMax: 5, TimeZone: "Asia/Shanghai",
+		Limits: []flashgate.Limit{
+			{Dimension: flashgate.DimUser, Max: 3},
+			{Dimension: flashgate.DimPhone, Max: 2, Per: flashgate.PerDay},
+			{Dimension: flashgate.DimDevice, Max: 2, Of: flashgate.OfOrders},
+			{Dimension: flashgate.DimIP, Max: 4, Per: flashgate.PerMonth},
+			{Dimension: flashgate.DimAddress, Max: 1},
+		}}
+	s.StartsAt = time.Now().Add(-time.Hour)
+	s.EndsAt = time.Now().Add(time.Hour)
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	loc, _ := s.Location()
+	now := time.UnixMilli(time.Now().UnixMilli())
+	sub := flashgate.Subjects{User: "u", Phone: "+8613800000001", Device: "dev:1", IP: "2001:db8:1:2::/64", Address: "0123456789abcdef"}
+	cs, err := s.Charges(sub, 2, now, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := OrderMsg{ID: 1, Sale: "s", User: "u", Qty: 2, Created: now.UnixMilli(), Charges: flashgate.EncodeCharges(cs)}
+	m.SubjectsFromCharges(s.Limits)
+	if got := m.Subjects(); got != sub {
+		t.Fatalf("subjects %+v, want %+v", got, sub)
+	}
+	again, err := s.Charges(m.Subjects(), m.Qty, time.UnixMilli(m.Created), loc)
+	if err != nil || flashgate.EncodeCharges(again) != m.Charges {
+		t.Fatalf("charges again %q, %v; want %q", flashgate.EncodeCharges(again), err, m.Charges)
 	}
 }

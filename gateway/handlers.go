@@ -188,8 +188,9 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 		return
 	}
 	var charges []flashgate.Charge
+	sub := flashgate.Subjects{User: claims.Subject}
 	if len(s.spec.Limits) > 0 {
-		if charges, err = g.charges(ctx, s, claims, body, now); err != nil {
+		if charges, err = g.charges(ctx, s, &sub, claims, body, now); err != nil {
 			fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
 			return
 		}
@@ -230,7 +231,7 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	defer g.limits.Leave()
 	g.metrics.InflightAdd(1)
 	defer g.metrics.InflightAdd(-1)
-	g.admit(ctx, s, claims.Subject, body.Quantity, region, idem, now, charges)
+	g.admit(ctx, s, &sub, body.Quantity, region, idem, now, charges)
 }
 
 // Errors of a purchase's limit subjects; their texts are what clients see.
@@ -241,9 +242,9 @@ var (
 )
 
 // charges works out who the purchase is by, in each dimension the sale's
-// limits count, and what it counts against each limit.
-func (g *Gateway) charges(ctx *fasthttp.RequestCtx, s *sale, claims *auth.Claims, body purchaseBody, now time.Time) ([]flashgate.Charge, error) {
-	sub := flashgate.Subjects{User: claims.Subject}
+// limits count (into sub, whose User is set), and what it counts against each
+// limit.
+func (g *Gateway) charges(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjects, claims *auth.Claims, body purchaseBody, now time.Time) ([]flashgate.Charge, error) {
 	var ok bool
 	if s.spec.Needs(flashgate.DimPhone) && claims.Phone != "" {
 		if sub.Phone, ok = flashgate.NormalisePhone(claims.Phone); !ok {
@@ -264,7 +265,7 @@ func (g *Gateway) charges(ctx *fasthttp.RequestCtx, s *sale, claims *auth.Claims
 			return nil, errBadAddress
 		}
 	}
-	return s.spec.Charges(sub, body.Quantity, now, s.loc)
+	return s.spec.Charges(*sub, body.Quantity, now, s.loc)
 }
 
 // soldOutEarly answers 409 from the sold-out mark before the token is checked:
@@ -315,7 +316,10 @@ func (g *Gateway) maybeReplay(s *sale, user, idem string) bool {
 
 // admit runs the admission on the sale's shard, behind that shard's breaker,
 // and publishes what it admitted.
-func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int64, region, idem string, now time.Time, charges []flashgate.Charge) {
+// sub is who the purchase is by: its facts travel with the order so that the
+// backend can work its charges out again.
+func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjects, qty int64, region, idem string, now time.Time, charges []flashgate.Charge) {
+	user := sub.User
 	if g.breakers.nats.State() == gobreaker.StateOpen {
 		// Admitting would only reserve units the publish cannot carry.
 		unavailable(ctx, "order queue unavailable")
@@ -363,6 +367,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 		g.publish(ctx, s, &bus.OrderMsg{
 			ID: id, Sale: s.spec.ID, User: user, Qty: qty, Region: region,
 			Created: now.UnixMilli(), Expires: payBy.UnixMilli(), Idem: idem, Charges: enc,
+			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Addr: sub.Address,
 		})
 	case lua.Replayed:
 		g.replay(ctx, s, adm.OrderID)
@@ -501,8 +506,10 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 		unavailable(ctx, "order queue unavailable")
 		return
 	case "pending":
-		if err := g.send(s, &bus.OrderMsg{ID: id, Sale: s.spec.ID, User: rec.User, Qty: rec.Qty, Region: rec.Region,
-			Created: rec.Created, Expires: rec.Expires, Idem: rec.Idem, Charges: rec.Charges}); err != nil {
+		m := &bus.OrderMsg{ID: id, Sale: s.spec.ID, User: rec.User, Qty: rec.Qty, Region: rec.Region,
+			Created: rec.Created, Expires: rec.Expires, Idem: rec.Idem, Charges: rec.Charges}
+		m.SubjectsFromCharges(s.spec.Limits)
+		if err := g.send(s, m); err != nil {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}

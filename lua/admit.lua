@@ -5,8 +5,12 @@
 -- ARGV: 1 user, 2 quantity, 3 order id, 4 now (ms), 5 idempotency key ('' = none),
 --       6 region ('' = none), 7 payment deadline (ms),
 --       8 the order's charges as flashgate.EncodeCharges wrote them ('' or absent = none),
---       then for each charge j, 4 values: field ('<limit>/<subject>'), increment, max,
+--       then for each charge j, 3 values: field ('<limit>/<subject>'), increment,
 --       ttl ms of the window's counter (0: the whole sale, no expiry).
+-- Each limit's maximum is the sale's own, from meta ('lmax': the maxima in limit order,
+-- written at warm; a meta warmed before 'lmax' existed has them in 'limits'), never
+-- the caller's: a caller that could name a maximum could lift any limit. The charges
+-- must be one per limit, in limit order, each of at least 1.
 -- Returns {outcome, ...}:
 --   {'ok', order_id, remaining}   reserved: stock deducted, user and every charge counted,
 --                                 reservation recorded
@@ -16,7 +20,7 @@
 --   {'limit_reached', held, j}    j = 0: per_user_limit; j >= 1: charge j's limit (held: its count)
 --   {'sold_out', remaining}
 --   {'duplicate_id'}              the order id is taken: nothing changed (the caller's id source is broken)
-local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'limit', 'omax')
+local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'limit', 'omax', 'lmax')
 if not meta[1] then
   return {'not_warmed'}
 end
@@ -48,12 +52,32 @@ end
 local charges = ARGV[8] or ''
 local nc = 0
 if #ARGV > 8 then
-  nc = (#ARGV - 8) / 4
+  nc = (#ARGV - 8) / 3
+end
+local maxima = {}
+if meta[6] then
+  for v in string.gmatch(meta[6], '[^,]+') do
+    maxima[#maxima + 1] = tonumber(v)
+  end
+else
+  local ok, ls = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'limits') or '')
+  if ok and type(ls) == 'table' then
+    for i, l in ipairs(ls) do
+      maxima[i] = tonumber(l['max'])
+    end
+  end
+end
+if nc ~= #maxima then
+  return redis.error_reply('admit: ' .. nc .. ' charges for ' .. #maxima .. ' limits')
 end
 for j = 1, nc do
-  local a = 8 + 4 * (j - 1)
+  local a = 8 + 3 * (j - 1)
+  local inc = tonumber(ARGV[a + 2])
+  if tonumber(string.match(ARGV[a + 1], '^(%d+)/')) ~= j - 1 or not inc or inc < 1 or not maxima[j] then
+    return redis.error_reply('admit: charge ' .. j .. ' is not of limit ' .. (j - 1))
+  end
   local cur = tonumber(redis.call('HGET', KEYS[6 + j], ARGV[a + 1]) or '0')
-  if cur + tonumber(ARGV[a + 2]) > tonumber(ARGV[a + 3]) then
+  if cur + inc > maxima[j] then
     return {'limit_reached', tostring(cur), tostring(j)}
   end
 end
@@ -73,11 +97,11 @@ end
 local left = redis.call('DECRBY', KEYS[2], qty)
 redis.call('HINCRBY', KEYS[3], user, qty)
 for j = 1, nc do
-  local a = 8 + 4 * (j - 1)
+  local a = 8 + 3 * (j - 1)
   local inc = tonumber(ARGV[a + 2])
   -- A window's counter expires by itself; its TTL is set by the first count in it.
-  if redis.call('HINCRBY', KEYS[6 + j], ARGV[a + 1], inc) == inc and ARGV[a + 4] ~= '0' then
-    redis.call('PEXPIRE', KEYS[6 + j], ARGV[a + 4])
+  if redis.call('HINCRBY', KEYS[6 + j], ARGV[a + 1], inc) == inc and ARGV[a + 3] ~= '0' then
+    redis.call('PEXPIRE', KEYS[6 + j], ARGV[a + 3])
   end
 end
 local rec = user .. '|' .. ARGV[2] .. '|' .. ARGV[6] .. '|' .. ARGV[4] .. '|' .. ARGV[7] .. '|' .. idem .. '|' .. charges

@@ -174,7 +174,10 @@ type AdmitArgs struct {
 	Region   string // "" for a sale without regions
 	PayBy    time.Time
 	// Charges are what the order counts against the sale's Limits (see
-	// flashgate.Sale.Charges), each checked against Limits[c.Limit].Max.
+	// flashgate.Sale.Charges), one per limit in order; the script checks each
+	// against the maximum the sale's meta holds. Limits (the caller's copy of
+	// the sale's) only names which limit a refusal was by: its Max is not
+	// sent.
 	Charges []flashgate.Charge
 	Limits  []flashgate.Limit
 	// EncodedCharges is flashgate.EncodeCharges(Charges) if the caller has it
@@ -217,8 +220,7 @@ func (s *Scripts) Admit(ctx context.Context, c rueidis.Client, k *Keys, a AdmitA
 				return Admission{}, fmt.Errorf("admit %s: charge of limit %d, the sale has %d", k.Sale, ch.Limit, len(a.Limits))
 			}
 			keys = append(keys, k.Limit(ch.Window))
-			args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10),
-				strconv.FormatInt(a.Limits[ch.Limit].Max, 10), strconv.FormatInt(ch.TTL(a.Now).Milliseconds(), 10))
+			args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.TTL(a.Now).Milliseconds(), 10))
 		}
 	}
 	res, err := s.admit.Exec(ctx, c, keys, args).ToArray()
@@ -422,8 +424,22 @@ func metaFields(s *flashgate.Sale) []string {
 		"title", s.Title,
 		"regions", strings.Join(regions, ","),
 		"limits", string(limits),
+		"lmax", limitMaxima(s.Limits),
 		"tz", s.TimeZone,
 	}
+}
+
+// limitMaxima is meta's "lmax": the limits' maxima in order, comma-separated,
+// which the admission script checks charges against (not the caller's).
+func limitMaxima(ls []flashgate.Limit) string {
+	var b []byte
+	for i, l := range ls {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, l.Max, 10)
+	}
+	return string(b)
 }
 
 // ErrNotWarmed means Redis holds no meta for the sale.

@@ -39,6 +39,7 @@ var reasons = []string{
 	flashgate.ReasonDeadLetter,
 	flashgate.ReasonCanceled,
 	flashgate.ReasonExpired,
+	flashgate.ReasonBadCharges,
 }
 
 type outcomeKey struct {
@@ -64,6 +65,7 @@ type Backend struct {
 	ackPending  prometheus.Gauge
 	redelivered prometheus.Counter
 	mysqlErrors prometheus.Counter
+	charges     prometheus.Counter
 }
 
 // NewBackend creates the backend's collectors on a registry of its own, with
@@ -115,6 +117,10 @@ func NewBackend() *Backend {
 		Namespace: namespace, Subsystem: sub, Name: "mysql_errors_total",
 		Help: "Batch transactions that failed, each attempt counted (deadlocks that a retry settled included).",
 	})
+	m.charges = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: sub, Name: "charges_refused_total",
+		Help: "Orders refused (failed, bad_charges) because their message's limit charges are not what the backend works out from the order's facts and the sale's limits: a forged or broken publisher.",
+	})
 
 	for _, s := range statuses {
 		m.knownStatus[s] = true
@@ -131,7 +137,7 @@ func NewBackend() *Backend {
 	}
 
 	m.reg.MustRegister(m.batchSize, m.batchTime, m.batchFailed, m.ordersVec, m.existing,
-		m.pending, m.ackPending, m.redelivered, m.mysqlErrors)
+		m.pending, m.ackPending, m.redelivered, m.mysqlErrors, m.charges)
 	m.handler = handlerFor(m.reg)
 	return m
 }
@@ -184,3 +190,6 @@ func (m *Backend) Redelivered() { m.redelivered.Inc() }
 
 // MySQLError counts one failed MySQL transaction.
 func (m *Backend) MySQLError() { m.mysqlErrors.Inc() }
+
+// ChargesRefused counts an order refused for charges other than its facts make.
+func (m *Backend) ChargesRefused() { m.charges.Inc() }

@@ -1,0 +1,101 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// MySQL answers but cannot write the sale: a competing transaction holds the
+// sale's row for longer than all of an order's deliveries wait for the lock
+// together, with innodb_lock_wait_timeout at 1 s. The backend's quick probe
+// succeeds the whole time; the orders must wait the lock out, not be taken for
+// poison and dead-lettered failed.
+func init() {
+	scenarios = append(scenarios, scenario{"mysql row locked", func(t *testing.T) {
+		const (
+			lockWait   = time.Second
+			maxDeliver = 3
+			// Every delivery waits at most the lock wait (a few times over
+			// within one ack wait of 2 s): 12 s outlasts all of them together.
+			hold = 12 * time.Second
+		)
+		st := newStack(t)
+		root, err := sql.Open("mysql", st.cfg.MySQL.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer root.Close()
+		if _, err := root.Exec(`SET GLOBAL innodb_lock_wait_timeout = ` + strconv.Itoa(int(lockWait/time.Second))); err != nil {
+			t.Fatal(err)
+		}
+		// A backend whose connections all open under the short lock wait,
+		// and whose messages run out of deliveries quickly.
+		st.backend.kill()
+		st.backend.env = append(st.backend.env, "FLASHGATE_BACKEND_MAX_DELIVER="+strconv.Itoa(maxDeliver))
+		st.backend.start()
+		s := st.createSale(2000, 1)
+
+		var holder *sql.Tx
+		var locked time.Time
+		requests, accepted := st.flood(s.ID, 3000, 3000, func() {
+			var err error
+			if holder, err = root.BeginTx(context.Background(), nil); err != nil {
+				t.Fatal(err)
+			}
+			var id string
+			if err := holder.QueryRow(`SELECT id FROM sales WHERE id = ? FOR UPDATE`, s.ID).Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			locked = time.Now()
+			st.faultEnd = locked.Add(hold) // set again once the lock goes
+		})
+		time.Sleep(time.Until(locked.Add(hold)))
+		recycled := backendCounter(t, st, "flashgate_backend_recycled_total")
+		if err := holder.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		st.faultEnd = time.Now()
+		if recycled == 0 {
+			t.Errorf("no message ran out of deliveries under the lock: the fault did not bite")
+		}
+		rep, rec := st.settle(s.ID, accepted)
+		record(t, "mysql row locked", requests, accepted, rep, rec)
+
+		// Accepted orders that ended failed: none (a 202 is an order).
+		var failed int
+		if err := root.QueryRow(`SELECT COUNT(*) FROM orders WHERE sale_id = ? AND status = 'failed'`, s.ID).Scan(&failed); err != nil {
+			t.Fatal(err)
+		}
+		dead := backendCounter(t, st, `flashgate_backend_dead_letters_total{kind="poison"}`)
+		t.Logf("mysql row locked: %d accepted, %d failed, %v recycled, %v dead-lettered", len(accepted), failed, recycled, dead)
+		if failed != 0 || dead != 0 {
+			t.Errorf("mysql row locked: %d accepted orders failed, %v dead-lettered", failed, dead)
+		}
+	}})
+}
+
+// backendCounter reads one sample (name with its labels, as exposed) from the
+// backend's /metrics; 0 if absent.
+func backendCounter(t *testing.T, st *stack, sample string) float64 {
+	t.Helper()
+	res, err := http.Get("http://" + st.backend.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if ok && name == sample {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
