@@ -192,6 +192,9 @@ func TestPurchaseRefusalsReserveNothing(t *testing.T) {
 		{"region on a sale without regions", s, "", good, `{"region":"bj"}`, nil, 400, flashgate.CodeInvalidRequest},
 		{"unknown region", regional, "", good, `{"region":"gz"}`, nil, 400, flashgate.CodeInvalidRequest},
 		{"missing region", regional, "", good, `{}`, nil, 400, flashgate.CodeInvalidRequest},
+		{"region not UTF-8", regional, "", good, "{\"region\":\"\x80\"}", nil, 400, flashgate.CodeInvalidRequest},
+		{"address not UTF-8", s, "", good, "{\"address\":\"\xff 1 Main St\"}", nil, 400, flashgate.CodeInvalidRequest},
+		{"escaped address not UTF-8", s, "", good, "{\"address\":\"\\t\xc3\"}", nil, 400, flashgate.CodeInvalidRequest},
 		{"huge body", s, "", good, `{"quantity":1,"region":"` + strings.Repeat("x", 1<<20) + `"}`, nil, 413, flashgate.CodeBodyTooLarge},
 		{"no token", s, "", "", `{}`, nil, 401, flashgate.CodeUnauthorized},
 		{"malformed token", s, "", "abc.def", `{}`, nil, 401, flashgate.CodeUnauthorized},
@@ -204,6 +207,8 @@ func TestPurchaseRefusalsReserveNothing(t *testing.T) {
 		{"unknown sale", s, "/v1/sales/nosuchsale/orders", good, `{}`, nil, 404, flashgate.CodeSaleNotFound},
 		{"idempotency key too long", s, "", good, `{}`, map[string]string{"Idempotency-Key": strings.Repeat("k", 65)}, 400, flashgate.CodeInvalidRequest},
 		{"idempotency key bad chars", s, "", good, `{}`, map[string]string{"Idempotency-Key": "a/b"}, 400, flashgate.CodeInvalidRequest},
+		{"idempotency key not ASCII", s, "", good, `{}`, map[string]string{"Idempotency-Key": "k\xc3\xa9"}, 400, flashgate.CodeInvalidRequest},
+		{"idempotency key not UTF-8", s, "", good, `{}`, map[string]string{"Idempotency-Key": "k\xff"}, 400, flashgate.CodeInvalidRequest},
 		{"idempotency key empty", s, "", good, `{}`, map[string]string{"Idempotency-Key": ""}, 400, flashgate.CodeInvalidRequest},
 	}
 	for _, c := range cases {
