@@ -39,7 +39,7 @@ func TestParsePurchase(t *testing.T) {
 		{"{\"region\":\"\x80\"}", 0, "", false},
 		{"{\"region\":\"b\xc3\"}", 0, "", false},
 		{"{\"address\":\"\xff street\"}", 0, "", false},
-		{"{\"address\":\"\\n\xed\xa0\x80\"}", 0, "", false}, // escaped, and a UTF-16 surrogate encoded in UTF-8
+		{"{\"address\":\"\\n\xed\xa0\x80\"}", 0, "", false},  // escaped, and a UTF-16 surrogate encoded in UTF-8
 		{"{\"region\":\"\xe5\x8c\x97\"}", 1, "\u5317", true}, // valid UTF-8 passes (and is then an unknown region)
 		{"{\"address\":\"\xe5\x8c\x97\\n\"}", 1, "", true},
 	}
