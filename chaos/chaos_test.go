@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "flashgate")
-	if out, err := exec.Command("go", "build", "-o", binary, "../cmd/flashgate").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", "failpoints", "-o", binary, "../cmd/flashgate").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build flashgate: %v\n%s", err, out)
 		os.Exit(1)
 	}

@@ -12,8 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,9 +53,9 @@ type Gateway struct {
 	ln      net.Listener
 	adminLn net.Listener
 
-	// crashAfter is a failpoint for fault tests: set from the environment
-	// (FLASHGATE_FAILPOINT_CRASH_AFTER_ADMITS=N), the process dies between the
-	// N-th admission and its publish, as a kill -9 there would.
+	// crashAfter is a failpoint for fault tests, armed only in a binary built
+	// with -tags failpoints (failpoints.go): the process dies between the N-th
+	// admission and its publish, as a kill -9 there would.
 	crashAfter atomic.Int64
 
 	stop     context.CancelFunc
@@ -85,10 +83,7 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 		return nil, fmt.Errorf("gateway: trusted_proxies: %w", err)
 	}
 	g.limits = ratelimit.New(cfg.RateLimit, cfg.Gateway.LimiterMaxKeys, cfg.Source)
-	if n, err := strconv.ParseInt(os.Getenv("FLASHGATE_FAILPOINT_CRASH_AFTER_ADMITS"), 10, 64); err == nil && n > 0 {
-		slog.Warn("failpoint armed: the process exits between an admission and its publish", "after", n)
-		g.crashAfter.Store(n)
-	}
+	g.armFailpoints()
 	g.breakers = newBreakers(cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpen, g.metrics)
 	g.rc, err = rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:  cfg.Redis.Addrs,
