@@ -10,6 +10,10 @@ GO ?= go
 # `FLASHGATE_JWT_SECRET=… FLASHGATE_ADMIN_TOKEN=… make up`; the CLI reads the same variables.
 export FLASHGATE_JWT_SECRET ?= flashgate-local-dev-jwt-secret
 export FLASHGATE_ADMIN_TOKEN ?= flashgate-local-dev-admin-token
+# Those values are published here, so the processes refuse them unless dev mode is on: the local
+# stack (up, demo, test, bench, chaos) runs in dev mode. FLASHGATE_DEV=0 with secrets of your own
+# checks them as production would (docs/security.md).
+export FLASHGATE_DEV ?= 1
 GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh

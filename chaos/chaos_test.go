@@ -136,8 +136,8 @@ func newStack(t *testing.T, gatewayEnv ...[]string) *stack {
 	cfg.Redis.Addrs = []string{st.redis.Addr}
 	cfg.NATS.URL = st.nats.URL()
 	cfg.MySQL.DSN = st.maria.DSN()
-	cfg.Auth.JWTSecret = testenv.ID("chaos-secret-")
-	cfg.Admin.Token = testenv.ID("chaos-admin-")
+	cfg.Auth.JWTSecret = testenv.Secret("chaos-secret-")
+	cfg.Admin.Token = testenv.Secret("chaos-admin-")
 	st.cfg = cfg
 	st.backend = st.newProc("backend", []string{"backend", "--config", ""}, nil)
 	st.backend.start()

@@ -52,6 +52,8 @@ NGINX_PREFIX="$OUT/nginx"
 NGINX_PID="$RUN/bench-nginx.pid"
 # The same local-only secrets as the Makefile (and so as a stack `make up` started).
 export FLASHGATE_JWT_SECRET="${FLASHGATE_JWT_SECRET:-flashgate-local-dev-jwt-secret}"
+# The local values above are published: only dev mode accepts them.
+export FLASHGATE_DEV="${FLASHGATE_DEV:-1}"
 export FLASHGATE_ADMIN_TOKEN="${FLASHGATE_ADMIN_TOKEN:-flashgate-local-dev-admin-token}"
 
 say() { printf 'bench-edge: %s\n' "$*"; }

@@ -49,6 +49,9 @@ func serve(name string, args []string, stderr io.Writer) error {
 		// and the load in one process, under -race).
 		debug.SetMemoryLimit(int64(mb) << 20)
 	}
+	if cfg.Dev {
+		log.Warn("dev mode (FLASHGATE_DEV): weak and published secrets are accepted; never run it so outside a local stack")
+	}
 	log.Info("starting", "config", c.configPath, "pid", os.Getpid())
 	if err := runner(ctx, cfg); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("stopped", "err", err)
