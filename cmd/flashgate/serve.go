@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/backend"
 	"github.com/flashgate/flashgate/gateway"
 )
@@ -69,4 +70,4 @@ func envOr(name, def string) string {
 }
 
 // errNoSecret is what every command that mints tokens says without a secret.
-var errNoSecret = errors.New("no JWT secret: set FLASHGATE_JWT_SECRET (or auth.jwt_secret in the config file)")
+var errNoSecret = auth.ErrNoSecret
