@@ -371,10 +371,15 @@ func (g *Gateway) adminMux() *http.ServeMux {
 		}
 		w.Write([]byte("ready\n"))
 	})
-	mux.HandleFunc("GET /admin/v1/limits", g.serveLimits)
+	// The probes and /metrics stay open (orchestrators and Prometheus scrape
+	// them; they reveal counts, not orders). The admin API and pprof need the
+	// admin token: profiles expose internals (heap contents, stacks, the
+	// command line) and a CPU profile or trace costs the process while it
+	// runs, even on a loopback port anything on the host can reach.
 	mux.Handle("GET /metrics", g.metrics.Handler())
-	// The admin port binds loopback (or a private network): pprof is for operators.
-	mux.Handle("/debug/pprof/", metrics.PprofHandler())
+	mux.Handle("GET /admin/v1/limits", auth.RequireAdmin(g.cfg.Admin.Token, http.HandlerFunc(g.serveLimits)))
+	mux.Handle("/admin/", auth.RequireAdmin(g.cfg.Admin.Token, http.NotFoundHandler()))
+	mux.Handle("/debug/pprof/", auth.RequireAdmin(g.cfg.Admin.Token, metrics.PprofHandler()))
 	return mux
 }
 
