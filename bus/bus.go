@@ -167,9 +167,28 @@ func PublishEvent(nc *nats.Conn, cfg config.NATS, ev SaleEvent) error {
 // SubscribeEvents calls fn for every sale event.
 func SubscribeEvents(nc *nats.Conn, cfg config.NATS, fn func(SaleEvent)) (*nats.Subscription, error) {
 	return nc.Subscribe(cfg.EventSubject+".*", func(m *nats.Msg) {
-		var ev SaleEvent
-		if json.Unmarshal(m.Data, &ev) == nil && flashgate.ValidID(ev.SaleID) {
+		if ev, ok := DecodeEvent(m.Data); ok {
 			fn(ev)
 		}
 	})
+}
+
+// DecodeEvent reads a sale event off the wire; ok is false for one a
+// subscriber must ignore: not JSON, an unknown type, a bad sale id, or a
+// created event whose sale is missing, is another sale or is not valid (a
+// gateway would serve it as it is).
+func DecodeEvent(b []byte) (ev SaleEvent, ok bool) {
+	if json.Unmarshal(b, &ev) != nil || !flashgate.ValidID(ev.SaleID) {
+		return SaleEvent{}, false
+	}
+	switch ev.Type {
+	case EventCreated:
+		if ev.Sale == nil || ev.Sale.ID != ev.SaleID || ev.Sale.Validate() != nil {
+			return SaleEvent{}, false
+		}
+	case EventClosed, EventSoldOut, EventRestocked, EventWarm:
+	default:
+		return SaleEvent{}, false
+	}
+	return ev, true
 }
