@@ -1,9 +1,13 @@
 package gateway
 
 import (
+	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/flashgate/flashgate/config"
 )
@@ -109,6 +113,45 @@ func FuzzIPKey(f *testing.F) {
 			t.Fatalf("%v and %v are in one /64 but have different keys", a, other)
 		case !a.Unmap().Is4() && bit < 64 && same:
 			t.Fatalf("%v and %v are in different /64s but share a key", a, other)
+		}
+	})
+}
+
+// FuzzClientIP: whatever X-Forwarded-For and X-Real-IP say, the client is a
+// valid address; an untrusted peer is the client itself; and a trusted peer's
+// headers can name only an address written in them.
+func FuzzClientIP(f *testing.F) {
+	f.Add("127.0.0.1:5", "198.51.100.1, 203.0.113.9", "")
+	f.Add("127.0.0.1:5", "203.0.113.9, garbage", "203.0.113.1")
+	f.Add("192.0.2.1:5", "203.0.113.9", "203.0.113.10")
+	f.Add("[::1]:5", "2001:db8::1,::ffff:10.0.0.1", "")
+	f.Add("127.0.0.1:5", ",,, ,", "fe80::1%eth0")
+	p, _ := parseProxies([]string{"127.0.0.1/32", "::1/128", "10.0.0.0/8"})
+	f.Fuzz(func(t *testing.T, peer, xff, realIP string) {
+		ap, err := netip.ParseAddrPort(peer)
+		if err != nil || ap.Addr().Zone() != "" {
+			return
+		}
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&fasthttp.Request{}, net.TCPAddrFromAddrPort(ap), nil)
+		ctx.Request.Header.Set("X-Forwarded-For", xff)
+		ctx.Request.Header.Set("X-Real-IP", realIP)
+		got := p.clientIP(&ctx)
+		peerIP := ap.Addr().Unmap()
+		named := map[netip.Addr]bool{}
+		for _, part := range append(strings.Split(string(ctx.Request.Header.Peek("X-Forwarded-For")), ","),
+			string(ctx.Request.Header.Peek("X-Real-IP"))) {
+			if a, err := netip.ParseAddr(strings.TrimSpace(part)); err == nil {
+				named[a.Unmap()] = true
+			}
+		}
+		switch {
+		case !got.IsValid():
+			t.Fatalf("peer %s XFF %q X-Real-IP %q: invalid client address", peer, xff, realIP)
+		case !p.trusted(peerIP) && got != peerIP:
+			t.Fatalf("untrusted peer %s was believed: %s", peer, got)
+		case got != peerIP && !named[got]:
+			t.Fatalf("peer %s XFF %q X-Real-IP %q: client %s is in neither header", peer, xff, realIP, got)
 		}
 	})
 }
