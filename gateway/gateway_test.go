@@ -166,6 +166,10 @@ func TestPurchaseRefusalsReserveNothing(t *testing.T) {
 	wrongKey := rawToken(map[string]any{"alg": "HS256"}, map[string]any{"sub": "alice", "exp": exp}, "not-the-secret")
 	badSub := rawToken(map[string]any{"alg": "HS256"}, map[string]any{"sub": "a b", "exp": exp}, e.cfg.Auth.JWTSecret)
 	noExp := rawToken(map[string]any{"alg": "HS256"}, map[string]any{"sub": "alice"}, e.cfg.Auth.JWTSecret)
+	nowS := time.Now().Unix()
+	tooLong := rawToken(map[string]any{"alg": "HS256"}, map[string]any{"sub": "alice", "iat": nowS, "exp": nowS + 48*3600}, e.cfg.Auth.JWTSecret)
+	fromFuture := rawToken(map[string]any{"alg": "HS256"}, map[string]any{"sub": "alice", "iat": nowS + 120, "exp": exp}, e.cfg.Auth.JWTSecret)
+	unknownKid, _ := auth.MintHS256(e.cfg.Auth.JWTSecret, "alice", auth.MintOptions{Kid: "nope"})
 
 	cases := []struct {
 		name   string
@@ -204,6 +208,9 @@ func TestPurchaseRefusalsReserveNothing(t *testing.T) {
 		{"alg HS512", s, "", hs512, `{}`, nil, 401, flashgate.CodeUnauthorized},
 		{"bad sub", s, "", badSub, `{}`, nil, 401, flashgate.CodeUnauthorized},
 		{"no exp", s, "", noExp, `{}`, nil, 401, flashgate.CodeUnauthorized},
+		{"lifetime over 24h", s, "", tooLong, `{}`, nil, 401, flashgate.CodeUnauthorized},
+		{"issued 2 min ahead", s, "", fromFuture, `{}`, nil, 401, flashgate.CodeUnauthorized},
+		{"unknown kid", s, "", unknownKid, `{}`, nil, 401, flashgate.CodeUnauthorized},
 		{"unknown sale", s, "/v1/sales/nosuchsale/orders", good, `{}`, nil, 404, flashgate.CodeSaleNotFound},
 		{"idempotency key too long", s, "", good, `{}`, map[string]string{"Idempotency-Key": strings.Repeat("k", 65)}, 400, flashgate.CodeInvalidRequest},
 		{"idempotency key bad chars", s, "", good, `{}`, map[string]string{"Idempotency-Key": "a/b"}, 400, flashgate.CodeInvalidRequest},
