@@ -163,6 +163,11 @@ func TestCommandLine(t *testing.T) {
 		strings.Count(strings.TrimSpace(out.String()), ".") != 2 {
 		t.Fatalf("token: %v %q", err, out.String())
 	}
+	errOut.Reset()
+	if err := run([]string{"token", "--config", "", "--user", "42", "--ttl", "25h"}, &out, &errOut); err == nil ||
+		!strings.Contains(errOut.String(), "max_token_ttl") {
+		t.Fatalf("token past the maximum lifetime: %v %q", err, errOut.String())
+	}
 	// With a signing kid, the token names it and verifies under that key.
 	const k2 = "the-k2-secret-of-32-bytes-or-more-xyz"
 	t.Setenv("FLASHGATE_AUTH_KEYS", "[{kid: k2, secret: "+k2+"}]")

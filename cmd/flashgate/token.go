@@ -36,6 +36,9 @@ func tokenCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *ttl > cfg.Auth.MaxTokenTTL {
+		return c.usageError("--ttl %v is over auth.max_token_ttl (%v): the gateway would refuse the token", *ttl, cfg.Auth.MaxTokenTTL)
+	}
 	secret, kid, err := auth.SigningSecret(cfg.Auth)
 	if err != nil {
 		return err
