@@ -174,20 +174,14 @@ func SubscribeEvents(nc *nats.Conn, cfg config.NATS, fn func(SaleEvent)) (*nats.
 }
 
 // DecodeEvent reads a sale event off the wire; ok is false for one a
-// subscriber must ignore: not JSON, an unknown type, a bad sale id, or a
-// created event whose sale is missing, is another sale or is not valid (a
-// gateway would serve it as it is).
+// subscriber must ignore: not JSON, a bad sale id, or a created event whose
+// sale is missing, is another sale or is not valid (a gateway would serve it
+// as it is). A type the subscriber does not know passes: it ignores it.
 func DecodeEvent(b []byte) (ev SaleEvent, ok bool) {
 	if json.Unmarshal(b, &ev) != nil || !flashgate.ValidID(ev.SaleID) {
 		return SaleEvent{}, false
 	}
-	switch ev.Type {
-	case EventCreated:
-		if ev.Sale == nil || ev.Sale.ID != ev.SaleID || ev.Sale.Validate() != nil {
-			return SaleEvent{}, false
-		}
-	case EventClosed, EventSoldOut, EventRestocked, EventWarm:
-	default:
+	if ev.Type == EventCreated && (ev.Sale == nil || ev.Sale.ID != ev.SaleID || ev.Sale.Validate() != nil) {
 		return SaleEvent{}, false
 	}
 	return ev, true

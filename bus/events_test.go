@@ -32,7 +32,7 @@ func TestDecodeEvent(t *testing.T) {
 		{"created without a sale", enc(SaleEvent{Type: EventCreated, SaleID: "s1"}), false},
 		{"created, another sale", enc(SaleEvent{Type: EventCreated, SaleID: "s1", Sale: other}), false},
 		{"created, invalid sale", enc(SaleEvent{Type: EventCreated, SaleID: "s1", Sale: bad}), false},
-		{"unknown type", enc(SaleEvent{Type: "opened", SaleID: "s1"}), false},
+		{"unknown type (the subscriber ignores it)", enc(SaleEvent{Type: "opened", SaleID: "s1"}), true},
 		{"bad sale id", enc(SaleEvent{Type: EventClosed, SaleID: "a b"}), false},
 		{"not json", []byte("{"), false},
 		{"null", []byte("null"), false},
@@ -43,8 +43,8 @@ func TestDecodeEvent(t *testing.T) {
 	}
 }
 
-// FuzzDecodeEvent: never panics; what it accepts names a valid sale id and a
-// known type, and a created event carries a valid sale of that id.
+// FuzzDecodeEvent: never panics; what it accepts names a valid sale id, and a
+// created event carries a valid sale of that id.
 func FuzzDecodeEvent(f *testing.F) {
 	for _, ev := range []SaleEvent{{Type: EventClosed, SaleID: "s1"}, {Type: EventCreated, SaleID: "s1", Sale: validSale()},
 		{Type: EventSoldOut, SaleID: "s1", Region: "bj"}} {
@@ -60,14 +60,8 @@ func FuzzDecodeEvent(f *testing.F) {
 		if !flashgate.ValidID(ev.SaleID) {
 			t.Fatalf("%q: accepted sale id %q", b, ev.SaleID)
 		}
-		switch ev.Type {
-		case EventCreated:
-			if ev.Sale == nil || ev.Sale.ID != ev.SaleID || ev.Sale.Validate() != nil {
-				t.Fatalf("%q: accepted a created event with sale %+v", b, ev.Sale)
-			}
-		case EventClosed, EventSoldOut, EventRestocked, EventWarm:
-		default:
-			t.Fatalf("%q: accepted type %q", b, ev.Type)
+		if ev.Type == EventCreated && (ev.Sale == nil || ev.Sale.ID != ev.SaleID || ev.Sale.Validate() != nil) {
+			t.Fatalf("%q: accepted a created event with sale %+v", b, ev.Sale)
 		}
 	})
 }
