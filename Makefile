@@ -11,11 +11,14 @@ GO ?= go
 # (`. var/secrets.env` does it for your shell). Set your own in the environment:
 # `FLASHGATE_JWT_SECRET=… FLASHGATE_ADMIN_TOKEN=… make up` (docs/credentials.md).
 SECRETS := var/secrets.env
+# The stack runs in dev mode (a warning at start; docs/security.md): FLASHGATE_DEV=0 checks the
+# secrets as production would. Generated secrets pass those checks either way.
+export FLASHGATE_DEV ?= 1
 GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
 
-.PHONY: help deps build up infra-up down status reset test demo bench bench-go bench-edge lint fmt clean
+.PHONY: help deps build up infra-up down status reset test demo bench bench-go bench-edge lint fmt clean fuzz
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -77,6 +80,12 @@ demo: deps build ## start the stack, create a sale and run the load against it, 
 # BENCH_PROFILE (scripts/bench.sh). Leaves a running stack as it found it.
 bench: deps build ## flashgate vs Redis, nginx and the seeds' design: BENCHMARKS.md, bench/results.json
 	@BENCH_PROFILE=$${BENCH_PROFILE:-1} scripts/bench.sh
+
+# Every fuzz target (func FuzzXxx) in turn, FUZZTIME each (default 60s); one line per target with its
+# executions, also in var/fuzz/summary.txt. Needs no servers. Not part of `make test`.
+FUZZTIME ?= 60s
+fuzz: ## run every Go fuzz target for FUZZTIME each (default 60s): executions per target
+	@GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 bench-go: deps ## run the Go benchmarks (go test -bench)
 	$(GO) test -run '^$$' -bench . -benchmem ./...

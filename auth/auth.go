@@ -1,6 +1,7 @@
-// Package auth verifies buyers' JWTs (DESIGN.md §3) with the algorithm pinned by
-// configuration: HS256 with a shared secret, or EdDSA with a public key. Tokens
-// with alg "none" or any other algorithm are rejected by the parser itself.
+// Package auth verifies buyers' JWTs with the algorithm pinned by
+// configuration, per key: HS256 with a shared secret, or EdDSA with a public
+// key, chosen by the token's kid header (docs/security.md). Tokens with alg
+// "none" or any other algorithm are rejected by the parser itself.
 package auth
 
 import (
@@ -28,54 +29,150 @@ type Claims struct {
 	Device string `json:"device,omitempty"`
 }
 
+// ErrNoSecret is SigningSecret's answer when there is nothing to sign with.
+var ErrNoSecret = errors.New("no JWT secret: set FLASHGATE_JWT_SECRET (or auth.jwt_secret, or auth.keys and auth.signing_kid)")
+
 // ErrUnauthorized wraps every verification failure.
 var ErrUnauthorized = errors.New("unauthorized")
 
 // Verifier checks tokens. It is safe for concurrent use.
 type Verifier struct {
-	parser *jwt.Parser
-	key    any
-	now    func() time.Time // the parser's clock, for exp; time.Now but in tests
+	parser  *jwt.Parser
+	keys    map[string]verifyKey // by kid; "" is the default key, for tokens without kid
+	keyfunc jwt.Keyfunc          // v.keyFor, bound once
+	maxTTL  time.Duration
+	now     func() time.Time // the parser's clock, for exp; time.Now but in tests
 }
 
-// NewVerifier pins the algorithm from cfg.
+// verifyKey is one key and the only algorithm it verifies: an HMAC secret
+// must never check an EdDSA token's signature or the reverse.
+type verifyKey struct {
+	alg string
+	key any
+}
+
+// NewVerifier pins each key's algorithm from cfg: the default key
+// (jwt_secret or eddsa_public_key_file) and every auth.keys entry.
 func NewVerifier(cfg config.Auth) (*Verifier, error) {
+	keys := map[string]verifyKey{}
 	switch {
+	case cfg.JWTSecret != "" && cfg.EdDSAPublicKeyFile != "":
+		return nil, errors.New("auth: set jwt_secret or eddsa_public_key_file, not both")
 	case cfg.JWTSecret != "":
-		return newVerifier(jwt.SigningMethodHS256.Alg(), []byte(cfg.JWTSecret)), nil
+		keys[""] = verifyKey{jwt.SigningMethodHS256.Alg(), []byte(cfg.JWTSecret)}
 	case cfg.EdDSAPublicKeyFile != "":
-		pem, err := os.ReadFile(cfg.EdDSAPublicKeyFile)
+		pub, err := readEdKey(cfg.EdDSAPublicKeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("auth: %w", err)
+			return nil, err
 		}
-		pub, err := jwt.ParseEdPublicKeyFromPEM(pem)
-		if err != nil {
-			return nil, fmt.Errorf("auth: %s: %w", cfg.EdDSAPublicKeyFile, err)
-		}
-		return newVerifier(jwt.SigningMethodEdDSA.Alg(), pub), nil
+		keys[""] = verifyKey{jwt.SigningMethodEdDSA.Alg(), pub}
 	}
-	return nil, errors.New("auth: set auth.jwt_secret (FLASHGATE_JWT_SECRET) or auth.eddsa_public_key_file")
-}
-
-func newVerifier(alg string, key any) *Verifier {
-	v := &Verifier{key: key, now: time.Now}
+	for _, k := range cfg.Keys {
+		if _, dup := keys[k.Kid]; dup || k.Kid == "" {
+			return nil, fmt.Errorf("auth: kid %q is empty or given twice", k.Kid)
+		}
+		switch {
+		case k.Secret != "" && k.PublicKeyFile == "":
+			keys[k.Kid] = verifyKey{jwt.SigningMethodHS256.Alg(), []byte(k.Secret)}
+		case k.PublicKeyFile != "" && k.Secret == "":
+			pub, err := readEdKey(k.PublicKeyFile)
+			if err != nil {
+				return nil, err
+			}
+			keys[k.Kid] = verifyKey{jwt.SigningMethodEdDSA.Alg(), pub}
+		default:
+			return nil, fmt.Errorf("auth: key %q: set secret or public_key_file, exactly one", k.Kid)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("auth: set auth.jwt_secret (FLASHGATE_JWT_SECRET), auth.eddsa_public_key_file or auth.keys")
+	}
+	var algs []string
+	for _, k := range keys {
+		if !slices.Contains(algs, k.alg) {
+			algs = append(algs, k.alg)
+		}
+	}
+	v := &Verifier{keys: keys, maxTTL: cfg.MaxTokenTTL, now: time.Now}
+	if v.maxTTL <= 0 {
+		v.maxTTL = DefaultMaxTTL
+	}
+	v.keyfunc = v.keyFor
 	v.parser = jwt.NewParser(
-		jwt.WithValidMethods([]string{alg}),
+		jwt.WithValidMethods(algs),
 		jwt.WithExpirationRequired(),
-		jwt.WithLeeway(leeway),
+		jwt.WithIssuedAt(),
+		// The parser's leeway is the skew allowed on iat and nbf; exp gets
+		// the tighter expLeeway in Verify.
+		jwt.WithLeeway(futureSkew),
 		jwt.WithTimeFunc(func() time.Time { return v.now() }),
 	)
-	return v
+	return v, nil
 }
 
-// leeway is the clock skew tolerated on exp (and nbf).
-const leeway = 5 * time.Second
+func readEdKey(path string) (ed25519.PublicKey, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	pub, err := jwt.ParseEdPublicKeyFromPEM(pem)
+	if err != nil {
+		return nil, fmt.Errorf("auth: %s: %w", path, err)
+	}
+	return pub.(ed25519.PublicKey), nil
+}
 
-// Verify checks a token and returns its claims.
+// keyFor picks the key by the token's kid (none: the default key) and
+// refuses a token whose alg is not that key's.
+func (v *Verifier) keyFor(t *jwt.Token) (any, error) {
+	kid := ""
+	if h, ok := t.Header["kid"]; ok {
+		s, ok := h.(string)
+		if !ok || s == "" {
+			return nil, errors.New("kid must be a non-empty string")
+		}
+		kid = s
+	}
+	k, ok := v.keys[kid]
+	if !ok {
+		return nil, errors.New("unknown kid")
+	}
+	if t.Method.Alg() != k.alg {
+		return nil, errors.New("alg does not match the key")
+	}
+	return k.key, nil
+}
+
+const (
+	// expLeeway is the clock skew tolerated on exp: a token is refused once
+	// its exp is this far behind, and the cache keeps it no longer.
+	expLeeway = 5 * time.Second
+	// futureSkew is how far ahead of this clock a token's iat or nbf may be.
+	futureSkew = 30 * time.Second
+	// DefaultMaxTTL is the longest token lifetime when none is configured.
+	DefaultMaxTTL = 24 * time.Hour
+)
+
+// Verify checks a token and returns its claims: signature by the key its kid
+// names, exp present and not past, iat and nbf not ahead by more than 30 s, a
+// lifetime (exp - iat, or exp - now without iat) within the maximum, a valid
+// sub, and aud, if any, naming flashgate.
 func (v *Verifier) Verify(token string) (*Claims, error) {
 	c := new(Claims)
-	if _, err := v.parser.ParseWithClaims(token, c, func(*jwt.Token) (any, error) { return v.key, nil }); err != nil {
+	if _, err := v.parser.ParseWithClaims(token, c, v.keyfunc); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnauthorized, err)
+	}
+	now := v.now()
+	exp := c.ExpiresAt.Time
+	if now.After(exp.Add(expLeeway)) {
+		return nil, fmt.Errorf("%w: token is expired", ErrUnauthorized)
+	}
+	from := now
+	if c.IssuedAt != nil {
+		from = c.IssuedAt.Time
+	}
+	if exp.Sub(from) > v.maxTTL {
+		return nil, fmt.Errorf("%w: token lifetime over %v", ErrUnauthorized, v.maxTTL)
 	}
 	if !flashgate.ValidID(c.Subject) {
 		return nil, fmt.Errorf("%w: sub must be 1-64 characters of [A-Za-z0-9_-]", ErrUnauthorized)
@@ -86,10 +183,29 @@ func (v *Verifier) Verify(token string) (*Claims, error) {
 	return c, nil
 }
 
+// SigningSecret is the HS256 secret and kid `flashgate token` and the load
+// tools sign with: auth.signing_kid's key, or jwt_secret (no kid) when it
+// is not set.
+func SigningSecret(cfg config.Auth) (secret, kid string, err error) {
+	if cfg.SigningKid == "" {
+		if cfg.JWTSecret == "" {
+			return "", "", ErrNoSecret
+		}
+		return cfg.JWTSecret, "", nil
+	}
+	for _, k := range cfg.Keys {
+		if k.Kid == cfg.SigningKid && k.Secret != "" {
+			return k.Secret, k.Kid, nil
+		}
+	}
+	return "", "", fmt.Errorf("auth.signing_kid %q names no key of auth.keys with a secret", cfg.SigningKid)
+}
+
 // MintOptions are a minted token's optional claims.
 type MintOptions struct {
 	Phone, Device string
 	TTL           time.Duration // default 1h
+	Kid           string        // the kid header naming the signing key ("": none, the default key)
 }
 
 // MintHS256 makes an HS256 token for user (`flashgate token`, load tests).
@@ -110,7 +226,7 @@ func mint(m jwt.SigningMethod, key any, user string, o MintOptions) (string, err
 		o.TTL = time.Hour
 	}
 	now := time.Now()
-	return jwt.NewWithClaims(m, Claims{
+	t := jwt.NewWithClaims(m, Claims{
 		RegisteredClaims: jwt.RegisteredClaims{
 			Subject:   user,
 			Audience:  jwt.ClaimStrings{Audience},
@@ -119,5 +235,9 @@ func mint(m jwt.SigningMethod, key any, user string, o MintOptions) (string, err
 		},
 		Phone:  o.Phone,
 		Device: o.Device,
-	}).SignedString(key)
+	})
+	if o.Kid != "" {
+		t.Header["kid"] = o.Kid
+	}
+	return t.SignedString(key)
 }

@@ -103,6 +103,25 @@ func TestVerifyHS256(t *testing.T) {
 		{"sub of 64", hs256(func(c map[string]any) { c["sub"] = long }), long},
 		{"expired within leeway", hs256(func(c map[string]any) { c["exp"] = now.Add(-2 * time.Second).Unix() }), "u1"},
 		{"no iat", hs256(func(c map[string]any) { delete(c, "iat") }), "u1"},
+		{"lifetime of 24h", hs256(func(c map[string]any) { c["exp"] = now.Add(24 * time.Hour).Unix(); c["iat"] = now.Unix() }), "u1"},
+		{"iat 20s ahead", hs256(func(c map[string]any) { c["iat"] = now.Add(20 * time.Second).Unix() }), "u1"},
+		{"nbf 20s ahead", hs256(func(c map[string]any) { c["nbf"] = now.Add(20 * time.Second).Unix() }), "u1"},
+		{"no iat, exp 23h ahead", hs256(func(c map[string]any) { delete(c, "iat"); c["exp"] = now.Add(23 * time.Hour).Unix() }), "u1"},
+
+		{"lifetime over 24h", hs256(func(c map[string]any) { c["exp"] = now.Add(24*time.Hour + time.Minute).Unix(); c["iat"] = now.Unix() }), ""},
+		{"lifetime over 24h, issued long ago", hs256(func(c map[string]any) {
+			c["exp"] = now.Add(time.Hour).Unix()
+			c["iat"] = now.Add(-30 * time.Hour).Unix()
+		}), ""},
+		{"no iat, exp 25h ahead", hs256(func(c map[string]any) { delete(c, "iat"); c["exp"] = now.Add(25 * time.Hour).Unix() }), ""},
+		{"exp in 100 years", hs256(func(c map[string]any) { c["exp"] = now.AddDate(100, 0, 0).Unix() }), ""},
+		{"iat 40s ahead", hs256(func(c map[string]any) { c["iat"] = now.Add(40 * time.Second).Unix() }), ""},
+		{"nbf 40s ahead", hs256(func(c map[string]any) { c["nbf"] = now.Add(40 * time.Second).Unix() }), ""},
+		{"expired 10s ago (past exp's 5s leeway)", hs256(func(c map[string]any) { c["exp"] = now.Add(-10 * time.Second).Unix() }), ""},
+		{"exp a string", hs256(func(c map[string]any) { c["exp"] = "soon" }), ""},
+		{"unknown kid", craft(map[string]any{"alg": "HS256", "kid": "nope"}, claims(nil), hmacWith(sha256.New, secret)), ""},
+		{"kid not a string", craft(map[string]any{"alg": "HS256", "kid": 1}, claims(nil), hmacWith(sha256.New, secret)), ""},
+		{"kid empty", craft(map[string]any{"alg": "HS256", "kid": ""}, claims(nil), hmacWith(sha256.New, secret)), ""},
 
 		{"expired", hs256(func(c map[string]any) { c["exp"] = now.Add(-time.Minute).Unix() }), ""},
 		{"expired long ago", hs256(func(c map[string]any) { c["exp"] = 1 }), ""},
@@ -204,10 +223,77 @@ func TestNewVerifier(t *testing.T) {
 		{},
 		{EdDSAPublicKeyFile: filepath.Join(dir, "missing.pem")},
 		{EdDSAPublicKeyFile: garbage},
+		{JWTSecret: secret, EdDSAPublicKeyFile: garbage},
+		{Keys: []config.Key{{Kid: "a", PublicKeyFile: garbage}}},
+		{Keys: []config.Key{{Kid: "a"}}},
+		{Keys: []config.Key{{Kid: "", Secret: secret}}},
+		{Keys: []config.Key{{Kid: "a", Secret: secret}, {Kid: "a", Secret: secret}}},
 	} {
 		if v, err := auth.NewVerifier(cfg); err == nil {
 			t.Errorf("NewVerifier(%+v) = %v, no error", cfg, v)
 		}
+	}
+}
+
+func TestMaxTokenTTL(t *testing.T) {
+	v := verifier(t, config.Auth{JWTSecret: secret, MaxTokenTTL: time.Hour})
+	ok, _ := auth.MintHS256(secret, "u1", auth.MintOptions{TTL: time.Hour})
+	long, _ := auth.MintHS256(secret, "u1", auth.MintOptions{TTL: time.Hour + time.Second})
+	if _, err := v.Verify(ok); err != nil {
+		t.Fatalf("a 1h token under a 1h maximum: %v", err)
+	}
+	if _, err := v.Verify(long); !errors.Is(err, auth.ErrUnauthorized) {
+		t.Fatalf("a token past the maximum lifetime: %v", err)
+	}
+}
+
+// TestKeyRotation: the secret rotates during a sale. Tokens of the old key
+// (no kid, or its kid) keep verifying while new ones carry the new kid; a
+// kid decides the key, and a key verifies only its own algorithm.
+func TestKeyRotation(t *testing.T) {
+	const newSecret = "the-new-secret-of-at-least-32-bytes!"
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	cfg := config.Auth{JWTSecret: secret, SigningKid: "k2", Keys: []config.Key{
+		{Kid: "k2", Secret: newSecret}, {Kid: "ed", PublicKeyFile: writeKey(t, pub)},
+	}}
+	v := verifier(t, cfg)
+	signSecret, kid, err := auth.SigningSecret(cfg)
+	if err != nil || signSecret != newSecret || kid != "k2" {
+		t.Fatalf("SigningSecret = %q %q %v", signSecret, kid, err)
+	}
+	old, _ := auth.MintHS256(secret, "old_buyer", auth.MintOptions{})
+	rotated, _ := auth.MintHS256(signSecret, "new_buyer", auth.MintOptions{Kid: kid})
+	ed, _ := auth.MintEdDSA(priv, "ed_buyer", auth.MintOptions{Kid: "ed"})
+	for tok, sub := range map[string]string{old: "old_buyer", rotated: "new_buyer", ed: "ed_buyer"} {
+		if c, err := v.Verify(tok); err != nil || c.Subject != sub {
+			t.Errorf("%s: %+v %v", sub, c, err)
+		}
+	}
+	for name, tok := range map[string]string{
+		"new secret, no kid":          craft(hdr("HS256"), claims(nil), hmacWith(sha256.New, newSecret)),
+		"old secret, new kid":         craft(map[string]any{"alg": "HS256", "kid": "k2"}, claims(nil), hmacWith(sha256.New, secret)),
+		"EdDSA without kid":           func() string { t, _ := auth.MintEdDSA(priv, "x", auth.MintOptions{}); return t }(),
+		"EdDSA with the HS256 kid":    func() string { t, _ := auth.MintEdDSA(priv, "x", auth.MintOptions{Kid: "k2"}); return t }(),
+		"HS256 keyed with the ed key": craft(map[string]any{"alg": "HS256", "kid": "ed"}, claims(nil), hmacWith(sha256.New, string(pub))),
+	} {
+		if c, err := v.Verify(tok); !errors.Is(err, auth.ErrUnauthorized) {
+			t.Errorf("%s: Verify = %+v, %v; want ErrUnauthorized", name, c, err)
+		}
+	}
+	// The old key retired: its tokens stop verifying, the new ones go on.
+	cfg.JWTSecret = ""
+	v = verifier(t, cfg)
+	if _, err := v.Verify(old); !errors.Is(err, auth.ErrUnauthorized) {
+		t.Errorf("a token of the retired key: %v", err)
+	}
+	if _, err := v.Verify(rotated); err != nil {
+		t.Errorf("a token of the new key after the old one retired: %v", err)
+	}
+	if _, _, err := auth.SigningSecret(config.Auth{SigningKid: "ed", Keys: cfg.Keys}); err == nil {
+		t.Error("SigningSecret of a public key: no error")
+	}
+	if _, _, err := auth.SigningSecret(config.Auth{}); !errors.Is(err, auth.ErrNoSecret) {
+		t.Errorf("SigningSecret of nothing: %v", err)
 	}
 }
 
@@ -273,8 +359,10 @@ func TestVerifyEdDSA(t *testing.T) {
 
 func FuzzVerify(f *testing.F) {
 	v := verifier(f, config.Auth{JWTSecret: secret})
-	minted, _ := auth.MintHS256(secret, "u1", auth.MintOptions{TTL: 100 * 365 * 24 * time.Hour})
-	for _, s := range []string{minted, hs256(nil), craft(hdr("none"), claims(nil), nil), "", "a.b", "a.b.c", "...",
+	minted, _ := auth.MintHS256(secret, "u1", auth.MintOptions{TTL: 23 * time.Hour})
+	long, _ := auth.MintHS256(secret, "u1", auth.MintOptions{TTL: 100 * 365 * 24 * time.Hour})
+	kidded, _ := auth.MintHS256(secret, "u1", auth.MintOptions{Kid: "k2"})
+	for _, s := range []string{minted, long, kidded, hs256(nil), craft(hdr("none"), claims(nil), nil), "", "a.b", "a.b.c", "...",
 		"eyJhbGciOiJIUzI1NiJ9.e30.", "garbage"} {
 		f.Add(s)
 	}
@@ -286,8 +374,12 @@ func FuzzVerify(f *testing.F) {
 			}
 			return
 		}
-		// Whatever is accepted names a valid user and expires.
-		if !flashgate.ValidID(c.Subject) || c.ExpiresAt == nil {
+		// Whatever is accepted names a valid user, expires within the
+		// maximum lifetime and was not issued in the future.
+		now := time.Now()
+		if !flashgate.ValidID(c.Subject) || c.ExpiresAt == nil || c.ExpiresAt.Sub(now) > auth.DefaultMaxTTL ||
+			(c.IssuedAt != nil && (c.IssuedAt.Sub(now) > 31*time.Second || c.ExpiresAt.Sub(c.IssuedAt.Time) > auth.DefaultMaxTTL)) ||
+			(c.NotBefore != nil && c.NotBefore.Sub(now) > 31*time.Second) {
 			t.Fatalf("Verify(%q) accepted %+v", token, c)
 		}
 	})

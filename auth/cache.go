@@ -67,7 +67,7 @@ func (c *Cache) Verify(token []byte, now time.Time) (*Claims, error) {
 	// issued-at and not-before dates) doubled an entry's size.
 	slim := &Claims{Phone: claims.Phone, Device: claims.Device}
 	slim.Subject, slim.ExpiresAt = claims.Subject, claims.ExpiresAt
-	e = &cached{token: string(token), claims: slim, exp: claims.ExpiresAt.Add(leeway).Unix()}
+	e = &cached{token: string(token), claims: slim, exp: claims.ExpiresAt.Add(expLeeway).Unix()}
 	s.mu.Lock()
 	if len(s.m) >= c.max {
 		s.evict(now.Unix())

@@ -36,6 +36,13 @@ func TestCache(t *testing.T) {
 	if _, err := c.Verify([]byte(tok), later); err == nil {
 		t.Fatal("an expired token came out of the cache")
 	}
+	// Within the 30 s the parser allows iat and nbf, but past exp's 5 s: the
+	// cache refuses as the verifier does.
+	justPast := now.Add(time.Minute + 10*time.Second)
+	v.now = func() time.Time { return justPast }
+	if _, err := c.Verify([]byte(tok), justPast); err == nil {
+		t.Fatal("a token 10 s past exp came out of the cache")
+	}
 	v.now = time.Now
 	// A token differing in one byte (bad signature) is refused, never a cache hit.
 	bad := []byte(tok)

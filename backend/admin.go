@@ -2,7 +2,6 @@ package backend
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/audit"
+	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
@@ -47,18 +47,11 @@ func (b *Backend) adminHandler() http.Handler {
 	return mux
 }
 
-// auth lets a request through only with "Authorization: Bearer <admin.token>".
-// An empty configured token refuses everything.
+// auth lets a request through only with "Authorization: Bearer <admin.token>"
+// (the gateway's admin port uses the same guard). An empty configured token
+// refuses everything.
 func (b *Backend) auth(h http.HandlerFunc) http.Handler {
-	token := []byte(b.cfg.Admin.Token)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if len(token) == 0 || !ok || subtle.ConstantTimeCompare([]byte(got), token) != 1 {
-			writeError(w, http.StatusUnauthorized, flashgate.CodeUnauthorized, "admin token missing or wrong")
-			return
-		}
-		h(w, r)
-	})
+	return auth.RequireAdmin(b.cfg.Admin.Token, h)
 }
 
 // saleSpec is the body of POST /admin/v1/sales. per_order_max may be left out:

@@ -262,10 +262,24 @@ func SubscribeEvents(nc *nats.Conn, cfg config.NATS, fn func(SaleEvent)) (*nats.
 		if !hint && strings.Contains(sale, ".") {
 			return
 		}
-		var ev SaleEvent
-		if json.Unmarshal(m.Data, &ev) != nil || !flashgate.ValidID(ev.SaleID) || ev.SaleID != sale || (hint && !IsHint(ev.Type)) {
+		ev, ok := DecodeEvent(m.Data)
+		if !ok || ev.SaleID != sale || (hint && !IsHint(ev.Type)) {
 			return
 		}
 		fn(ev)
 	})
+}
+
+// DecodeEvent reads a sale event off the wire; ok is false for one a
+// subscriber must ignore: not JSON, a bad sale id, or a created event whose
+// sale is missing, is another sale or is not valid (a gateway would serve it
+// as it is). A type the subscriber does not know passes: it ignores it.
+func DecodeEvent(b []byte) (ev SaleEvent, ok bool) {
+	if json.Unmarshal(b, &ev) != nil || !flashgate.ValidID(ev.SaleID) {
+		return SaleEvent{}, false
+	}
+	if ev.Type == EventCreated && (ev.Sale == nil || ev.Sale.ID != ev.SaleID || ev.Sale.Validate() != nil) {
+		return SaleEvent{}, false
+	}
+	return ev, true
 }

@@ -73,14 +73,22 @@ func Command(ctx context.Context, nc *nats.Conn, cfg config.NATS, cmd OrderComma
 	return r, nil
 }
 
+// DecodeCommand reads an order command off the wire; ok is false for a
+// malformed one (answered invalid_request, never handled).
+func DecodeCommand(b []byte) (cmd OrderCommand, ok bool) {
+	if err := json.Unmarshal(b, &cmd); err != nil || cmd.OrderID == 0 || !flashgate.ValidID(cmd.SaleID) ||
+		!flashgate.ValidID(cmd.UserID) || (cmd.Op != CmdPay && cmd.Op != CmdCancel) {
+		return OrderCommand{}, false
+	}
+	return cmd, true
+}
+
 // ServeCommands answers order commands with handle, in the backends' queue
 // group. handle must reply within the gateway's timeout.
 func ServeCommands(nc *nats.Conn, cfg config.NATS, handle func(OrderCommand) OrderReply) (*nats.Subscription, error) {
 	return nc.QueueSubscribe(cfg.CommandSubject, CommandQueue, func(m *nats.Msg) {
-		var cmd OrderCommand
 		var r OrderReply
-		if err := json.Unmarshal(m.Data, &cmd); err != nil || cmd.OrderID == 0 || !flashgate.ValidID(cmd.SaleID) ||
-			!flashgate.ValidID(cmd.UserID) || (cmd.Op != CmdPay && cmd.Op != CmdCancel) {
+		if cmd, ok := DecodeCommand(m.Data); !ok {
 			r = OrderReply{Code: string(flashgate.CodeInvalidRequest), Message: "malformed order command"}
 		} else {
 			r = handle(cmd)

@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "flashgate")
-	if out, err := exec.Command("go", "build", "-o", binary, "../cmd/flashgate").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", "failpoints", "-o", binary, "../cmd/flashgate").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build flashgate: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -136,8 +136,8 @@ func newStack(t *testing.T, gatewayEnv ...[]string) *stack {
 	cfg.Redis.Addrs = []string{st.redis.Addr}
 	cfg.NATS.URL = st.nats.URL()
 	cfg.MySQL.DSN = st.maria.DSN()
-	cfg.Auth.JWTSecret = testenv.ID("chaos-secret-")
-	cfg.Admin.Token = testenv.ID("chaos-admin-")
+	cfg.Auth.JWTSecret = testenv.Secret("chaos-secret-")
+	cfg.Admin.Token = testenv.Secret("chaos-admin-")
 	st.cfg = cfg
 	st.backend = st.newProc("backend", []string{"backend", "--config", ""}, nil)
 	st.backend.start()

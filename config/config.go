@@ -6,12 +6,14 @@ package config
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +33,10 @@ type Config struct {
 	Orders    Orders    `yaml:"orders"`
 	RateLimit RateLimit `yaml:"ratelimit"`
 	Sales     Sales     `yaml:"sales"`
+
+	// Dev accepts weak and published secrets (FLASHGATE_DEV=1): for the local
+	// stack and tests only. The processes log a warning when it is on.
+	Dev bool `yaml:"dev"`
 
 	// Source is the file the configuration was loaded from ("" for none); the
 	// gateway watches it to reload the rate limits.
@@ -112,11 +118,29 @@ type Backend struct {
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 }
 
-// Auth verifies buyers' JWTs. Exactly one of JWTSecret (HS256) and
-// EdDSAPublicKeyFile (EdDSA) pins the algorithm.
+// Auth verifies buyers' JWTs. At most one of JWTSecret (HS256) and
+// EdDSAPublicKeyFile (EdDSA) is the default key, which verifies tokens with no
+// kid header; Keys verify tokens by their kid, so a new key can sign while
+// tokens of the old one still verify.
 type Auth struct {
 	JWTSecret          string `yaml:"jwt_secret" env:"JWT_SECRET"`
 	EdDSAPublicKeyFile string `yaml:"eddsa_public_key_file"`
+	// Keys are the verification keys chosen by a token's kid header.
+	Keys []Key `yaml:"keys"`
+	// SigningKid is the key `flashgate token` signs with: a kid of Keys with
+	// a secret, or "" for jwt_secret (no kid header).
+	SigningKid string `yaml:"signing_kid"`
+	// MaxTokenTTL bounds a token's lifetime: exp - iat, or exp - now for a
+	// token without iat.
+	MaxTokenTTL time.Duration `yaml:"max_token_ttl"`
+}
+
+// Key is one verification key: an HS256 Secret or an Ed25519 PublicKeyFile
+// (PEM), exactly one of them.
+type Key struct {
+	Kid           string `yaml:"kid" json:"kid"`
+	Secret        string `yaml:"secret,omitempty" json:"secret,omitempty"`
+	PublicKeyFile string `yaml:"public_key_file,omitempty" json:"public_key_file,omitempty"`
 }
 
 // Admin guards the backend's admin API.
@@ -215,6 +239,7 @@ func Default() Config {
 			OrderSubject: "flashgate.orders", EventSubject: "flashgate.events.sale", CommandSubject: "flashgate.cmd.orders",
 			Consumer: "flashgate-backend", Replicas: 1, DedupWindow: 2 * time.Minute,
 		},
+		Auth:   Auth{Keys: []Key{}, MaxTokenTTL: 24 * time.Hour},
 		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},
 		Orders: Orders{PaymentTimeout: 15 * time.Minute},
 		Sales:  Sales{Retention: 7 * 24 * time.Hour, LiveGrace: 24 * time.Hour},
@@ -297,9 +322,7 @@ func (c *Config) Validate() error {
 	if c.Orders.PaymentTimeout <= 0 {
 		errs = append(errs, errors.New("orders.payment_timeout must be positive"))
 	}
-	if c.Auth.JWTSecret != "" && c.Auth.EdDSAPublicKeyFile != "" {
-		errs = append(errs, errors.New("auth: set jwt_secret or eddsa_public_key_file, not both"))
-	}
+	errs = append(errs, c.checkAuth()...)
 	for _, p := range c.Gateway.TrustedProxies {
 		if _, err := netip.ParsePrefix(p); err != nil {
 			errs = append(errs, fmt.Errorf("gateway.trusted_proxies: %w", err))
@@ -335,6 +358,73 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("sales.live_grace must be between orders.payment_timeout and sales.retention"))
 	}
 	return errors.Join(append(errs, c.RateLimit.Validate())...)
+}
+
+// Secret strengths. An HS256 secret shorter than 32 bytes can be brute-forced
+// offline from one token; the admin token is typed by people, 24 bytes of it
+// is still far past guessing.
+const (
+	MinJWTSecretBytes  = 32
+	MinAdminTokenBytes = 24
+)
+
+// published are secret values written in this repository (the local stack's):
+// anyone can read them, so outside dev mode they are no secret.
+var published = map[string]bool{
+	"flashgate-local-dev-jwt-secret":  true,
+	"flashgate-local-dev-admin-token": true,
+}
+
+// checkAuth checks the keys and secrets; weak or published ones pass only in
+// dev mode.
+func (c *Config) checkAuth() []error {
+	var errs []error
+	a := &c.Auth
+	if a.JWTSecret != "" && a.EdDSAPublicKeyFile != "" {
+		errs = append(errs, errors.New("auth: set jwt_secret or eddsa_public_key_file, not both"))
+	}
+	if a.MaxTokenTTL <= 0 {
+		errs = append(errs, errors.New("auth.max_token_ttl must be positive"))
+	}
+	weak := func(what, v string, min int) {
+		switch {
+		case c.Dev:
+		case published[v]:
+			errs = append(errs, fmt.Errorf("%s is a value published in the flashgate repository: set a secret of your own (or FLASHGATE_DEV=1 for a local stack)", what))
+		case len(v) < min:
+			errs = append(errs, fmt.Errorf("%s is %d bytes, at least %d are needed (or FLASHGATE_DEV=1 for a local stack)", what, len(v), min))
+		}
+	}
+	if a.JWTSecret != "" {
+		weak("auth.jwt_secret (FLASHGATE_JWT_SECRET)", a.JWTSecret, MinJWTSecretBytes)
+	}
+	// An empty admin token closes the admin API (every request refused).
+	if c.Admin.Token != "" {
+		weak("admin.token (FLASHGATE_ADMIN_TOKEN)", c.Admin.Token, MinAdminTokenBytes)
+	}
+	kids := map[string]bool{}
+	for i, k := range a.Keys {
+		switch {
+		case k.Kid == "":
+			errs = append(errs, fmt.Errorf("auth.keys[%d]: kid is empty", i))
+		case kids[k.Kid]:
+			errs = append(errs, fmt.Errorf("auth.keys: kid %q twice", k.Kid))
+		}
+		kids[k.Kid] = true
+		if (k.Secret == "") == (k.PublicKeyFile == "") {
+			errs = append(errs, fmt.Errorf("auth.keys[%d] (kid %q): set secret or public_key_file, exactly one", i, k.Kid))
+		}
+		if k.Secret != "" {
+			weak(fmt.Sprintf("auth.keys[%d] (kid %q) secret", i, k.Kid), k.Secret, MinJWTSecretBytes)
+		}
+	}
+	if a.SigningKid != "" {
+		i := slices.IndexFunc(a.Keys, func(k Key) bool { return k.Kid == a.SigningKid })
+		if i < 0 || a.Keys[i].Secret == "" {
+			errs = append(errs, fmt.Errorf("auth.signing_kid %q names no key of auth.keys with a secret", a.SigningKid))
+		}
+	}
+	return errs
 }
 
 // Validate checks the rate-limit block alone: a reload that fails it keeps
@@ -439,6 +529,16 @@ func setValue(v reflect.Value, s string) error {
 		return nil
 	}
 	switch v.Kind() {
+	case reflect.Slice:
+		// A list of blocks (auth.keys) in YAML flow form:
+		// FLASHGATE_AUTH_KEYS='[{kid: k2, secret: ...}]'. Strict like the file.
+		dec := yaml.NewDecoder(strings.NewReader(s))
+		dec.KnownFields(true)
+		n := reflect.New(v.Type())
+		if err := dec.Decode(n.Interface()); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		v.Set(n.Elem())
 	case reflect.String:
 		v.SetString(s)
 	case reflect.Float64:
@@ -499,6 +599,9 @@ func environ(v reflect.Value, prefix string, out *[]string) {
 			s = strings.Join(x, ",")
 		case float64:
 			s = strconv.FormatFloat(x, 'g', -1, 64)
+		case []Key:
+			b, _ := json.Marshal(x) // JSON is YAML flow form
+			s = string(b)
 		default:
 			s = fmt.Sprint(x)
 		}

@@ -180,19 +180,20 @@ func TestLoad(t *testing.T) {
 	}
 	write("gateway:\n  listen: :9000\n  read_timeout: 7s\nredis:\n  addrs: [file:1]\n")
 	t.Setenv("FLASHGATE_GATEWAY_READ_TIMEOUT", "3s")
-	t.Setenv("FLASHGATE_JWT_SECRET", "from-env")
+	const envSecret = "from-env-0123456789abcdef0123456789"
+	t.Setenv("FLASHGATE_JWT_SECRET", envSecret)
 	c, err := Load(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Defaults, then the file, then the environment.
 	if c.Gateway.Listen != ":9000" || c.Gateway.ReadTimeout != 3*time.Second ||
-		!slices.Equal(c.Redis.Addrs, []string{"file:1"}) || c.Auth.JWTSecret != "from-env" ||
+		!slices.Equal(c.Redis.Addrs, []string{"file:1"}) || c.Auth.JWTSecret != envSecret ||
 		c.Gateway.WriteTimeout != 5*time.Second {
 		t.Fatalf("Load = %+v", c)
 	}
 
-	if c, err := Load(""); err != nil || c.Auth.JWTSecret != "from-env" {
+	if c, err := Load(""); err != nil || c.Auth.JWTSecret != envSecret {
 		t.Fatalf(`Load("") = %v; secret %q`, err, c.Auth.JWTSecret)
 	}
 	if _, err := Load(filepath.Join(dir, "missing.yaml")); err == nil {
@@ -229,6 +230,25 @@ func TestValidate(t *testing.T) {
 		{"nats password alone", func(c *Config) { c.NATS.Password = "p" }, "nats.password"},
 		{"redis user without password", func(c *Config) { c.Redis.Username = "u" }, "redis.username"},
 		{"several at once", func(c *Config) { c.Redis.Addrs, c.Backend.BatchSize = nil, 0 }, "batch_size"},
+		{"jwt secret 31 bytes", func(c *Config) { c.Auth.JWTSecret = strings.Repeat("j", 31) }, "at least 32"},
+		{"jwt secret published", func(c *Config) { c.Auth.JWTSecret = "flashgate-local-dev-jwt-secret" }, "published"},
+		{"admin token 23 bytes", func(c *Config) { c.Admin.Token = strings.Repeat("a", 23) }, "at least 24"},
+		{"admin token published", func(c *Config) { c.Admin.Token = "flashgate-local-dev-admin-token" }, "published"},
+		{"admin token is the published jwt secret", func(c *Config) { c.Admin.Token = "flashgate-local-dev-jwt-secret" }, "published"},
+		{"key secret short", func(c *Config) { c.Auth.Keys = []Key{{Kid: "k2", Secret: "short"}} }, "k2"},
+		{"key without kid", func(c *Config) { c.Auth.Keys = []Key{{Secret: strings.Repeat("k", 32)}} }, "kid is empty"},
+		{"key twice", func(c *Config) {
+			c.Auth.Keys = []Key{{Kid: "a", Secret: strings.Repeat("k", 32)}, {Kid: "a", Secret: strings.Repeat("l", 32)}}
+		}, "twice"},
+		{"key with secret and file", func(c *Config) {
+			c.Auth.Keys = []Key{{Kid: "a", Secret: strings.Repeat("k", 32), PublicKeyFile: "/k.pem"}}
+		}, "exactly one"},
+		{"key with neither", func(c *Config) { c.Auth.Keys = []Key{{Kid: "a"}} }, "exactly one"},
+		{"signing kid unknown", func(c *Config) { c.Auth.SigningKid = "nope" }, "signing_kid"},
+		{"signing kid is a public key", func(c *Config) {
+			c.Auth.Keys, c.Auth.SigningKid = []Key{{Kid: "ed", PublicKeyFile: "/k.pem"}}, "ed"
+		}, "signing_kid"},
+		{"max token ttl 0", func(c *Config) { c.Auth.MaxTokenTTL = 0 }, "max_token_ttl"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Default()
@@ -241,9 +261,53 @@ func TestValidate(t *testing.T) {
 	// The edges that are allowed.
 	c := Default()
 	c.Gateway.MaxBodyBytes, c.Backend.BatchSize, c.NATS.DedupWindow = 64, 5000, 2*time.Minute
-	c.Auth.JWTSecret = "s"
+	c.Auth.JWTSecret = strings.Repeat("s", 32)
+	c.Admin.Token = strings.Repeat("t", 24)
+	c.Auth.Keys = []Key{{Kid: "k2", Secret: strings.Repeat("k", 32)}, {Kid: "ed", PublicKeyFile: "/k.pem"}}
+	c.Auth.SigningKid = "k2"
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	// Dev mode lets the local stack's published and short values through.
+	c.Auth.JWTSecret, c.Admin.Token = "flashgate-local-dev-jwt-secret", "flashgate-local-dev-admin-token"
+	c.Auth.Keys = []Key{{Kid: "k2", Secret: "s"}}
+	c.Dev = true
+	if err := c.Validate(); err != nil {
+		t.Fatalf("dev mode: %v", err)
+	}
+	// An empty admin token is allowed: it closes the admin API.
+	c = Default()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+}
+
+// TestLoadRefusesWeakSecrets: what the gateway and backend processes load
+// (Load validates) refuses the Makefile's values unless FLASHGATE_DEV=1.
+func TestLoadRefusesWeakSecrets(t *testing.T) {
+	t.Setenv("FLASHGATE_DEV", "0") // make test runs in dev mode
+	t.Setenv("FLASHGATE_JWT_SECRET", "flashgate-local-dev-jwt-secret")
+	t.Setenv("FLASHGATE_ADMIN_TOKEN", "flashgate-local-dev-admin-token")
+	_, err := Load("")
+	if err == nil || !strings.Contains(err.Error(), "auth.jwt_secret") || !strings.Contains(err.Error(), "admin.token") {
+		t.Fatalf("Load with the published secrets = %v, want both refused", err)
+	}
+	t.Setenv("FLASHGATE_DEV", "1")
+	c, err := Load("")
+	if err != nil || !c.Dev {
+		t.Fatalf("Load in dev mode = %v (dev %v)", err, c.Dev)
+	}
+	t.Setenv("FLASHGATE_DEV", "0")
+	t.Setenv("FLASHGATE_AUTH_KEYS", `[{kid: k2, secret: `+strings.Repeat("x", 32)+`}]`)
+	t.Setenv("FLASHGATE_JWT_SECRET", strings.Repeat("y", 32))
+	t.Setenv("FLASHGATE_ADMIN_TOKEN", strings.Repeat("z", 24))
+	c, err = Load("")
+	if err != nil || len(c.Auth.Keys) != 1 || c.Auth.Keys[0] != (Key{Kid: "k2", Secret: strings.Repeat("x", 32)}) {
+		t.Fatalf("auth.keys from the environment: %+v %v", c.Auth.Keys, err)
+	}
+	t.Setenv("FLASHGATE_AUTH_KEYS", `[{kid: k2, secret: short, extra: 1}]`)
+	if _, err := Load(""); err == nil || !strings.Contains(err.Error(), "FLASHGATE_AUTH_KEYS") {
+		t.Fatalf("a bad FLASHGATE_AUTH_KEYS = %v", err)
 	}
 }
 
@@ -396,6 +460,10 @@ func TestEnvironRoundTrip(t *testing.T) {
 	want.Redis.Username, want.Redis.Password = "flashgate_gateway", "r-pass"
 	want.NATS.User, want.NATS.Password = "gateway", "n-pass"
 	want.MySQL.DSN = "flashgate_app:m-pass@tcp(127.0.0.1:13306)/flashgate"
+	want.Auth.Keys = []Key{{Kid: "k2", Secret: "s2: with, [yaml] chars"}, {Kid: "ed", PublicKeyFile: "/a b.pem"}}
+	want.Auth.SigningKid = "k2"
+	want.Auth.MaxTokenTTL = time.Hour
+	want.Dev = true
 	env := map[string]string{}
 	for _, kv := range Environ(want) {
 		k, v, _ := strings.Cut(kv, "=")

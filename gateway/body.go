@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"errors"
+	"unicode/utf8"
 )
 
 // purchaseBody is the request body of POST /v1/sales/{sale}/orders:
@@ -20,8 +21,8 @@ var (
 	errBodyField    = errors.New("unknown field: only \"quantity\", \"region\" and \"address\" are allowed")
 	errBodyDup      = errors.New("duplicate field")
 	errBodyQuantity = errors.New("quantity must be a whole number")
-	errBodyRegion   = errors.New("region must be a string")
-	errBodyAddress  = errors.New("address must be a string")
+	errBodyRegion   = errors.New("region must be a string of UTF-8 text without escapes")
+	errBodyAddress  = errors.New("address must be a string of UTF-8 text")
 	errBodyTooBig   = errors.New("quantity is out of range")
 )
 
@@ -120,6 +121,8 @@ func skipWS(b []byte, i int) int {
 
 // str reads a JSON string with no escapes and no control characters (no valid
 // key or region needs them; anything else is refused rather than decoded).
+// Bytes that are not UTF-8 are refused too: encoding/json would turn them into
+// U+FFFD, so what was checked here would not be what is stored and shown.
 func str(b []byte, i int) ([]byte, int, bool) {
 	if i >= len(b) || b[i] != '"' {
 		return nil, i, false
@@ -127,6 +130,9 @@ func str(b []byte, i int) ([]byte, int, bool) {
 	for j := i + 1; j < len(b); j++ {
 		switch c := b[j]; {
 		case c == '"':
+			if !utf8.Valid(b[i+1 : j]) {
+				return nil, j, false
+			}
 			return b[i+1 : j], j + 1, true
 		case c == '\\' || c < 0x20:
 			return nil, j, false
@@ -135,8 +141,9 @@ func str(b []byte, i int) ([]byte, int, bool) {
 	return nil, len(b), false
 }
 
-// jsonString reads any valid JSON string: without escapes it aliases b, with
-// them it is decoded (a copy).
+// jsonString reads any valid JSON string of UTF-8 text: without escapes it
+// aliases b, with them it is decoded (a copy). Escapes are ASCII, so checking
+// the raw bytes checks the text; a lone surrogate escape decodes to U+FFFD.
 func jsonString(b []byte, i int) ([]byte, int, bool) {
 	if i >= len(b) || b[i] != '"' {
 		return nil, i, false
@@ -145,6 +152,9 @@ func jsonString(b []byte, i int) ([]byte, int, bool) {
 	for j := i + 1; j < len(b); j++ {
 		switch c := b[j]; {
 		case c == '"':
+			if !utf8.Valid(b[i+1 : j]) {
+				return nil, j, false
+			}
 			if !escaped {
 				return b[i+1 : j], j + 1, true
 			}
@@ -189,4 +199,25 @@ func integer(b []byte, i int) (int64, int, error) {
 		n = -n
 	}
 	return n, j, nil
+}
+
+// parseOrderID reads an order id from a URL path: the decimal form the API
+// writes, exactly (no sign, no leading zero, no zero, nothing past uint64), so
+// each order has one URL.
+func parseOrderID(b []byte) (uint64, bool) {
+	if len(b) == 0 || len(b) > 20 || b[0] == '0' {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if n > (^uint64(0)-d)/10 {
+			return 0, false
+		}
+		n = n*10 + d
+	}
+	return n, true
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParsePurchase(t *testing.T) {
@@ -35,6 +36,12 @@ func TestParsePurchase(t *testing.T) {
 		{`{"quantity":1234567890123456789}`, 0, "", false},
 		{`[]`, 0, "", false},
 		{`null`, 0, "", false},
+		{"{\"region\":\"\x80\"}", 0, "", false},
+		{"{\"region\":\"b\xc3\"}", 0, "", false},
+		{"{\"address\":\"\xff street\"}", 0, "", false},
+		{"{\"address\":\"\\n\xed\xa0\x80\"}", 0, "", false},  // escaped, and a UTF-16 surrogate encoded in UTF-8
+		{"{\"region\":\"\xe5\x8c\x97\"}", 1, "\u5317", true}, // valid UTF-8 passes (and is then an unknown region)
+		{"{\"address\":\"\xe5\x8c\x97\\n\"}", 1, "", true},
 	}
 	for _, c := range cases {
 		p, err := parsePurchase([]byte(c.in))
@@ -51,7 +58,8 @@ func TestParsePurchase(t *testing.T) {
 // FuzzParsePurchase: never panics, and whatever it accepts encoding/json reads
 // the same way (it may refuse more: escapes, fractions, huge numbers).
 func FuzzParsePurchase(f *testing.F) {
-	for _, s := range []string{"", "{}", `{"quantity":2,"region":"bj"}`, `{"quantity":-0}`, `{"region":"\u0041"}`, `{"quantity":1e3}`} {
+	for _, s := range []string{"", "{}", `{"quantity":2,"region":"bj"}`, `{"quantity":-0}`, `{"region":"\u0041"}`, `{"quantity":1e3}`,
+		`{"address":"a\"b\u00e9"}`, "{\"region\":\"\x80\"}"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -62,6 +70,7 @@ func FuzzParsePurchase(f *testing.F) {
 		var ref struct {
 			Quantity *int64  `json:"quantity"`
 			Region   *string `json:"region"`
+			Address  *string `json:"address"`
 		}
 		dec := json.NewDecoder(bytes.NewReader(b))
 		dec.DisallowUnknownFields()
@@ -72,8 +81,12 @@ func FuzzParsePurchase(f *testing.F) {
 		if ref.Quantity != nil {
 			want = *ref.Quantity
 		}
-		if p.Quantity != want || (ref.Region != nil && *ref.Region != string(p.Region)) {
-			t.Fatalf("%q: parsed %d %q, encoding/json %d %v", b, p.Quantity, p.Region, want, ref.Region)
+		if p.Quantity != want || (ref.Region != nil && *ref.Region != string(p.Region)) ||
+			(ref.Address != nil && *ref.Address != string(p.Address)) {
+			t.Fatalf("%q: parsed %d %q %q, encoding/json %d %v %v", b, p.Quantity, p.Region, p.Address, want, ref.Region, ref.Address)
+		}
+		if !utf8.Valid(p.Region) || !utf8.Valid(p.Address) {
+			t.Fatalf("%q: accepted a string that is not UTF-8: %q %q", b, p.Region, p.Address)
 		}
 	})
 }

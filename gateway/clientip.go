@@ -80,3 +80,14 @@ func peerAddr(a net.Addr) netip.Addr {
 
 // unsafeString views b as a string for a parse that does not keep it.
 func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// ipKey is the per-IP limiter's key of a: an IPv4 client by its address, an
+// IPv6 client by its /64. One IPv6 subscriber is given a whole /64 (often more),
+// so keying by the full address would give one buyer 2^64 buckets.
+func ipKey(a netip.Addr) [16]byte {
+	k := a.Unmap().As16()
+	if a.Is6() && !a.Is4In6() {
+		clear(k[8:])
+	}
+	return k
+}

@@ -186,7 +186,9 @@ func writeConfig(t *testing.T, path string, perIP string) {
 
 func (e *env) limitsView() map[string]any {
 	e.t.Helper()
-	res, err := http.Get("http://" + e.g.AdminAddr() + "/admin/v1/limits")
+	req, _ := http.NewRequest("GET", "http://"+e.g.AdminAddr()+"/admin/v1/limits", nil)
+	req.Header.Set("Authorization", "Bearer "+e.cfg.Admin.Token)
+	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -466,8 +468,8 @@ func TestMetricsCountRequestsByRouteAndCode(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	if res, err := http.Get("http://" + e.g.AdminAddr() + "/debug/pprof/cmdline"); err != nil || res.StatusCode != 200 {
-		t.Fatalf("pprof: %v %v", res, err)
+	if st, _ := e.admin("/debug/pprof/cmdline", e.cfg.Admin.Token); st != 200 {
+		t.Fatalf("pprof with the admin token: %d", st)
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,9 +55,9 @@ type Gateway struct {
 	edge    *edgeListener
 	adminLn net.Listener
 
-	// crashAfter is a failpoint for fault tests: set from the environment
-	// (FLASHGATE_FAILPOINT_CRASH_AFTER_ADMITS=N), the process dies between the
-	// N-th admission and its publish, as a kill -9 there would.
+	// crashAfter is a failpoint for fault tests, armed only in a binary built
+	// with -tags failpoints (failpoints.go): the process dies between the N-th
+	// admission and its publish, as a kill -9 there would.
 	crashAfter atomic.Int64
 
 	stop     context.CancelFunc
@@ -86,10 +85,7 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 		return nil, fmt.Errorf("gateway: trusted_proxies: %w", err)
 	}
 	g.limits = ratelimit.New(cfg.RateLimit, cfg.Gateway.LimiterMaxKeys, cfg.Source)
-	if n, err := strconv.ParseInt(os.Getenv("FLASHGATE_FAILPOINT_CRASH_AFTER_ADMITS"), 10, 64); err == nil && n > 0 {
-		slog.Warn("failpoint armed: the process exits between an admission and its publish", "after", n)
-		g.crashAfter.Store(n)
-	}
+	g.armFailpoints()
 	g.breakers = newBreakers(cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpen, g.metrics)
 	g.rc, err = rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:  cfg.Redis.Addrs,
@@ -398,10 +394,15 @@ func (g *Gateway) adminMux() *http.ServeMux {
 		}
 		w.Write([]byte("ready\n"))
 	})
-	mux.HandleFunc("GET /admin/v1/limits", g.serveLimits)
+	// The probes and /metrics stay open (orchestrators and Prometheus scrape
+	// them; they reveal counts, not orders). The admin API and pprof need the
+	// admin token: profiles expose internals (heap contents, stacks, the
+	// command line) and a CPU profile or trace costs the process while it
+	// runs, even on a loopback port anything on the host can reach.
 	mux.Handle("GET /metrics", g.metrics.Handler())
-	// The admin port binds loopback (or a private network): pprof is for operators.
-	mux.Handle("/debug/pprof/", metrics.PprofHandler())
+	mux.Handle("GET /admin/v1/limits", auth.RequireAdmin(g.cfg.Admin.Token, http.HandlerFunc(g.serveLimits)))
+	mux.Handle("/admin/", auth.RequireAdmin(g.cfg.Admin.Token, http.NotFoundHandler()))
+	mux.Handle("/debug/pprof/", auth.RequireAdmin(g.cfg.Admin.Token, metrics.PprofHandler()))
 	return mux
 }
 

@@ -166,6 +166,10 @@ func TestPurchaseRefusalsReserveNothing(t *testing.T) {
 	wrongKey := rawToken(map[string]any{"alg": "HS256"}, map[string]any{"sub": "alice", "exp": exp}, "not-the-secret")
 	badSub := rawToken(map[string]any{"alg": "HS256"}, map[string]any{"sub": "a b", "exp": exp}, e.cfg.Auth.JWTSecret)
 	noExp := rawToken(map[string]any{"alg": "HS256"}, map[string]any{"sub": "alice"}, e.cfg.Auth.JWTSecret)
+	nowS := time.Now().Unix()
+	tooLong := rawToken(map[string]any{"alg": "HS256"}, map[string]any{"sub": "alice", "iat": nowS, "exp": nowS + 48*3600}, e.cfg.Auth.JWTSecret)
+	fromFuture := rawToken(map[string]any{"alg": "HS256"}, map[string]any{"sub": "alice", "iat": nowS + 120, "exp": exp}, e.cfg.Auth.JWTSecret)
+	unknownKid, _ := auth.MintHS256(e.cfg.Auth.JWTSecret, "alice", auth.MintOptions{Kid: "nope"})
 
 	cases := []struct {
 		name   string
@@ -192,6 +196,9 @@ func TestPurchaseRefusalsReserveNothing(t *testing.T) {
 		{"region on a sale without regions", s, "", good, `{"region":"bj"}`, nil, 400, flashgate.CodeInvalidRequest},
 		{"unknown region", regional, "", good, `{"region":"gz"}`, nil, 400, flashgate.CodeInvalidRequest},
 		{"missing region", regional, "", good, `{}`, nil, 400, flashgate.CodeInvalidRequest},
+		{"region not UTF-8", regional, "", good, "{\"region\":\"\x80\"}", nil, 400, flashgate.CodeInvalidRequest},
+		{"address not UTF-8", s, "", good, "{\"address\":\"\xff 1 Main St\"}", nil, 400, flashgate.CodeInvalidRequest},
+		{"escaped address not UTF-8", s, "", good, "{\"address\":\"\\t\xc3\"}", nil, 400, flashgate.CodeInvalidRequest},
 		{"huge body", s, "", good, `{"quantity":1,"region":"` + strings.Repeat("x", 1<<20) + `"}`, nil, 413, flashgate.CodeBodyTooLarge},
 		{"no token", s, "", "", `{}`, nil, 401, flashgate.CodeUnauthorized},
 		{"malformed token", s, "", "abc.def", `{}`, nil, 401, flashgate.CodeUnauthorized},
@@ -201,9 +208,14 @@ func TestPurchaseRefusalsReserveNothing(t *testing.T) {
 		{"alg HS512", s, "", hs512, `{}`, nil, 401, flashgate.CodeUnauthorized},
 		{"bad sub", s, "", badSub, `{}`, nil, 401, flashgate.CodeUnauthorized},
 		{"no exp", s, "", noExp, `{}`, nil, 401, flashgate.CodeUnauthorized},
+		{"lifetime over 24h", s, "", tooLong, `{}`, nil, 401, flashgate.CodeUnauthorized},
+		{"issued 2 min ahead", s, "", fromFuture, `{}`, nil, 401, flashgate.CodeUnauthorized},
+		{"unknown kid", s, "", unknownKid, `{}`, nil, 401, flashgate.CodeUnauthorized},
 		{"unknown sale", s, "/v1/sales/nosuchsale/orders", good, `{}`, nil, 404, flashgate.CodeSaleNotFound},
 		{"idempotency key too long", s, "", good, `{}`, map[string]string{"Idempotency-Key": strings.Repeat("k", 65)}, 400, flashgate.CodeInvalidRequest},
 		{"idempotency key bad chars", s, "", good, `{}`, map[string]string{"Idempotency-Key": "a/b"}, 400, flashgate.CodeInvalidRequest},
+		{"idempotency key not ASCII", s, "", good, `{}`, map[string]string{"Idempotency-Key": "k\xc3\xa9"}, 400, flashgate.CodeInvalidRequest},
+		{"idempotency key not UTF-8", s, "", good, `{}`, map[string]string{"Idempotency-Key": "k\xff"}, 400, flashgate.CodeInvalidRequest},
 		{"idempotency key empty", s, "", good, `{}`, map[string]string{"Idempotency-Key": ""}, 400, flashgate.CodeInvalidRequest},
 	}
 	for _, c := range cases {

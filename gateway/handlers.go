@@ -135,8 +135,8 @@ func (g *Gateway) limited(ctx *fasthttp.RequestCtx, l metrics.Limit, msg string,
 
 // allowIP applies the per-IP limit to the client's address.
 func (g *Gateway) allowIP(ctx *fasthttp.RequestCtx, now time.Time) bool {
-	a16 := g.proxies.clientIP(ctx).As16()
-	if ok, wait := g.limits.IP.Allow(ratelimit.KeyBytes(a16[:]), now.UnixNano()); !ok {
+	k := ipKey(g.proxies.clientIP(ctx))
+	if ok, wait := g.limits.IP.Allow(ratelimit.KeyBytes(k[:]), now.UnixNano()); !ok {
 		g.limited(ctx, metrics.LimitIP, "too many requests from your address", wait)
 		return false
 	}
@@ -357,7 +357,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 	}
 	switch adm.Outcome {
 	case lua.Admitted:
-		if g.crashAfter.Load() > 0 && g.crashAfter.Add(-1) == 0 {
+		if failpointsBuilt && g.crashAfter.Load() > 0 && g.crashAfter.Add(-1) == 0 {
 			slog.Error("failpoint: exiting between admission and publish", "sale", s.spec.ID, "order", id)
 			os.Exit(3)
 		}
@@ -558,8 +558,8 @@ func (g *Gateway) orderRequest(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) 
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeSaleNotFound, "no such sale")
 		return nil, 0, now, false
 	}
-	id, err := strconv.ParseUint(string(rawID), 10, 64)
-	if err != nil {
+	id, ok := parseOrderID(rawID)
+	if !ok {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return nil, 0, now, false
 	}

@@ -51,6 +51,8 @@ RUN="$ROOT/var/run"
 NGINX_PREFIX="$OUT/nginx"
 NGINX_PID="$RUN/bench-nginx.pid"
 # The secrets are the stack's (var/secrets.env, read after infra-up below), or the environment's.
+# Dev mode, as the Makefile sets it for the local stack (docs/security.md).
+export FLASHGATE_DEV="${FLASHGATE_DEV:-1}"
 
 say() { printf 'bench-edge: %s\n' "$*"; }
 die() {

@@ -44,6 +44,8 @@ OUT="$ROOT/var/bench"
 LOG="$ROOT/var/log"
 # The same local-only secret as the Makefile (and so as a stack `make up` started).
 export FLASHGATE_JWT_SECRET="${FLASHGATE_JWT_SECRET:-flashgate-local-dev-jwt-secret}"
+# The local values above are published: only dev mode accepts them.
+export FLASHGATE_DEV="${FLASHGATE_DEV:-1}"
 
 say() { printf 'bench-seedsync: %s\n' "$*" >&2; }
 die() {

@@ -77,6 +77,8 @@ NGINX_PREFIX="$OUT/nginx"
 NGINX_PID="$RUN/bench-nginx.pid"
 GW_PIDFILE="$RUN/bench-gateway.pid"
 # The secrets are the stack's (var/secrets.env, read after infra-up below), or the environment's.
+# Dev mode, as the Makefile sets it for the local stack (docs/security.md).
+export FLASHGATE_DEV="${FLASHGATE_DEV:-1}"
 
 T0="$(date +%s)"
 say() { printf 'bench: [%4ss] %s\n' "$(($(date +%s) - T0))" "$*" >&2; }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/audit"
+	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/loadgen"
 )
@@ -150,8 +151,9 @@ func newSale(id, title string, total, perUser, perOrder, price int64, now time.T
 }
 
 func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error {
-	if cfg.Auth.JWTSecret == "" {
-		return errNoSecret
+	secret, kid, err := auth.SigningSecret(cfg.Auth)
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
 	if o.create != nil {
@@ -162,7 +164,7 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 		awaitActive(ctx, o.target, o.sale, 15*time.Second, stderr)
 	}
 	// Tokens are minted before the clock starts; they outlive the run.
-	tokens, err := mintTokens(cfg.Auth.JWTSecret, o.users, max(time.Hour, o.duration+10*time.Minute))
+	tokens, err := mintTokens(secret, kid, o.users, max(time.Hour, o.duration+10*time.Minute))
 	if err != nil {
 		return err
 	}

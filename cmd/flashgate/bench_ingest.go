@@ -252,7 +252,9 @@ func runIngest(ctx context.Context, base config.Config, o ingestOptions, stdout,
 }
 
 func newIngestRun(base config.Config, o ingestOptions, stderr io.Writer) (*ingestRun, error) {
-	var b [8]byte
+	// 2 bytes name the run, 24 make its private admin token (the backend
+	// refuses a shorter one outside dev mode).
+	var b [26]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
 	}

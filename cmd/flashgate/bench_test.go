@@ -30,7 +30,7 @@ func TestBenchJSON(t *testing.T) {
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Shutdown()
 
-	t.Setenv("FLASHGATE_JWT_SECRET", "s3cret")
+	t.Setenv("FLASHGATE_JWT_SECRET", "s3cret-of-32-bytes-or-more-0123456")
 	path := filepath.Join(t.TempDir(), "bench.json")
 	var out, errOut bytes.Buffer
 	err = run([]string{"bench", "--config", "", "--target", "http://" + ln.Addr().String(), "--sale", "s1",

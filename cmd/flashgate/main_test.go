@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"strings"
 	"testing"
@@ -148,7 +149,8 @@ func TestCommandLine(t *testing.T) {
 	if err := run([]string{"token", "--config", "", "--user", "42"}, &out, &errOut); !errors.Is(err, errNoSecret) {
 		t.Fatalf("token without a secret: %v", err)
 	}
-	t.Setenv("FLASHGATE_JWT_SECRET", "s3cret")
+	t.Setenv("FLASHGATE_DEV", "0")
+	t.Setenv("FLASHGATE_JWT_SECRET", "s3cret-of-32-bytes-or-more-0123456")
 	out.Reset()
 	// Positional arguments and flags mix in any order.
 	c := newCommand("x", "", &errOut)
@@ -161,10 +163,31 @@ func TestCommandLine(t *testing.T) {
 		strings.Count(strings.TrimSpace(out.String()), ".") != 2 {
 		t.Fatalf("token: %v %q", err, out.String())
 	}
+	errOut.Reset()
+	if err := run([]string{"token", "--config", "", "--user", "42", "--ttl", "25h"}, &out, &errOut); err == nil ||
+		!strings.Contains(errOut.String(), "max_token_ttl") {
+		t.Fatalf("token past the maximum lifetime: %v %q", err, errOut.String())
+	}
+	// With a signing kid, the token names it and verifies under that key.
+	const k2 = "the-k2-secret-of-32-bytes-or-more-xyz"
+	t.Setenv("FLASHGATE_AUTH_KEYS", "[{kid: k2, secret: "+k2+"}]")
+	t.Setenv("FLASHGATE_AUTH_SIGNING_KID", "k2")
+	out.Reset()
+	if err := run([]string{"token", "--config", "", "--user", "42"}, &out, &errOut); err != nil {
+		t.Fatalf("token with a signing kid: %v", err)
+	}
+	tok := strings.TrimSpace(out.String())
+	hdr, _ := base64.RawURLEncoding.DecodeString(tok[:strings.IndexByte(tok, '.')])
+	only := config.Auth{Keys: []config.Key{{Kid: "k2", Secret: k2}}}
+	if v, err := auth.NewVerifier(only); err != nil || !strings.Contains(string(hdr), `"kid":"k2"`) {
+		t.Fatalf("token header %s, %v", hdr, err)
+	} else if c, err := v.Verify(tok); err != nil || c.Subject != "42" {
+		t.Fatalf("token signed with k2: %+v %v", c, err)
+	}
 }
 
 func TestMintTokens(t *testing.T) {
-	toks, err := mintTokens("s3cret", 100, time.Hour)
+	toks, err := mintTokens("s3cret", "", 100, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

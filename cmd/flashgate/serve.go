@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/backend"
 	"github.com/flashgate/flashgate/gateway"
 )
@@ -49,6 +50,9 @@ func serve(name string, args []string, stderr io.Writer) error {
 		// and the load in one process, under -race).
 		debug.SetMemoryLimit(int64(mb) << 20)
 	}
+	if cfg.Dev {
+		log.Warn("dev mode (FLASHGATE_DEV): weak and published secrets are accepted; never run it so outside a local stack")
+	}
 	log.Info("starting", "config", c.configPath, "pid", os.Getpid())
 	if err := runner(ctx, cfg); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("stopped", "err", err)
@@ -66,4 +70,4 @@ func envOr(name, def string) string {
 }
 
 // errNoSecret is what every command that mints tokens says without a secret.
-var errNoSecret = errors.New("no JWT secret: set FLASHGATE_JWT_SECRET (or auth.jwt_secret in the config file)")
+var errNoSecret = auth.ErrNoSecret

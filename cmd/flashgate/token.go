@@ -11,7 +11,8 @@ import (
 	"github.com/flashgate/flashgate/auth"
 )
 
-// tokenCmd prints an HS256 token for one user.
+// tokenCmd prints an HS256 token for one user, signed with auth.signing_kid's
+// key (jwt_secret when none is set).
 func tokenCmd(args []string, stdout, stderr io.Writer) error {
 	c := newCommand("token", "--user ID [--ttl 1h] [--phone P] [--device D]", stderr)
 	user := c.String("user", "", "user `id` (the sub claim): 1-64 characters of [A-Za-z0-9_-]")
@@ -35,10 +36,14 @@ func tokenCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if cfg.Auth.JWTSecret == "" {
-		return errNoSecret
+	if *ttl > cfg.Auth.MaxTokenTTL {
+		return c.usageError("--ttl %v is over auth.max_token_ttl (%v): the gateway would refuse the token", *ttl, cfg.Auth.MaxTokenTTL)
 	}
-	tok, err := auth.MintHS256(cfg.Auth.JWTSecret, *user, auth.MintOptions{Phone: *phone, Device: *device, TTL: *ttl})
+	secret, kid, err := auth.SigningSecret(cfg.Auth)
+	if err != nil {
+		return err
+	}
+	tok, err := auth.MintHS256(secret, *user, auth.MintOptions{Phone: *phone, Device: *device, TTL: *ttl, Kid: kid})
 	if err != nil {
 		return err
 	}
@@ -51,7 +56,7 @@ func benchUser(i int) string { return "user-" + strconv.Itoa(i) }
 
 // mintTokens makes the Authorization header values of n load users, on all
 // cores: HMAC and JSON for 20,000 users take a moment on one.
-func mintTokens(secret string, n int, ttl time.Duration) ([][]byte, error) {
+func mintTokens(secret, kid string, n int, ttl time.Duration) ([][]byte, error) {
 	tokens := make([][]byte, n)
 	workers := min(runtime.GOMAXPROCS(0), n)
 	errs := make([]error, workers)
@@ -61,7 +66,7 @@ func mintTokens(secret string, n int, ttl time.Duration) ([][]byte, error) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < n; i += workers {
-				tok, err := auth.MintHS256(secret, benchUser(i), auth.MintOptions{TTL: ttl})
+				tok, err := auth.MintHS256(secret, benchUser(i), auth.MintOptions{TTL: ttl, Kid: kid})
 				if err != nil {
 					errs[w] = err
 					return

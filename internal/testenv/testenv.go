@@ -28,6 +28,14 @@ func ID(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
+// Secret is a random value of 24 random bytes after prefix: past the minimum
+// lengths of a JWT secret and an admin token.
+func Secret(prefix string) string {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
 // RedisAddrs is the standalone Redis.
 func RedisAddrs() []string { return split(env("FLASHGATE_REDIS_ADDRS", "127.0.0.1:16379")) }
 
@@ -146,8 +154,10 @@ func Config(t testing.TB) config.Config {
 	// replay storm by one user, thousands of buyers from one address). The
 	// tests of the limits turn them on.
 	c.RateLimit = config.RateLimit{}
-	c.Auth.JWTSecret = "test-secret-" + id
-	c.Admin.Token = "test-admin-" + id
+	// Long enough for the secret checks the processes make outside dev mode:
+	// tests run the same checks production does.
+	c.Auth.JWTSecret = Secret("test-secret-")
+	c.Admin.Token = Secret("test-admin-")
 	t.Cleanup(func() { deleteStream(c.NATS) })
 	return c
 }
