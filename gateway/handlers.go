@@ -398,34 +398,10 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, user string, qty int6
 // a reservation behind. Release is idempotent and finds nothing if the
 // admission never ran. It runs in the background so the 503 stays fast, and
 // retries until Redis answers; past undoPatience the reservation, if any, is
-// left to reconcile.
+// left to reconcile. A bounded pool does the background work (release.go).
 func (g *Gateway) undoAdmit(s *sale, id uint64, region, charges string, cause error) {
 	slog.Warn("admission failed; undoing it", "sale", s.spec.ID, "order", id, "cause", cause)
-	g.goBG(func() { g.releaseUntilAnswered(s, id, region, charges, flashgate.ReasonAdmitFailed) })
-}
-
-const undoPatience = 10 * time.Second
-
-// releaseUntilAnswered releases an order in gateway mode, retrying failures.
-func (g *Gateway) releaseUntilAnswered(s *sale, id uint64, region, charges, reason string) {
-	deadline := time.Now().Add(undoPatience)
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		rel, err := g.scripts.Release(rctx, g.rc, s.keys, id, region, charges, lua.ReleaseGateway, reason)
-		cancel()
-		if err == nil {
-			if rel.Released {
-				slog.Info("undid a reservation whose request failed", "sale", s.spec.ID, "order", id, "reason", reason)
-				g.restocked(s, region)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			slog.Error("could not undo a reservation; reconcile will", "sale", s.spec.ID, "order", id, "err", err)
-			return
-		}
-		time.Sleep(wait)
-	}
+	g.enqueueRelease(releaseJob{s: s, id: id, region: region, charges: charges, reason: flashgate.ReasonAdmitFailed})
 }
 
 // regionName returns the sale's own copy of a region name, without
@@ -463,7 +439,7 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
 	switch {
 	case rerr != nil:
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
-		g.goBG(func() { g.releaseUntilAnswered(s, m.ID, m.Region, m.Charges, flashgate.ReasonPublishFailed) })
+		g.enqueueRelease(releaseJob{s: s, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
 		unavailable(ctx, "order queue unavailable")
 	case rel.Claimed || (rel.Status != "" && rel.Status != "released"):
 		accepted(ctx, m.ID, flashgate.OrderPending)
