@@ -39,6 +39,7 @@ var reasons = []string{
 	flashgate.ReasonDeadLetter,
 	flashgate.ReasonCanceled,
 	flashgate.ReasonExpired,
+	flashgate.ReasonDuplicate,
 }
 
 type outcomeKey struct {
