@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -93,6 +94,62 @@ func TestDuplicateIdempotencyKey(t *testing.T) {
 		}
 	}
 	if r := check(t, e, s.ID, []uint64{first.ID, second.ID, a.ID, b.ID}); !r.OK() {
+		t.Errorf("audit: %v", r)
+	}
+}
+
+// TestRewarmRestoresOrdersAndKeys: Redis loses its data with one order in
+// MySQL and one still in the stream, both with Idempotency-Keys. The warm
+// writes both back before the sale answers again: a retry of either key
+// replays its order instead of buying again, and each order's record is there
+// for GET (the written one with MySQL's status, the one in flight pending).
+func TestRewarmRestoresOrdersAndKeys(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	e := newEnv(t, []string{srv.Addr})
+	r := idleBackend(t, e)
+	s := spec(10, 2, nil)
+	k := e.createSale(s)
+
+	written := admitIdem(t, e.rc, k, "u1", "k1")
+	e.process(s.ID, []bus.OrderMsg{written})
+	inFlight := admitIdem(t, e.rc, k, "u2", "k2")
+	publishTo(t, r.js, e, inFlight)
+
+	srv.Kill()
+	srv.Start() // empty: no persistence
+	eventually(t, 10*time.Second, "a reconcile on the restarted Redis", func() bool {
+		_, err := r.Reconcile(ctx(t), s.ID)
+		return err == nil
+	})
+
+	for _, c := range []struct {
+		m      bus.OrderMsg
+		status string
+	}{{written, "confirmed"}, {inFlight, "processing"}} {
+		rec, ok, err := lua.Order(ctx(t), e.rc, k, c.m.ID)
+		if err != nil || !ok || rec.Status != c.status || rec.User != c.m.User || rec.Idem != c.m.Idem {
+			t.Errorf("order %d after the loss: %+v ok=%v err=%v, want %s of %s", c.m.ID, rec, ok, err, c.status, c.m.User)
+		}
+		now := time.Now()
+		got, err := lua.Load().Admit(ctx(t), e.rc, k, lua.AdmitArgs{User: c.m.User, Quantity: 1, OrderID: nextID.Add(1),
+			Now: now, IdemKey: c.m.Idem, PayBy: now.Add(time.Minute)})
+		if err != nil || got.Outcome != lua.Replayed || got.OrderID != c.m.ID {
+			t.Errorf("retry of %s/%s: %v %d (err %v), want a replay of %d", c.m.User, c.m.Idem, got.Outcome, got.OrderID, err, c.m.ID)
+		}
+	}
+
+	// The order in flight lands; its status is written back over the record.
+	b, err := Start(ctx(t), e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Shutdown(context.Background()) })
+	eventually(t, 15*time.Second, "the order in flight written back", func() bool {
+		st, _ := redisStatus(t, e.rc, k, inFlight.ID)
+		return st == "confirmed"
+	})
+	if r := check(t, e, s.ID, []uint64{written.ID, inFlight.ID}); !r.OK() || r.Sold != 2 || r.RedisReserved != 0 {
 		t.Errorf("audit: %v", r)
 	}
 }

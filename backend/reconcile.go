@@ -682,9 +682,34 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 		users[m.User] += m.Qty
 		orders, units = orders+1, units+m.Qty
 	}
-	cmds := make(rueidis.Commands, 0, len(users))
+	cmds := make(rueidis.Commands, 0, len(users)+3*len(msgs))
 	for u, n := range users {
 		cmds = append(cmds, b.rc.B().Hincrby().Key(k.Users).Field(u).Increment(n).Build())
+	}
+	for id, m := range msgs {
+		if _, ok := rows[id]; ok {
+			continue
+		}
+		if _, ok := rem[m.Region]; !ok {
+			continue
+		}
+		// The order is a reservation again, as admit left it, already claimed
+		// (it is in the stream): a retry of its Idempotency-Key replays it, GET
+		// shows it pending, and MySQL's word is written back to it — a failure
+		// gives its units back to the stock and the buyer taken off above. Its
+		// limit charges are left out: the rebuilt counters hold MySQL's only,
+		// and MySQL's guard judges the order when it lands.
+		r := lua.Record{Status: "processing", User: m.User, Qty: m.Qty, Region: m.Region,
+			Created: m.Created, Expires: m.Expires, Idem: m.Idem}
+		sid := strconv.FormatUint(id, 10)
+		cmds = append(cmds,
+			b.rc.B().Hsetnx().Key(k.Resv).Field(sid).Value(r.ResvValue()).Build(),
+			b.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(r.Value()).Build())
+		if m.Idem != "" {
+			// MySQL's order of the key, written first, wins: this one then
+			// fails as a duplicate when it lands.
+			cmds = append(cmds, b.rc.B().Hsetnx().Key(k.Idem).Field(m.User+"|"+m.Idem).Value(sid).Build())
+		}
 	}
 	for _, r := range b.rc.DoMulti(ctx, cmds...) {
 		if err := r.Error(); err != nil {

@@ -110,6 +110,9 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 	if err := w.rebuildLimits(ctx, k, &row.Sale); err != nil {
 		return false, fmt.Errorf("warm %s: limits: %w", sale, err)
 	}
+	if err := w.rebuildOrders(ctx, k); err != nil {
+		return false, fmt.Errorf("warm %s: orders: %w", sale, err)
+	}
 	remaining := row.Remaining()
 	if w.inFlight != nil {
 		if remaining, err = w.inFlight(ctx, row, k); err != nil {
@@ -228,6 +231,53 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 			continue // the window is over: nothing to count in it
 		}
 		fields = append(fields, flashgate.Charge{Limit: lim, Subject: subject}.Field(), strconv.FormatInt(used, 10))
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return flush()
+}
+
+// rebuildOrders writes back what Redis lost of the orders MySQL holds: each
+// order's record (so GET of an order answers after the loss) and each
+// Idempotency-Key's order (so a retry replays it instead of buying again).
+// HSETNX: a record Redis holds was written back after the loss, by a batch or
+// a pay or cancel, and is at least as new as this read.
+func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
+	rows, err := w.db.QueryContext(ctx, `SELECT id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''),
+		created_at, expires_at, charges FROM orders WHERE sale_id = ?`, k.Sale)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var cmds rueidis.Commands
+	flush := func() error {
+		for _, r := range w.rc.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		cmds = cmds[:0]
+		return nil
+	}
+	for rows.Next() {
+		var id uint64
+		var r lua.Record
+		var created, expires time.Time
+		if err := rows.Scan(&id, &r.User, &r.Qty, &r.Region, &r.Status, &r.Reason, &r.Idem, &created, &expires, &r.Charges); err != nil {
+			return err
+		}
+		r.Created, r.Expires = created.UnixMilli(), expires.UnixMilli()
+		sid := strconv.FormatUint(id, 10)
+		cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(r.Value()).Build())
+		if r.Idem != "" {
+			cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Idem).Field(r.User+"|"+r.Idem).Value(sid).Build())
+		}
+		if len(cmds) >= 2*usersChunk {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return err

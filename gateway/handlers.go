@@ -549,6 +549,13 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 		unavailable(ctx, "order state unavailable")
 		return
 	}
+	if !ok && !g.saleWarm(s) {
+		// Redis lost the sale: its orders come back with the warm (from
+		// MySQL), so "no such order" would be a guess.
+		g.askWarm(s)
+		unavailable(ctx, "sale is warming up")
+		return
+	}
 	if !ok || rec.User != claims.Subject || rec.Status == "released" {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
@@ -564,6 +571,15 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 	}
 	ctx.SetContentTypeBytes(ctJSON)
 	ctx.SetBody(b)
+}
+
+// saleWarm reports whether Redis holds the sale's meta (a failed read counts
+// as not warm: the caller then answers 503, never a guess).
+func (g *Gateway) saleWarm(s *sale) bool {
+	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+	defer cancel()
+	n, err := g.rc.Do(rctx, g.rc.B().Exists().Key(s.keys.Meta).Build()).AsInt64()
+	return err == nil && n == 1
 }
 
 // orderCommand is POST …/orders/{order}/pay and …/cancel: owner only. MySQL is
