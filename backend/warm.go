@@ -46,6 +46,9 @@ type warmer struct {
 	// orders in flight (in the stream, not in MySQL) taken off, and counts their
 	// units in the users hash (Backend.warmRemaining). Unset: total − sold.
 	inFlight func(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error)
+	// grace, if set, is how long to wait before reading a sale that Redis
+	// lost (Backend.lossGrace).
+	grace func(ctx context.Context, sale string) (time.Duration, error)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -104,6 +107,15 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 		return false, err
 	}
 
+	if w.grace != nil {
+		d, err := w.grace(ctx, sale)
+		if err != nil {
+			return false, fmt.Errorf("warm %s: %w", sale, err)
+		}
+		if err := sleep(ctx, d); err != nil {
+			return false, fmt.Errorf("warm %s: %w", sale, err)
+		}
+	}
 	if err := w.rebuildUsers(ctx, k); err != nil {
 		return false, fmt.Errorf("warm %s: users: %w", sale, err)
 	}
@@ -283,6 +295,29 @@ func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
 		return err
 	}
 	return flush()
+}
+
+// lossGrace is the warmer's wait before it reads a sale Redis lost. An
+// admission Redis ran just before the loss may still be on its way to the
+// stream; read before it lands, its order would be neither in MySQL nor in
+// flight, and a retry of its Idempotency-Key would buy again. Every such
+// publish lands or fails within the gateways' publish timeout. A sale with
+// no order anywhere (a new one) is warmed at once.
+func (b *Backend) lossGrace(ctx context.Context, sale string) (time.Duration, error) {
+	var found int
+	if err := b.db.QueryRowContext(ctx, `SELECT EXISTS(SELECT 1 FROM orders WHERE sale_id = ?)`, sale).Scan(&found); err != nil {
+		return 0, err
+	}
+	if found == 0 {
+		n, err := b.streamCount(ctx, sale)
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			return 0, nil
+		}
+	}
+	return min(b.cfg.Gateway.PublishTimeout, warmTimeout/2), nil
 }
 
 // request warms sale in the background, at most once per warmEvery: every
