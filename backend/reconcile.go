@@ -648,7 +648,12 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 		return nil, err
 	}
 	if len(msgs) == 0 {
-		return row.Remaining(), nil
+		// Read after the stream: an order acked since row was read is sold.
+		now, err := loadSale(ctx, b.db, row.ID)
+		if err != nil {
+			return nil, err
+		}
+		return now.Remaining(), nil
 	}
 	tx, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {

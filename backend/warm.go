@@ -112,8 +112,14 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("warm %s: %w", sale, err)
 		}
-		if err := sleep(ctx, d); err != nil {
-			return false, fmt.Errorf("warm %s: %w", sale, err)
+		if d > 0 {
+			if err := sleep(ctx, d); err != nil {
+				return false, fmt.Errorf("warm %s: %w", sale, err)
+			}
+			// The orders that landed meanwhile are sold now.
+			if row, err = loadSale(ctx, w.db, sale); err != nil {
+				return false, err
+			}
 		}
 	}
 	if err := w.rebuildUsers(ctx, k); err != nil {
