@@ -433,9 +433,24 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
 		return
 	}
 	slog.Warn("publish failed; releasing", "sale", s.spec.ID, "order", m.ID, "err", err)
-	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	rel, rerr := g.scripts.Release(rctx, g.rc, s.keys, m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
-	cancel()
+	// The answer is the release's: released means no order can come of the
+	// message (the backend drops it when it lands late), claimed means one
+	// did. So it is retried, for another publish timeout, until Redis
+	// answers: a 503 sent while the release is still open could be overtaken
+	// by the backend's claim. (Release is idempotent: a retry of one that ran
+	// unanswered finds it done.)
+	var rel lua.ReleaseResult
+	var rerr error
+	deadline := time.Now().Add(g.cfg.Gateway.PublishTimeout)
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+		rel, rerr = g.scripts.Release(rctx, g.rc, s.keys, m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+		cancel()
+		if rerr == nil || time.Now().Add(wait).After(deadline) {
+			break
+		}
+		time.Sleep(wait)
+	}
 	switch {
 	case rerr != nil:
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)

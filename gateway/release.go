@@ -80,6 +80,13 @@ func (g *Gateway) releaseUntilAnswered(ctx context.Context, s *sale, id uint64, 
 		rel, err := g.scripts.Release(rctx, g.rc, s.keys, id, region, charges, lua.ReleaseGateway, reason)
 		cancel()
 		if err == nil {
+			if rel.Claimed || (rel.Status != "" && rel.Status != "released") {
+				// Redis was away for longer than the request could wait, and the
+				// message got through meanwhile: its buyer was told 503, yet the
+				// order goes on. Rare (Redis and NATS failing together); loud.
+				slog.Error("an order answered 503 went through: its release came after the backend's claim",
+					"sale", s.spec.ID, "order", id, "status", rel.Status)
+			}
 			if rel.Released {
 				slog.Info("undid a reservation whose request failed", "sale", s.spec.ID, "order", id, "reason", reason)
 				g.restocked(s, region)
