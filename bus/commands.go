@@ -19,6 +19,9 @@ import (
 const (
 	CmdPay    = "pay"
 	CmdCancel = "cancel"
+	// CmdGet reads an order from MySQL: the gateway asks when Redis has no
+	// record of it (Redis lost it). It changes nothing.
+	CmdGet = "get"
 )
 
 // CommandQueue is the queue group backends answer order commands in.
@@ -80,7 +83,7 @@ func ServeCommands(nc *nats.Conn, cfg config.NATS, handle func(OrderCommand) Ord
 		var cmd OrderCommand
 		var r OrderReply
 		if err := json.Unmarshal(m.Data, &cmd); err != nil || cmd.OrderID == 0 || !flashgate.ValidID(cmd.SaleID) ||
-			!flashgate.ValidID(cmd.UserID) || (cmd.Op != CmdPay && cmd.Op != CmdCancel) {
+			!flashgate.ValidID(cmd.UserID) || (cmd.Op != CmdPay && cmd.Op != CmdCancel && cmd.Op != CmdGet) {
 			r = OrderReply{Code: string(flashgate.CodeInvalidRequest), Message: "malformed order command"}
 		} else {
 			r = handle(cmd)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/lua"
 )
 
 // getOrder is GET of an order as token's holder: the status code and the
@@ -92,11 +93,32 @@ func TestOrderAndKeySurviveRedisLoss(t *testing.T) {
 	if code, _ := getOrder(t, gw.Addr(), s.ID, first.order, other); code != 404 {
 		t.Errorf("another user's GET: %d, want 404", code)
 	}
+	// The records come back a moment before the sale answers again: a retry
+	// may meet 503 first, as a buyer's would.
 	retry := buyAt(http.DefaultClient, gw.Addr(), s.ID, tok, "key-1")
+	for deadline := time.Now().Add(30 * time.Second); retry.status == 503 && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		retry = buyAt(http.DefaultClient, gw.Addr(), s.ID, tok, "key-1")
+	}
 	if retry.status != 202 || retry.order != first.order {
 		t.Errorf("retry with the same key: %+v, want 202 of order %s", retry, first.order)
 	}
+	// Redis loses only the order's record, the sale staying warm: GET asks a
+	// backend, which answers from MySQL (and writes the record back).
+	k := lua.KeysFor(s.ID, nil)
+	if err := rc.Do(context.Background(), rc.B().Hdel().Key(k.Orders).Field(first.order).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := getOrder(t, gw.Addr(), s.ID, first.order, other); code != 404 {
+		t.Errorf("another user's GET of an order Redis lost: %d, want 404", code)
+	}
+	if code, st := getOrder(t, gw.Addr(), s.ID, first.order, tok); code != 200 || st != "confirmed" {
+		t.Errorf("owner's GET of an order Redis lost, sale warm: %d %q, want 200 confirmed", code, st)
+	}
 	id, _ := strconv.ParseUint(first.order, 10, 64)
+	if rec, ok, err := lua.Order(context.Background(), rc, k, id); err != nil || !ok || rec.Status != "confirmed" {
+		t.Errorf("record not written back: %+v ok=%v err=%v", rec, ok, err)
+	}
 	rep := drain(t, cfg, s.ID, []uint64{id})
 	assertInvariants(t, rep)
 	if rep.Orders != 1 {

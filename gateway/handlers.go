@@ -571,7 +571,13 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 		unavailable(ctx, "sale is warming up")
 		return
 	}
-	if !ok || rec.User != claims.Subject || rec.Status == "released" {
+	if !ok {
+		// Redis lost the order but not the sale (the warm brings orders
+		// back; keys can still go missing one by one): MySQL may hold it.
+		g.orderFromBackend(ctx, s, claims.Subject, id)
+		return
+	}
+	if rec.User != claims.Subject || rec.Status == "released" {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
@@ -579,6 +585,37 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 		OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: rec.User, Quantity: rec.Qty,
 		Region: rec.Region, Status: string(publicStatus(rec.Status)), Reason: rec.Reason,
 		CreatedAt: time.UnixMilli(rec.Created).UTC(), ExpiresAt: time.UnixMilli(rec.Expires).UTC(),
+	})
+	if err != nil {
+		fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
+		return
+	}
+	ctx.SetContentTypeBytes(ctJSON)
+	ctx.SetBody(b)
+}
+
+// orderFromBackend answers GET of an order Redis has no record of with what
+// MySQL holds, asking a backend (bus.CmdGet); owner only.
+func (g *Gateway) orderFromBackend(ctx *fasthttp.RequestCtx, s *sale, user string, id uint64) {
+	cctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
+	reply, err := bus.Command(cctx, g.nc, g.cfg.NATS, bus.OrderCommand{Op: bus.CmdGet, SaleID: s.spec.ID, OrderID: id, UserID: user})
+	cancel()
+	switch {
+	case err != nil:
+		slog.Warn("order from MySQL", "sale", s.spec.ID, "order", id, "err", err)
+		unavailable(ctx, "order state unavailable")
+		return
+	case flashgate.Code(reply.Code) == flashgate.CodeUnavailable:
+		unavailable(ctx, nonEmpty(reply.Message, "order state unavailable"))
+		return
+	case reply.Code != bus.ReplyOK:
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
+		return
+	}
+	b, err := json.Marshal(orderView{
+		OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: user, Quantity: reply.Quantity,
+		Region: reply.Region, Status: string(publicStatus(reply.Status)), Reason: reply.Reason,
+		CreatedAt: reply.CreatedAt.UTC(), ExpiresAt: reply.ExpiresAt.UTC(),
 	})
 	if err != nil {
 		fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
