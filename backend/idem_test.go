@@ -153,3 +153,23 @@ func TestRewarmRestoresOrdersAndKeys(t *testing.T) {
 		t.Errorf("audit: %v", r)
 	}
 }
+
+// TestDeadLetterOfDuplicateKey: an order dead-lettered while another order
+// holds its Idempotency-Key still gets its failed row (without the key).
+func TestDeadLetterOfDuplicateKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.RedisAddrs())
+	s := spec(10, 3, nil)
+	k := e.createSale(s)
+	first := admitIdem(t, e.rc, k, "u1", "k1")
+	e.process(s.ID, []bus.OrderMsg{first})
+	dup := first
+	dup.ID = nextID.Add(1)
+	st, wrote, err := failOrderRow(ctx(t), e.db, dup, flashgate.ReasonDeadLetter, time.Now())
+	if err != nil || !wrote || st.status != flashgate.OrderFailed {
+		t.Fatalf("dead-lettered duplicate: %+v wrote=%v err=%v", st, wrote, err)
+	}
+	if n := e.queryInt(`SELECT COUNT(*) FROM orders WHERE id = ? AND idem_key IS NULL AND status = 'failed'`, dup.ID); n != 1 {
+		t.Errorf("%d failed rows without the key for the duplicate, want 1", n)
+	}
+}
