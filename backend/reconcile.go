@@ -639,21 +639,14 @@ func (b *Backend) streamOrders(ctx context.Context, sale string) (map[uint64]bus
 
 // warmRemaining is the warmer's in-flight count: what Redis should hold of a
 // sale it is warming, total − sold − the units of orders in the stream that
-// MySQL has no row of. Their buyers' units go into the users hash too (which
-// the warm just rebuilt from MySQL). The stream is read first, MySQL after in
-// one snapshot, so an order acked in between is counted once, as sold.
+// MySQL has no row of. It rebuilds the users hash from the same MySQL
+// snapshot and adds the in-flight orders' units to it. The stream is read
+// first, MySQL after in one snapshot, so an order acked in between is counted
+// once, as sold.
 func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error) {
 	msgs, err := b.streamOrders(ctx, row.ID)
 	if err != nil {
 		return nil, err
-	}
-	if len(msgs) == 0 {
-		// Read after the stream: an order acked since row was read is sold.
-		now, err := loadSale(ctx, b.db, row.ID)
-		if err != nil {
-			return nil, err
-		}
-		return now.Remaining(), nil
 	}
 	tx, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
@@ -663,6 +656,14 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 	now, err := loadSale(ctx, tx, row.ID)
 	if err != nil {
 		return nil, err
+	}
+	// The buyers' units from the same snapshot as sold: an order acked since
+	// the stream was read is counted there, once.
+	if err := b.warmer.rebuildUsers(ctx, tx, k); err != nil {
+		return nil, fmt.Errorf("users: %w", err)
+	}
+	if len(msgs) == 0 {
+		return now.Remaining(), nil
 	}
 	ids := make([]uint64, 0, len(msgs))
 	for id := range msgs {

@@ -122,8 +122,13 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 			}
 		}
 	}
-	if err := w.rebuildUsers(ctx, k); err != nil {
-		return false, fmt.Errorf("warm %s: users: %w", sale, err)
+	// With inFlight set the users hash is rebuilt there, from the MySQL
+	// snapshot it reads after the stream: read here, before the stream, an
+	// order acked in between would be counted nowhere.
+	if w.inFlight == nil {
+		if err := w.rebuildUsers(ctx, w.db, k); err != nil {
+			return false, fmt.Errorf("warm %s: users: %w", sale, err)
+		}
 	}
 	if err := w.rebuildLimits(ctx, k, &row.Sale); err != nil {
 		return false, fmt.Errorf("warm %s: limits: %w", sale, err)
@@ -149,11 +154,11 @@ func (w *warmer) isWarm(ctx context.Context, k *lua.Keys) (bool, error) {
 }
 
 // rebuildUsers replaces the users hash with the units MySQL counts per buyer.
-func (w *warmer) rebuildUsers(ctx context.Context, k *lua.Keys) error {
+func (w *warmer) rebuildUsers(ctx context.Context, q queryer, k *lua.Keys) error {
 	if err := w.rc.Do(ctx, w.rc.B().Del().Key(k.Users).Build()).Error(); err != nil {
 		return err
 	}
-	rows, err := w.db.QueryContext(ctx, `SELECT user_id, units FROM user_purchases WHERE sale_id = ? AND units > 0`, k.Sale)
+	rows, err := q.QueryContext(ctx, `SELECT user_id, units FROM user_purchases WHERE sale_id = ? AND units > 0`, k.Sale)
 	if err != nil {
 		return err
 	}
