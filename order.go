@@ -52,4 +52,7 @@ const (
 	ReasonExpired       = "expired"     // unpaid at expires_at
 	ReasonUnknownSale   = "unknown_sale"
 	ReasonBadCharges    = "bad_charges" // the order's limit charges do not fit the sale's limits
+	// ReasonDuplicate: another order of the same sale, user and Idempotency-Key
+	// reached MySQL first (a retry admitted again after Redis lost its data).
+	ReasonDuplicate = "duplicate_idempotency_key"
 )

@@ -298,7 +298,14 @@ func failOrderRow(ctx context.Context, db *sql.DB, o bus.OrderMsg, reason string
 	n, _ := res.RowsAffected() // 1: inserted; 0: the row was there
 	var st settlement
 	var status string
-	if err := db.QueryRowContext(ctx, `SELECT status, reason FROM orders WHERE id = ?`, o.ID).Scan(&status, &st.reason); err != nil {
+	err = db.QueryRowContext(ctx, `SELECT status, reason FROM orders WHERE id = ?`, o.ID).Scan(&status, &st.reason)
+	if errors.Is(err, sql.ErrNoRows) && idem != nil {
+		// Another order holds the Idempotency-Key (orders_sale_user_idem): this
+		// one's row goes without it.
+		o.Idem = ""
+		return failOrderRow(ctx, db, o, reason, now)
+	}
+	if err != nil {
 		return settlement{}, false, fmt.Errorf("failed row: %w", err)
 	}
 	st.status, st.existed = flashgate.OrderStatus(status), n == 0

@@ -105,6 +105,7 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 	b.ops = newOpsMetrics(b.metrics.Registry())
 	b.retention = newRetentionMetrics(b.metrics.Registry())
 	b.warmer.inFlight = b.warmRemaining
+	b.warmer.grace = b.lossGrace
 	return nil
 }
 

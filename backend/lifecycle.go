@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -157,6 +158,8 @@ func (b *Backend) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
 		r, err = b.pay(ctx, cmd, time.Now())
 	case bus.CmdCancel:
 		r, err = b.cancel(ctx, cmd, time.Now())
+	case bus.CmdGet:
+		r, err = b.getOrder(ctx, cmd)
 	default:
 		return bus.OrderReply{Code: string(flashgate.CodeInvalidRequest), Message: "unknown order command"}
 	}
@@ -165,6 +168,29 @@ func (b *Backend) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
 		return bus.OrderReply{Code: string(flashgate.CodeUnavailable), Message: "order service unavailable; retry"}
 	}
 	return r
+}
+
+// getOrder answers an order MySQL holds, to its owner only, and writes its
+// record back to a Redis that lost it (HSETNX: a record there is newer).
+func (b *Backend) getOrder(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
+	o, err := scanOrder(b.db.QueryRowContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id = ? AND sale_id = ?`,
+		cmd.OrderID, cmd.SaleID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return notFound, nil
+	}
+	if err != nil {
+		return bus.OrderReply{}, fmt.Errorf("order %d: %w", cmd.OrderID, err)
+	}
+	if o.User != cmd.UserID {
+		return notFound, nil
+	}
+	rec := o.record()
+	rec.Status = string(o.Status)
+	k := lua.KeysFor(cmd.SaleID, nil)
+	if err := b.rc.Do(ctx, b.rc.B().Hsetnx().Key(k.Orders).Field(strconv.FormatUint(o.ID, 10)).Value(rec.Value()).Build()).Error(); err != nil {
+		b.log.Warn("writing back an order Redis lost", "sale", cmd.SaleID, "order", o.ID, "err", err)
+	}
+	return o.reply("", ""), nil
 }
 
 // orderRow is one order as MySQL holds it.

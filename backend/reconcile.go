@@ -650,16 +650,14 @@ func (b *Backend) streamOrders(ctx context.Context, sale string) (map[uint64]bus
 
 // warmRemaining is the warmer's in-flight count: what Redis should hold of a
 // sale it is warming, total − sold − the units of orders in the stream that
-// MySQL has no row of. Their buyers' units go into the users hash too (which
-// the warm just rebuilt from MySQL). The stream is read first, MySQL after in
-// one snapshot, so an order acked in between is counted once, as sold.
+// MySQL has no row of. It rebuilds the users hash from the same MySQL
+// snapshot and adds the in-flight orders' units to it. The stream is read
+// first, MySQL after in one snapshot, so an order acked in between is counted
+// once, as sold.
 func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error) {
 	msgs, err := b.streamOrders(ctx, row.ID)
 	if err != nil {
 		return nil, err
-	}
-	if len(msgs) == 0 {
-		return row.Remaining(), nil
 	}
 	tx, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
@@ -669,6 +667,14 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 	now, err := loadSale(ctx, tx, row.ID)
 	if err != nil {
 		return nil, err
+	}
+	// The buyers' units from the same snapshot as sold: an order acked since
+	// the stream was read is counted there, once.
+	if err := b.warmer.rebuildUsers(ctx, tx, k); err != nil {
+		return nil, fmt.Errorf("users: %w", err)
+	}
+	if len(msgs) == 0 {
+		return now.Remaining(), nil
 	}
 	ids := make([]uint64, 0, len(msgs))
 	for id := range msgs {
@@ -693,9 +699,34 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 		users[m.User] += m.Qty
 		orders, units = orders+1, units+m.Qty
 	}
-	cmds := make(rueidis.Commands, 0, len(users))
+	cmds := make(rueidis.Commands, 0, len(users)+3*len(msgs))
 	for u, n := range users {
 		cmds = append(cmds, b.rc.B().Hincrby().Key(k.Users).Field(u).Increment(n).Build())
+	}
+	for id, m := range msgs {
+		if _, ok := rows[id]; ok {
+			continue
+		}
+		if _, ok := rem[m.Region]; !ok {
+			continue
+		}
+		// The order is a reservation again, as admit left it, already claimed
+		// (it is in the stream): a retry of its Idempotency-Key replays it, GET
+		// shows it pending, and MySQL's word is written back to it — a failure
+		// gives its units back to the stock and the buyer taken off above. Its
+		// limit charges are left out: the rebuilt counters hold MySQL's only,
+		// and MySQL's guard judges the order when it lands.
+		r := lua.Record{Status: "processing", User: m.User, Qty: m.Qty, Region: m.Region,
+			Created: m.Created, Expires: m.Expires, Idem: m.Idem}
+		sid := strconv.FormatUint(id, 10)
+		cmds = append(cmds,
+			b.rc.B().Hsetnx().Key(k.Resv).Field(sid).Value(r.ResvValue()).Build(),
+			b.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(r.Value()).Build())
+		if m.Idem != "" {
+			// MySQL's order of the key, written first, wins: this one then
+			// fails as a duplicate when it lands.
+			cmds = append(cmds, b.rc.B().Hsetnx().Key(k.Idem).Field(m.User+"|"+m.Idem).Value(sid).Build())
+		}
 	}
 	for _, r := range b.rc.DoMulti(ctx, cmds...) {
 		if err := r.Error(); err != nil {

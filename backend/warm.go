@@ -46,6 +46,9 @@ type warmer struct {
 	// orders in flight (in the stream, not in MySQL) taken off, and counts their
 	// units in the users hash (Backend.warmRemaining). Unset: total − sold.
 	inFlight func(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error)
+	// grace, if set, is how long to wait before reading a sale that Redis
+	// lost (Backend.lossGrace).
+	grace func(ctx context.Context, sale string) (time.Duration, error)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -109,11 +112,34 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 		return false, err
 	}
 
-	if err := w.rebuildUsers(ctx, k); err != nil {
-		return false, fmt.Errorf("warm %s: users: %w", sale, err)
+	if w.grace != nil {
+		d, err := w.grace(ctx, sale)
+		if err != nil {
+			return false, fmt.Errorf("warm %s: %w", sale, err)
+		}
+		if d > 0 {
+			if err := sleep(ctx, d); err != nil {
+				return false, fmt.Errorf("warm %s: %w", sale, err)
+			}
+			// The orders that landed meanwhile are sold now.
+			if row, err = loadSale(ctx, w.db, sale); err != nil {
+				return false, err
+			}
+		}
+	}
+	// With inFlight set the users hash is rebuilt there, from the MySQL
+	// snapshot it reads after the stream: read here, before the stream, an
+	// order acked in between would be counted nowhere.
+	if w.inFlight == nil {
+		if err := w.rebuildUsers(ctx, w.db, k); err != nil {
+			return false, fmt.Errorf("warm %s: users: %w", sale, err)
+		}
 	}
 	if err := w.rebuildLimits(ctx, k, &row.Sale); err != nil {
 		return false, fmt.Errorf("warm %s: limits: %w", sale, err)
+	}
+	if err := w.rebuildOrders(ctx, k); err != nil {
+		return false, fmt.Errorf("warm %s: orders: %w", sale, err)
 	}
 	remaining := row.Remaining()
 	if w.inFlight != nil {
@@ -133,11 +159,11 @@ func (w *warmer) isWarm(ctx context.Context, k *lua.Keys) (bool, error) {
 }
 
 // rebuildUsers replaces the users hash with the units MySQL counts per buyer.
-func (w *warmer) rebuildUsers(ctx context.Context, k *lua.Keys) error {
+func (w *warmer) rebuildUsers(ctx context.Context, q queryer, k *lua.Keys) error {
 	if err := w.rc.Do(ctx, w.rc.B().Del().Key(k.Users).Build()).Error(); err != nil {
 		return err
 	}
-	rows, err := w.db.QueryContext(ctx, `SELECT user_id, units FROM user_purchases WHERE sale_id = ? AND units > 0`, k.Sale)
+	rows, err := q.QueryContext(ctx, `SELECT user_id, units FROM user_purchases WHERE sale_id = ? AND units > 0`, k.Sale)
 	if err != nil {
 		return err
 	}
@@ -238,6 +264,76 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 		return err
 	}
 	return flush()
+}
+
+// rebuildOrders writes back what Redis lost of the orders MySQL holds: each
+// order's record (so GET of an order answers after the loss) and each
+// Idempotency-Key's order (so a retry replays it instead of buying again).
+// HSETNX: a record Redis holds was written back after the loss, by a batch or
+// a pay or cancel, and is at least as new as this read.
+func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
+	rows, err := w.db.QueryContext(ctx, `SELECT id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''),
+		created_at, expires_at, charges FROM orders WHERE sale_id = ?`, k.Sale)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var cmds rueidis.Commands
+	flush := func() error {
+		for _, r := range w.rc.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		cmds = cmds[:0]
+		return nil
+	}
+	for rows.Next() {
+		var id uint64
+		var r lua.Record
+		var created, expires time.Time
+		if err := rows.Scan(&id, &r.User, &r.Qty, &r.Region, &r.Status, &r.Reason, &r.Idem, &created, &expires, &r.Charges); err != nil {
+			return err
+		}
+		r.Created, r.Expires = created.UnixMilli(), expires.UnixMilli()
+		sid := strconv.FormatUint(id, 10)
+		cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(r.Value()).Build())
+		if r.Idem != "" {
+			cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Idem).Field(r.User+"|"+r.Idem).Value(sid).Build())
+		}
+		if len(cmds) >= 2*usersChunk {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return flush()
+}
+
+// lossGrace is the warmer's wait before it reads a sale Redis lost. An
+// admission Redis ran just before the loss may still be on its way to the
+// stream; read before it lands, its order would be neither in MySQL nor in
+// flight, and a retry of its Idempotency-Key would buy again. Every such
+// publish lands or fails within the gateways' publish timeout. A sale with
+// no order anywhere (a new one) is warmed at once.
+func (b *Backend) lossGrace(ctx context.Context, sale string) (time.Duration, error) {
+	var found int
+	if err := b.db.QueryRowContext(ctx, `SELECT EXISTS(SELECT 1 FROM orders WHERE sale_id = ?)`, sale).Scan(&found); err != nil {
+		return 0, err
+	}
+	if found == 0 {
+		n, err := b.streamCount(ctx, sale)
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			return 0, nil
+		}
+	}
+	return min(b.cfg.Gateway.PublishTimeout, warmTimeout/2), nil
 }
 
 // request warms sale in the background, at most once per warmEvery: every

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -157,6 +158,9 @@ type settlement struct {
 	status  flashgate.OrderStatus
 	reason  string
 	existed bool
+	// first, for an order failed as a duplicate (ReasonDuplicate): the order
+	// that holds its Idempotency-Key, which a replay must answer.
+	first uint64
 }
 
 // process writes one batch of one sale's orders: claim them in Redis, write them
@@ -292,6 +296,63 @@ func existing(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg) (map[uint6
 	return res, nil
 }
 
+// duplicates fails (in res) every order of todo whose Idempotency-Key another
+// order of the same sale and user holds: one MySQL has, or an older one of
+// todo. Only a retry admitted again after Redis lost the key's first order
+// meets this; the unique key orders_sale_user_idem makes it hold across
+// concurrent batches (the loser's insert fails with a duplicate key and its
+// transaction runs again, finding the winner here).
+func duplicates(ctx context.Context, tx *sql.Tx, sale string, todo []bus.OrderMsg, res map[uint64]settlement) error {
+	type key struct{ user, idem string }
+	holder := map[key]uint64{}
+	var users, idems []any
+	for _, o := range todo {
+		if o.Idem != "" {
+			users, idems = append(users, o.User), append(idems, o.Idem)
+		}
+	}
+	if len(users) == 0 {
+		return nil
+	}
+	for i := 0; i < len(users); i += sqlChunk {
+		j := min(i+sqlChunk, len(users))
+		args := append(append([]any{sale}, users[i:j]...), idems[i:j]...)
+		rows, err := tx.QueryContext(ctx, `SELECT id, user_id, idem_key FROM orders WHERE sale_id = ?
+			AND user_id IN (`+placeholders(j-i)+`) AND idem_key IN (`+placeholders(j-i)+`)`, args...)
+		if err != nil {
+			return fmt.Errorf("batch of %s: idempotency keys: %w", sale, err)
+		}
+		for rows.Next() {
+			var id uint64
+			var k key
+			if err := rows.Scan(&id, &k.user, &k.idem); err != nil {
+				rows.Close()
+				return fmt.Errorf("batch of %s: idempotency keys: %w", sale, err)
+			}
+			holder[k] = id
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("batch of %s: idempotency keys: %w", sale, err)
+		}
+	}
+	// todo is oldest first: the first of the batch to claim a key holds it.
+	for _, o := range todo {
+		if o.Idem == "" {
+			continue
+		}
+		k := key{o.User, o.Idem}
+		first, held := holder[k]
+		switch {
+		case !held:
+			holder[k] = o.ID
+		case first != o.ID:
+			res[o.ID] = settlement{status: flashgate.OrderFailed, reason: flashgate.ReasonDuplicate, first: first}
+		}
+	}
+	return nil
+}
+
 // fresh lists the orders not yet in res, oldest id (= earliest admission) first.
 func fresh(orders []bus.OrderMsg, res map[uint64]settlement) []bus.OrderMsg {
 	var out []bus.OrderMsg
@@ -335,11 +396,14 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	if shape == nil {
 		return nil, false, nil
 	}
+	if err := duplicates(ctx, tx, sale, todo, res); err != nil {
+		return nil, false, err
+	}
 	var units int64
 	regions := map[string]int64{}
 	users := map[string]int64{}
 	usage := map[usageKey]int64{}
-	for _, o := range todo {
+	for _, o := range fresh(todo, res) {
 		if !shape.fits(o.Region) {
 			return nil, false, nil
 		}
@@ -428,7 +492,9 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	}
 
 	for _, o := range todo {
-		res[o.ID] = settlement{status: flashgate.OrderConfirmed}
+		if _, dup := res[o.ID]; !dup {
+			res[o.ID] = settlement{status: flashgate.OrderConfirmed}
+		}
 	}
 	if err := insertOrders(ctx, tx, todo, res, now); err != nil {
 		return nil, false, err
@@ -532,6 +598,9 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		return nil, err
 	}
 	todo := fresh(orders, res)
+	if err := duplicates(ctx, tx, sale, todo, res); err != nil {
+		return nil, err
+	}
 	now := w.now().UTC()
 	fail := func(o bus.OrderMsg, reason string) {
 		res[o.ID] = settlement{status: flashgate.OrderFailed, reason: reason}
@@ -542,6 +611,9 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		return changed(r, err)
 	}
 	for _, o := range todo {
+		if _, dup := res[o.ID]; dup {
+			continue
+		}
 		switch {
 		case !known || shape == nil:
 			fail(o, flashgate.ReasonUnknownSale)
@@ -647,8 +719,8 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg, res ma
 		for _, o := range part {
 			s := res[o.ID]
 			var idem any
-			if o.Idem != "" {
-				idem = o.Idem
+			if o.Idem != "" && s.reason != flashgate.ReasonDuplicate {
+				idem = o.Idem // a duplicate's row leaves the key to the order that holds it
 			}
 			args = append(args, o.ID, o.Sale, o.User, o.Qty, o.Region, string(s.status), s.reason, idem,
 				time.UnixMilli(o.Created).UTC(), time.UnixMilli(o.Expires).UTC(), now, o.Charges)
@@ -689,6 +761,14 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.O
 			}
 			if r.Released && w.restocked != nil {
 				w.restocked(sale, region)
+			}
+			if s.first != 0 {
+				// A replay of the key must answer the order that holds it.
+				k := lua.KeysFor(sale, nil)
+				if err := w.rc.Do(ctx, w.rc.B().Hset().Key(k.Idem).FieldValue().
+					FieldValue(o.User+"|"+o.Idem, strconv.FormatUint(s.first, 10)).Build()).Error(); err != nil {
+					return err
+				}
 			}
 			if !r.Unknown {
 				continue

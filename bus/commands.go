@@ -19,6 +19,9 @@ import (
 const (
 	CmdPay    = "pay"
 	CmdCancel = "cancel"
+	// CmdGet reads an order from MySQL: the gateway asks when Redis has no
+	// record of it (Redis lost it). It changes nothing.
+	CmdGet = "get"
 )
 
 // CommandQueue is the queue group backends answer order commands in.
@@ -77,7 +80,7 @@ func Command(ctx context.Context, nc *nats.Conn, cfg config.NATS, cmd OrderComma
 // malformed one (answered invalid_request, never handled).
 func DecodeCommand(b []byte) (cmd OrderCommand, ok bool) {
 	if err := json.Unmarshal(b, &cmd); err != nil || cmd.OrderID == 0 || !flashgate.ValidID(cmd.SaleID) ||
-		!flashgate.ValidID(cmd.UserID) || (cmd.Op != CmdPay && cmd.Op != CmdCancel) {
+		!flashgate.ValidID(cmd.UserID) || (cmd.Op != CmdPay && cmd.Op != CmdCancel && cmd.Op != CmdGet) {
 		return OrderCommand{}, false
 	}
 	return cmd, true

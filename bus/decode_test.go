@@ -80,7 +80,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		if !ok {
 			return
 		}
-		if c.OrderID == 0 || !flashgate.ValidID(c.SaleID) || !flashgate.ValidID(c.UserID) || (c.Op != CmdPay && c.Op != CmdCancel) {
+		if c.OrderID == 0 || !flashgate.ValidID(c.SaleID) || !flashgate.ValidID(c.UserID) || (c.Op != CmdPay && c.Op != CmdCancel && c.Op != CmdGet) {
 			t.Fatalf("%q: accepted %+v", b, c)
 		}
 		out, _ := json.Marshal(c)

@@ -8,6 +8,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -300,10 +302,12 @@ func (st *stack) settle(sale string, accepted []uint64) (audit.Report, time.Dura
 		if err == nil && rep.Lost == 0 && rep.RedisReserved == 0 && rep.LedgerHolds {
 			// At rest: audit once more, on one moment.
 			if rep, err = audit.Check(context.Background(), db, rc, sale, accepted); err == nil {
+				noteFailed(st.t, db, sale, accepted)
 				return rep, time.Since(start)
 			}
 		}
 		if time.Now().After(deadline) {
+			noteFailed(st.t, db, sale, accepted)
 			return rep, time.Since(start)
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -314,13 +318,39 @@ type row struct {
 	name                                              string
 	requests, accepted, orders                        int64
 	oversold, overLimit, lost, duplicated, ledgerDiff int64
+	failed                                            int64
 	recovery                                          time.Duration
 }
 
 var (
 	rowsMu sync.Mutex
 	rows   []row
+	// failedBy is, per sale settled, how many of its accepted orders ended
+	// failed without a cancel (noteFailed): a 202 is a promise of an order.
+	failedBy = map[string]int64{}
 )
+
+// noteFailed counts the accepted orders of sale that MySQL holds as failed.
+func noteFailed(t *testing.T, db *sql.DB, sale string, accepted []uint64) {
+	t.Helper()
+	var n int64
+	for part := range slices.Chunk(accepted, 1000) {
+		args := []any{sale}
+		for _, id := range part {
+			args = append(args, id)
+		}
+		var c int64
+		q := "SELECT COUNT(*) FROM orders WHERE sale_id = ? AND status = 'failed' AND id IN (?" + strings.Repeat(",?", len(part)-1) + ")"
+		if err := db.QueryRowContext(context.Background(), q, args...).Scan(&c); err != nil {
+			t.Errorf("counting failed orders: %v", err)
+			return
+		}
+		n += c
+	}
+	rowsMu.Lock()
+	failedBy[sale] = n
+	rowsMu.Unlock()
+}
 
 func record(t *testing.T, name string, requests int64, accepted []uint64, rep audit.Report, recovery time.Duration) {
 	t.Helper()
@@ -328,11 +358,15 @@ func record(t *testing.T, name string, requests int64, accepted []uint64, rep au
 		oversold: rep.Oversold, overLimit: rep.OverLimitUsers, lost: rep.Lost, duplicated: rep.Duplicated,
 		ledgerDiff: rep.LedgerDiff, recovery: recovery}
 	rowsMu.Lock()
+	r.failed = failedBy[rep.SaleID]
 	rows = append(rows, r)
 	rowsMu.Unlock()
-	t.Logf("%s: %s", name, rep)
+	t.Logf("%s: %s failed=%d", name, rep, r.failed)
 	if !rep.OK() {
 		t.Errorf("%s: invariants broken: %s", name, rep)
+	}
+	if r.failed > 0 {
+		t.Errorf("%s: %d accepted orders ended failed", name, r.failed)
 	}
 }
 
@@ -343,14 +377,14 @@ func TestChaos(t *testing.T) {
 		t.Run(sc.name, sc.run)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-28s %9s %9s %7s %9s %10s %5s %11s %12s\n", "scenario", "requests", "accepted", "orders", "oversold", "over-limit", "lost", "duplicated", "recovered")
-	var over, limit, lost, dup int64
+	fmt.Fprintf(&b, "%-32s %9s %9s %7s %9s %10s %5s %11s %7s %12s\n", "scenario", "requests", "accepted", "orders", "oversold", "over-limit", "lost", "duplicated", "failed", "recovered")
+	var over, limit, lost, dup, failed int64
 	for _, r := range rows {
-		fmt.Fprintf(&b, "%-28s %9d %9d %7d %9d %10d %5d %11d %12s\n", r.name, r.requests, r.accepted, r.orders,
-			r.oversold, r.overLimit, r.lost, r.duplicated, r.recovery.Round(10*time.Millisecond))
-		over, limit, lost, dup = over+r.oversold, limit+r.overLimit, lost+r.lost, dup+r.duplicated
+		fmt.Fprintf(&b, "%-32s %9d %9d %7d %9d %10d %5d %11d %7d %12s\n", r.name, r.requests, r.accepted, r.orders,
+			r.oversold, r.overLimit, r.lost, r.duplicated, r.failed, r.recovery.Round(10*time.Millisecond))
+		over, limit, lost, dup, failed = over+r.oversold, limit+r.overLimit, lost+r.lost, dup+r.duplicated, failed+r.failed
 	}
-	fmt.Fprintf(&b, "chaos: %d scenarios, oversold %d, over-limit %d, lost %d, duplicated %d\n", len(rows), over, limit, lost, dup)
+	fmt.Fprintf(&b, "chaos: %d scenarios, oversold %d, over-limit %d, lost %d, duplicated %d, failed %d\n", len(rows), over, limit, lost, dup, failed)
 	fmt.Print(b.String())
 	if p := os.Getenv("CHAOS_REPORT"); p != "" {
 		_ = os.WriteFile(p, []byte(b.String()), 0o644)

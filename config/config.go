@@ -89,6 +89,11 @@ type Gateway struct {
 	// the garbage collector and scavenger work harder near it instead of
 	// letting the heap double.
 	MemoryLimitMB int `yaml:"memory_limit_mb"`
+	// ReleaseWorkers undo, in the background, the reservations of admissions
+	// and publishes that failed; ReleaseQueue bounds what waits for them
+	// (beyond it a reservation is left to reconcile).
+	ReleaseWorkers int `yaml:"release_workers"`
+	ReleaseQueue   int `yaml:"release_queue"`
 }
 
 // RateLimit is the ops-tunable block of DESIGN.md §9 (binding). It reloads
@@ -221,6 +226,7 @@ func Default() Config {
 			TrustedProxies: []string{"127.0.0.1/32", "::1/128"},
 			TokenCacheSize: 100000, LimiterMaxKeys: 1000000,
 			BreakerFailures: 5, BreakerOpen: 2 * time.Second, MemoryLimitMB: 100,
+			ReleaseWorkers: 8, ReleaseQueue: 10000,
 		},
 		RateLimit: RateLimit{
 			PerIP:       Rate{Rate: 20, Burst: 40},
@@ -342,6 +348,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Gateway.LimiterMaxKeys < 1 {
 		errs = append(errs, errors.New("gateway.limiter_max_keys must be positive"))
+	}
+	if c.Gateway.ReleaseWorkers < 1 || c.Gateway.ReleaseWorkers > 1024 {
+		errs = append(errs, errors.New("gateway.release_workers must be 1..1024"))
+	}
+	if c.Gateway.ReleaseQueue < 1 {
+		errs = append(errs, errors.New("gateway.release_queue must be positive"))
 	}
 	if c.Gateway.BreakerFailures < 1 || c.Gateway.BreakerOpen <= 0 {
 		errs = append(errs, errors.New("gateway.breaker_failures and breaker_open must be positive"))

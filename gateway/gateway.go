@@ -48,6 +48,7 @@ type Gateway struct {
 	proxies  proxies
 	breakers *breakers
 	metrics  *metrics.Gateway
+	releases *releases
 
 	srv     *fasthttp.Server
 	admin   *http.Server
@@ -70,7 +71,8 @@ type Gateway struct {
 // Start connects to Redis and NATS, leases an order-id node, loads the sales,
 // and serves the public and admin ports. It returns once it serves.
 func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
-	g := &Gateway{cfg: cfg, scripts: lua.Load(), sales: newSales(cfg.Sales.LiveGrace), now: time.Now, metrics: metrics.NewGateway()}
+	g := &Gateway{cfg: cfg, scripts: lua.Load(), sales: newSales(cfg.Sales.LiveGrace), now: time.Now, metrics: metrics.NewGateway(),
+		releases: newReleases(cfg.Gateway.ReleaseQueue)}
 	defer func() {
 		if err != nil {
 			g.closeClients(context.Background())
@@ -187,6 +189,9 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 			slog.Error("gateway: admin serve", "err", err)
 		}
 	})
+	for range cfg.Gateway.ReleaseWorkers {
+		g.goBG(func() { g.releaseWorker(bgctx) })
+	}
 	g.goBG(func() { g.refreshLoop(bgctx) })
 	g.goBG(func() { g.leaseLoop(bgctx) })
 	g.goBG(func() { g.watchConfig(bgctx) })

@@ -19,6 +19,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
@@ -317,8 +318,31 @@ func TestPurchaseAcceptedAndOrderLookup(t *testing.T) {
 	if got := e.do("GET", path, "", nil, nil); got.Status != 401 {
 		t.Fatalf("anonymous GET: %d, want 401", got.Status)
 	}
+	// An order Redis does not know is MySQL's to answer (Redis may have lost
+	// it): no backend answering is 503, never a guess; a backend's "no such
+	// order" is 404, its order is 200.
+	if got := e.do("GET", "/v1/sales/"+s.ID+"/orders/123", alice, nil, nil); got.Status != 503 {
+		t.Fatalf("missing order, no backend: %d, want 503", got.Status)
+	}
+	stub := testenv.NATS(t)
+	sub, err := bus.ServeCommands(stub, e.cfg.NATS, func(cmd bus.OrderCommand) bus.OrderReply {
+		if cmd.Op == bus.CmdGet && cmd.OrderID == 124 && cmd.UserID == "alice" {
+			return bus.OrderReply{Code: bus.ReplyOK, Status: "confirmed", Quantity: 1}
+		}
+		return bus.OrderReply{Code: string(flashgate.CodeOrderNotFound)}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := stub.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if got := e.do("GET", "/v1/sales/"+s.ID+"/orders/123", alice, nil, nil); got.Status != 404 {
 		t.Fatalf("missing order: %d, want 404", got.Status)
+	}
+	if got := e.do("GET", "/v1/sales/"+s.ID+"/orders/124", alice, nil, nil); got.Status != 200 || got.State != "confirmed" {
+		t.Fatalf("order only MySQL holds: %d %s, want 200 confirmed", got.Status, got.Raw)
 	}
 
 	// Limit: alice holds 2 of 2.

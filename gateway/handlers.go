@@ -403,34 +403,10 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 // a reservation behind. Release is idempotent and finds nothing if the
 // admission never ran. It runs in the background so the 503 stays fast, and
 // retries until Redis answers; past undoPatience the reservation, if any, is
-// left to reconcile.
+// left to reconcile. A bounded pool does the background work (release.go).
 func (g *Gateway) undoAdmit(s *sale, id uint64, region, charges string, cause error) {
 	slog.Warn("admission failed; undoing it", "sale", s.spec.ID, "order", id, "cause", cause)
-	g.goBG(func() { g.releaseUntilAnswered(s, id, region, charges, flashgate.ReasonAdmitFailed) })
-}
-
-const undoPatience = 10 * time.Second
-
-// releaseUntilAnswered releases an order in gateway mode, retrying failures.
-func (g *Gateway) releaseUntilAnswered(s *sale, id uint64, region, charges, reason string) {
-	deadline := time.Now().Add(undoPatience)
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		rel, err := g.scripts.Release(rctx, g.rc, s.keys, id, region, charges, lua.ReleaseGateway, reason)
-		cancel()
-		if err == nil {
-			if rel.Released {
-				slog.Info("undid a reservation whose request failed", "sale", s.spec.ID, "order", id, "reason", reason)
-				g.restocked(s, region)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			slog.Error("could not undo a reservation; reconcile will", "sale", s.spec.ID, "order", id, "err", err)
-			return
-		}
-		time.Sleep(wait)
-	}
+	g.enqueueRelease(releaseJob{s: s, id: id, region: region, charges: charges, reason: flashgate.ReasonAdmitFailed})
 }
 
 // regionName returns the sale's own copy of a region name, without
@@ -462,13 +438,28 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
 		return
 	}
 	slog.Warn("publish failed; releasing", "sale", s.spec.ID, "order", m.ID, "err", err)
-	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	rel, rerr := g.scripts.Release(rctx, g.rc, s.keys, m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
-	cancel()
+	// The answer is the release's: released means no order can come of the
+	// message (the backend drops it when it lands late), claimed means one
+	// did. So it is retried, for another publish timeout, until Redis
+	// answers: a 503 sent while the release is still open could be overtaken
+	// by the backend's claim. (Release is idempotent: a retry of one that ran
+	// unanswered finds it done.)
+	var rel lua.ReleaseResult
+	var rerr error
+	deadline := time.Now().Add(g.cfg.Gateway.PublishTimeout)
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+		rel, rerr = g.scripts.Release(rctx, g.rc, s.keys, m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+		cancel()
+		if rerr == nil || time.Now().Add(wait).After(deadline) {
+			break
+		}
+		time.Sleep(wait)
+	}
 	switch {
 	case rerr != nil:
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
-		g.goBG(func() { g.releaseUntilAnswered(s, m.ID, m.Region, m.Charges, flashgate.ReasonPublishFailed) })
+		g.enqueueRelease(releaseJob{s: s, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
 		unavailable(ctx, "order queue unavailable")
 	case rel.Claimed || (rel.Status != "" && rel.Status != "released"):
 		accepted(ctx, m.ID, flashgate.OrderPending)
@@ -580,7 +571,20 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 		unavailable(ctx, "order state unavailable")
 		return
 	}
-	if !ok || rec.User != claims.Subject || rec.Status == "released" {
+	if !ok && !g.saleWarm(s) {
+		// Redis lost the sale: its orders come back with the warm (from
+		// MySQL), so "no such order" would be a guess.
+		g.askWarm(s)
+		unavailable(ctx, "sale is warming up")
+		return
+	}
+	if !ok {
+		// Redis lost the order but not the sale (the warm brings orders
+		// back; keys can still go missing one by one): MySQL may hold it.
+		g.orderFromBackend(ctx, s, claims.Subject, id)
+		return
+	}
+	if rec.User != claims.Subject || rec.Status == "released" {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
@@ -595,6 +599,46 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 	}
 	ctx.SetContentTypeBytes(ctJSON)
 	ctx.SetBody(b)
+}
+
+// orderFromBackend answers GET of an order Redis has no record of with what
+// MySQL holds, asking a backend (bus.CmdGet); owner only.
+func (g *Gateway) orderFromBackend(ctx *fasthttp.RequestCtx, s *sale, user string, id uint64) {
+	cctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
+	reply, err := bus.Command(cctx, g.nc, g.cfg.NATS, bus.OrderCommand{Op: bus.CmdGet, SaleID: s.spec.ID, OrderID: id, UserID: user})
+	cancel()
+	switch {
+	case err != nil:
+		slog.Warn("order from MySQL", "sale", s.spec.ID, "order", id, "err", err)
+		unavailable(ctx, "order state unavailable")
+		return
+	case flashgate.Code(reply.Code) == flashgate.CodeUnavailable:
+		unavailable(ctx, nonEmpty(reply.Message, "order state unavailable"))
+		return
+	case reply.Code != bus.ReplyOK:
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
+		return
+	}
+	b, err := json.Marshal(orderView{
+		OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: user, Quantity: reply.Quantity,
+		Region: reply.Region, Status: string(publicStatus(reply.Status)), Reason: reply.Reason,
+		CreatedAt: reply.CreatedAt.UTC(), ExpiresAt: reply.ExpiresAt.UTC(),
+	})
+	if err != nil {
+		fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
+		return
+	}
+	ctx.SetContentTypeBytes(ctJSON)
+	ctx.SetBody(b)
+}
+
+// saleWarm reports whether Redis holds the sale's meta (a failed read counts
+// as not warm: the caller then answers 503, never a guess).
+func (g *Gateway) saleWarm(s *sale) bool {
+	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+	defer cancel()
+	n, err := g.rc.Do(rctx, g.rc.B().Exists().Key(s.keys.Meta).Build()).AsInt64()
+	return err == nil && n == 1
 }
 
 // orderCommand is POST …/orders/{order}/pay and …/cancel: owner only. MySQL is

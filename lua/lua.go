@@ -530,6 +530,12 @@ type Record struct {
 	Charges string // flashgate.EncodeCharges of what the order counts against the limits
 }
 
+// Value is r as the orders hash holds it: status|reason|user|qty|region|created|expires|idem|charges.
+func (r Record) Value() string { return r.Status + "|" + r.Reason + "|" + r.resv() }
+
+// ResvValue is r as the reservations hash holds it (what admit writes).
+func (r Record) ResvValue() string { return r.resv() }
+
 func (r Record) resv() string {
 	return r.User + "|" + strconv.FormatInt(r.Qty, 10) + "|" + r.Region + "|" +
 		strconv.FormatInt(r.Created, 10) + "|" + strconv.FormatInt(r.Expires, 10) + "|" + r.Idem + "|" + r.Charges

@@ -40,6 +40,7 @@ var reasons = []string{
 	flashgate.ReasonCanceled,
 	flashgate.ReasonExpired,
 	flashgate.ReasonBadCharges,
+	flashgate.ReasonDuplicate,
 }
 
 type outcomeKey struct {

@@ -147,6 +147,8 @@ type Gateway struct {
 	breakers      *prometheus.GaugeVec
 	soldOutMarks  prometheus.Gauge
 	soldOutMarked prometheus.Counter
+	releaseDepth  prometheus.Gauge
+	releaseLost   prometheus.Counter
 }
 
 // NewGateway creates the gateway's collectors, every requests and refusals
@@ -200,7 +202,17 @@ func NewGateway() *Gateway {
 		Help: "Sold-out marks set.",
 	})
 
-	m.reg.MustRegister(requests, refusals, m.admit, m.publish, m.inflight, m.breakers, m.soldOutMarks, m.soldOutMarked)
+	m.releaseDepth = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: sub, Name: "release_queue_depth",
+		Help: "Reservations of failed admissions or publishes waiting for a release worker.",
+	})
+	m.releaseLost = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: sub, Name: "release_overflow_total",
+		Help: "Releases the full queue could not take; reconcile finds those reservations.",
+	})
+
+	m.reg.MustRegister(requests, refusals, m.admit, m.publish, m.inflight, m.breakers, m.soldOutMarks, m.soldOutMarked,
+		m.releaseDepth, m.releaseLost)
 	m.handler = handlerFor(m.reg)
 	return m
 }
@@ -248,3 +260,9 @@ func (m *Gateway) SoldOutMarks(n int) { m.soldOutMarks.Set(float64(n)) }
 
 // SoldOutMarked counts one sold-out mark set.
 func (m *Gateway) SoldOutMarked() { m.soldOutMarked.Inc() }
+
+// ReleaseQueued moves the release queue's depth by n (+1 queued, -1 taken).
+func (m *Gateway) ReleaseQueued(n int) { m.releaseDepth.Add(float64(n)) }
+
+// ReleaseOverflow counts one release the full queue refused.
+func (m *Gateway) ReleaseOverflow() { m.releaseLost.Inc() }

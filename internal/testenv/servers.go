@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -168,4 +169,28 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Pause stops the server with SIGSTOP: it keeps its connections and its data
+// and answers nothing (the kernel still accepts and buffers), as a server
+// stalled by the host would, until Resume.
+func (s *Server) Pause() {
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
+		s.t.Fatalf("pause %s: not running", s.bin)
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("pause %s: %v", s.bin, err)
+	}
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() {
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
+		s.t.Fatalf("resume %s: not running", s.bin)
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		s.t.Fatalf("resume %s: %v", s.bin, err)
+	}
 }
