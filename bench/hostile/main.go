@@ -27,6 +27,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"runtime"
 	"sort"
 	"strconv"
@@ -75,7 +76,7 @@ func run() int {
 	flag.StringVar(&set.sale, "sale", "", "id of an existing sale: the probes GET /v1/sales/{id} (required)")
 	flag.DurationVar(&set.duration, "duration", 12*time.Second, "length of each attack")
 	flag.DurationVar(&set.baseline, "baseline", 5*time.Second, "length of the no-attack baseline, per port")
-	flag.IntVar(&set.fdConns, "fd-conns", 20000, "fd exhaustion: idle keep-alive connections to open (capped by this process's own file limit)")
+	flag.IntVar(&set.fdConns, "fd-conns", 20000, "fd exhaustion: idle keep-alive connections to open (split over child processes by their open-file limit)")
 	flag.IntVar(&set.slowloris, "slowloris", 3000, "slowloris connections")
 	flag.IntVar(&set.silent, "silent", 2000, "connections that send nothing")
 	flag.IntVar(&set.slowBodies, "slow-bodies", 2000, "slow-body connections")
@@ -87,9 +88,16 @@ func run() int {
 	flag.IntVar(&set.oversizeTries, "oversize-tries", 800, "oversized bodies: 64 KiB POSTs per port")
 	flag.DurationVar(&set.recoveryWithin, "recovery", time.Second, "goal: a new connection served within this after an attack")
 	flag.DurationVar(&set.probeTimeout, "probe-timeout", 2*time.Second, "a probe request slower than this failed")
+	holdAddr := flag.String("hold-idle", "", "(internal: a child of the fd exhaustion) hold idle connections to this address")
+	holdN := flag.Int("hold-n", 0, "(internal) how many")
+	holdOffset := flag.Int("hold-offset", 0, "(internal) first source address")
 	jsonOut := flag.String("json", "bench/hostile-results.json", "write the results here (empty: don't)")
 	mdOut := flag.String("markdown", "BENCHMARKS.md", "rewrite the make hostile section of this file (empty: don't)")
 	flag.Parse()
+	ownLimit = raiseNofile()
+	if *holdAddr != "" {
+		return holdChild(*holdAddr, *holdN, *holdOffset)
+	}
 	if set.sale == "" {
 		fmt.Fprintln(os.Stderr, "hostile: --sale is required (an existing sale's id)")
 		return 2
@@ -122,12 +130,8 @@ func run() int {
 		}
 		attacks = sel
 	}
-	limit := raiseNofile()
-	// The fd exhaustion must leave this process room for the probes and the Go runtime.
-	if max := int(limit) - 1000; set.fdConns > max {
-		set.fdConns = max
-	}
-	logf("open-file limit %d; fd exhaustion opens up to %d connections", limit, set.fdConns)
+	limit := ownLimit
+	logf("open-file limit %d; fd exhaustion opens %d connections from child processes", limit, set.fdConns)
 
 	res := &results{
 		Started: time.Now().UTC(), Sale: set.sale, Limit: limit, CPUs: runtime.NumCPU(),
@@ -714,7 +718,9 @@ func holder(ctx context.Context, t target, n, addrs int, opening []byte, every t
 				open.Add(-1)
 				if closedBy != "" && ctx.Err() == nil {
 					tl.add("cut_"+closedBy, 1)
-					sleepCtx(ctx, 100*time.Millisecond)
+					// The attacker comes back, but not at once: holding connections is the
+					// attack here, a connect flood is churn's.
+					sleepCtx(ctx, time.Second)
 				}
 			}
 		}(i)
@@ -994,8 +1000,84 @@ func oversize(ctx context.Context, t target) map[string]int64 {
 	return tl.snapshot()
 }
 
+// fdExhaustion opens set.fdConns idle keep-alive connections, split over child processes of
+// this program (each holds at most what its own open-file limit allows, so that together they
+// can hold more than the port under attack may open), and holds them until ctx ends.
 func fdExhaustion(ctx context.Context, t target) map[string]int64 {
 	tl := newTally()
+	per := int(ownLimit) - 1000
+	if per < 1000 {
+		per = 1000
+	}
+	children := (set.fdConns + per - 1) / per
+	self, err := os.Executable()
+	if err != nil {
+		tl.add("no_executable", 1)
+		return tl.snapshot()
+	}
+	type child struct {
+		cmd   *exec.Cmd
+		stdin io.WriteCloser
+		out   bytes.Buffer
+	}
+	var cs []*child
+	for k := 0; k < children; k++ {
+		n := set.fdConns / children
+		if k == children-1 {
+			n = set.fdConns - n*(children-1)
+		}
+		c := &child{cmd: exec.Command(self, "--sale", set.sale, "--hold-idle", t.Addr,
+			"--hold-n", strconv.Itoa(n), "--hold-offset", strconv.Itoa(k*per))}
+		c.cmd.Stdout, c.cmd.Stderr = &c.out, os.Stderr
+		if c.stdin, err = c.cmd.StdinPipe(); err == nil {
+			err = c.cmd.Start()
+		}
+		if err != nil {
+			tl.add("child_failed", 1)
+			continue
+		}
+		cs = append(cs, c)
+	}
+	<-ctx.Done()
+	for _, c := range cs {
+		c.stdin.Close() // the child's signal to report and close its connections
+	}
+	for _, c := range cs {
+		if err := c.cmd.Wait(); err != nil {
+			tl.add("child_failed", 1)
+			continue
+		}
+		var m map[string]int64
+		if err := json.Unmarshal(c.out.Bytes(), &m); err != nil {
+			tl.add("child_failed", 1)
+			continue
+		}
+		for k, v := range m {
+			tl.add(k, v) // held_max adds up too: the children hold theirs at the same time
+		}
+	}
+	return tl.snapshot()
+}
+
+// ownLimit is this process's open-file limit, once raised.
+var ownLimit uint64 = 1024
+
+// holdChild is the child's side of fdExhaustion: hold n connections to addr until stdin ends,
+// then print the counts as JSON.
+func holdChild(addr string, n, offset int) int {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	tl := newTally()
+	holdIdle(ctx, target{Addr: addr}, n, offset, tl)
+	b, _ := json.Marshal(tl.snapshot())
+	fmt.Println(string(b))
+	return 0
+}
+
+func holdIdle(ctx context.Context, t target, n, offset int, tl *tally) {
 	req := []byte("GET /v1/sales/" + set.sale + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
 	var mu sync.Mutex
 	var conns []net.Conn
@@ -1008,10 +1090,10 @@ func fdExhaustion(ctx context.Context, t target) map[string]int64 {
 			defer wg.Done()
 			for ctx.Err() == nil {
 				i := int(next.Add(1))
-				if i > set.fdConns {
+				if i > n {
 					return
 				}
-				c, err := dial(attackerSrc(i%5000), t.Addr, 2*time.Second)
+				c, err := dial(attackerSrc((offset+i)%5000), t.Addr, 2*time.Second)
 				if err != nil {
 					tl.add("dial_failed_"+errClass(err), 1)
 					sleepCtx(ctx, 10*time.Millisecond)
@@ -1041,6 +1123,7 @@ func fdExhaustion(ctx context.Context, t target) map[string]int64 {
 	wg.Wait()
 	<-ctx.Done()
 	mu.Lock()
+	defer mu.Unlock()
 	tl.add("opened", int64(len(conns)))
 	// How many of them the server had already closed by the end (a read that does not time out).
 	for _, c := range conns {
@@ -1048,7 +1131,7 @@ func fdExhaustion(ctx context.Context, t target) map[string]int64 {
 		var b [1]byte
 		if _, err := c.Read(b[:]); err != nil {
 			var ne net.Error
-			if !(errors.As(err, &ne) && ne.Timeout()) {
+			if !errors.As(err, &ne) || !ne.Timeout() {
 				tl.add("closed_by_server", 1)
 			}
 		}
@@ -1057,6 +1140,4 @@ func fdExhaustion(ctx context.Context, t target) map[string]int64 {
 		}
 		c.Close()
 	}
-	mu.Unlock()
-	return tl.snapshot()
 }
