@@ -60,6 +60,7 @@ type settings struct {
 	oversizeTries  int
 	recoveryWithin time.Duration
 	probeTimeout   time.Duration
+	preBaseline    time.Duration
 }
 
 var set settings
@@ -75,7 +76,8 @@ func run() int {
 	only := flag.String("attacks", "", "comma-separated attacks to run (default: all): "+strings.Join(attackNames(), ","))
 	flag.StringVar(&set.sale, "sale", "", "id of an existing sale: the probes GET /v1/sales/{id} (required)")
 	flag.DurationVar(&set.duration, "duration", 12*time.Second, "length of each attack")
-	flag.DurationVar(&set.baseline, "baseline", 5*time.Second, "length of the no-attack baseline, per port")
+	flag.DurationVar(&set.baseline, "baseline", 5*time.Second, "length of the suite's first no-attack baseline, per port")
+	flag.DurationVar(&set.preBaseline, "pre-baseline", 3*time.Second, "length of the no-attack baseline taken right before each attack (the p99 ratio's denominator)")
 	flag.IntVar(&set.fdConns, "fd-conns", 20000, "fd exhaustion: idle keep-alive connections to open (split over child processes by their open-file limit)")
 	flag.IntVar(&set.slowloris, "slowloris", 3000, "slowloris connections")
 	flag.IntVar(&set.silent, "silent", 2000, "connections that send nothing")
@@ -85,7 +87,7 @@ func run() int {
 	flag.IntVar(&set.pipeConns, "pipeline-conns", 8, "pipelining connections (each sends 50 requests at once, 10 times a second)")
 	flag.IntVar(&set.churnRate, "churn-rate", 1000, "connection churn: new connections per second")
 	flag.IntVar(&set.smuggleRate, "smuggle-rate", 200, "smuggling attempts per second")
-	flag.IntVar(&set.oversizeTries, "oversize-tries", 800, "oversized bodies: 64 KiB POSTs per port")
+	flag.IntVar(&set.oversizeTries, "oversize-tries", 800, "oversized bodies: 64 KiB POSTs per port, spread over the attack")
 	flag.DurationVar(&set.recoveryWithin, "recovery", time.Second, "goal: a new connection served within this after an attack")
 	flag.DurationVar(&set.probeTimeout, "probe-timeout", 2*time.Second, "a probe request slower than this failed")
 	holdAddr := flag.String("hold-idle", "", "(internal: a child of the fd exhaustion) hold idle connections to this address")
@@ -136,7 +138,7 @@ func run() int {
 	res := &results{
 		Started: time.Now().UTC(), Sale: set.sale, Limit: limit, CPUs: runtime.NumCPU(),
 		Settings: map[string]string{
-			"duration": set.duration.String(), "baseline": set.baseline.String(),
+			"duration": set.duration.String(), "baseline": set.baseline.String(), "pre_baseline": set.preBaseline.String(),
 			"fd_conns": strconv.Itoa(set.fdConns), "slowloris": strconv.Itoa(set.slowloris),
 			"silent": strconv.Itoa(set.silent), "slow_bodies": strconv.Itoa(set.slowBodies),
 			"slow_body_addrs": strconv.Itoa(set.slowBodyAddrs), "slow_body_every": set.slowBodyEvery.String(),
@@ -524,16 +526,18 @@ func findAttack(name string) (attack, bool) {
 
 // runResult is one attack on one port.
 type runResult struct {
-	Attack    string           `json:"attack"`
-	Port      string           `json:"port"`
-	Addr      string           `json:"addr"`
-	Probe     probeSummary     `json:"probe"`
-	Baseline  time.Duration    `json:"baseline_p99_ns"`
-	P99Ratio  float64          `json:"p99_ratio"`
-	Recovered bool             `json:"recovered"`
-	Recovery  time.Duration    `json:"recovery_ns"` // from the attack's end to the first new connection served
-	Seen      map[string]int64 `json:"attack_counts"`
-	Took      time.Duration    `json:"took_ns"`
+	Attack        string           `json:"attack"`
+	Port          string           `json:"port"`
+	Addr          string           `json:"addr"`
+	Probe         probeSummary     `json:"probe"`
+	Baseline      time.Duration    `json:"baseline_p99_ns"` // the probes' p99 just before the attack
+	BaselinePct   float64          `json:"baseline_success_pct"`
+	SuiteBaseline time.Duration    `json:"suite_baseline_p99_ns"` // the suite's first baseline, for comparison
+	P99Ratio      float64          `json:"p99_ratio"`
+	Recovered     bool             `json:"recovered"`
+	Recovery      time.Duration    `json:"recovery_ns"` // from the attack's end to the first new connection served
+	Seen          map[string]int64 `json:"attack_counts"`
+	Took          time.Duration    `json:"took_ns"`
 }
 
 // How long to wait for a port to come back before calling it dead.
@@ -542,15 +546,23 @@ const recoveryGiveUp = 10 * time.Second
 func runAttack(a attack, t target, base probeSummary) runResult {
 	logf("%s on %s (%s) for %v", a.Name, t.Name, t.Addr, set.duration+a.extra)
 	start := time.Now()
+	// The baseline is taken right before each attack: on a shared machine the load of the
+	// moment moves a p99 more than many attacks do. The suite's first baseline is kept beside it.
+	bctx, bcancel := context.WithTimeout(context.Background(), set.preBaseline)
+	pre := startProbes(bctx, t)
+	<-bctx.Done()
+	bcancel()
+	preSum := pre.wait()
 	ctx, cancel := context.WithTimeout(context.Background(), set.duration+a.extra)
 	defer cancel()
 	ps := startProbes(ctx, t)
 	seen := a.run(ctx, t) // returns once its connections are closed
 	cancel()
 	stopped := time.Now()
-	r := runResult{Attack: a.Name, Port: t.Name, Addr: t.Addr, Probe: ps.wait(), Baseline: base.P99, Seen: seen}
-	if base.P99 > 0 {
-		r.P99Ratio = float64(r.Probe.P99) / float64(base.P99)
+	r := runResult{Attack: a.Name, Port: t.Name, Addr: t.Addr, Probe: ps.wait(), Baseline: preSum.P99,
+		BaselinePct: preSum.SuccessPct, SuiteBaseline: base.P99, Seen: seen}
+	if r.Baseline > 0 {
+		r.P99Ratio = float64(r.Probe.P99) / float64(r.Baseline)
 	}
 	// Recovery: new connections until one is served, each given the goal's time.
 	req := []byte("GET /v1/sales/" + set.sale + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
@@ -972,14 +984,24 @@ func oversize(ctx context.Context, t target) map[string]int64 {
 	body := bytes.Repeat([]byte("x"), 64<<10)
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for w := 0; w < 8; w++ {
+	// The tries are spread over the attack's length, so that the probes see it the whole time.
+	const workers = 8
+	per := time.Duration(workers) * set.duration / time.Duration(set.oversizeTries)
+	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
+			tick := time.NewTicker(per)
+			defer tick.Stop()
 			d := &net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: attackerSrc(w)}}
 			client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
 			defer client.CloseIdleConnections()
 			for ctx.Err() == nil && next.Add(1) <= int64(set.oversizeTries) {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
 				req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+t.Addr+"/v1/sales/"+set.sale+"/orders", bytes.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("Authorization", "Bearer hostile")

@@ -108,16 +108,16 @@ func (r *results) markdown(jsonPath string) string {
 	w("Run %s (%s, %d CPUs), sale `%s`, %s per attack; raw figures in `%s`; what each attack does: docs/hostile.md.\n",
 		r.Started.Format("2006-01-02 15:04 UTC"), r.Finished.Sub(r.Started).Round(time.Second), r.CPUs, r.Sale, r.Settings["duration"], jsonPath)
 	w("Probe: one `GET /v1/sales/{id}` every 50 ms on a new connection and one on a kept-alive connection, beside the attack; ")
-	w("p99 against the same probes with no attack; recovered: a new connection served within %v of the attack's end.\n\n", set.recoveryWithin)
+	w("p99 against the same probes' p99 over the %s right before the attack (no attack); recovered: a new connection served within %v of the attack's end (given up after %v).\n\n", r.Settings["pre_baseline"], set.recoveryWithin, recoveryGiveUp)
 	for _, port := range []string{"nginx", "gateway"} {
 		if bl, ok := r.Baselines[port]; ok {
-			w("- baseline %s: probe %.2f%%, p50 %s, p99 %s\n", port, bl.SuccessPct, ms(bl.P50), ms(bl.P99))
+			w("- first baseline %s (%s, no attack): probe %.2f%%, p50 %s, p99 %s\n", port, r.Settings["baseline"], bl.SuccessPct, ms(bl.P50), ms(bl.P99))
 		}
 	}
-	w("\n| attack | port | probe ok | new conn / keep-alive | p99 (x baseline) | recovered | what the attack saw |\n|---|---|---|---|---|---|---|\n")
+	w("\n| attack | port | probe ok | new conn / keep-alive | p99 | baseline p99 | ratio | recovered | what the attack saw |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Runs {
-		w("| %s | %s %s | %.2f%% | %.2f%% / %.2f%% | %s (%.1fx) | %s | %s |\n", x.Attack, x.Port, x.Addr,
-			x.Probe.SuccessPct, x.Probe.NewConnPct, x.Probe.KeepAlivePct, ms(x.Probe.P99), x.P99Ratio, x.recoveryText(),
+		w("| %s | %s %s | %.2f%% | %.2f%% / %.2f%% | %s | %s | %.1fx | %s | %s |\n", x.Attack, x.Port, x.Addr,
+			x.Probe.SuccessPct, x.Probe.NewConnPct, x.Probe.KeepAlivePct, ms(x.Probe.P99), ms(x.Baseline), x.P99Ratio, x.recoveryText(),
 			strings.Trim(counts(x.Seen), "[]"))
 	}
 	w("\n")
