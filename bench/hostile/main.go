@@ -93,6 +93,7 @@ func run() int {
 	holdAddr := flag.String("hold-idle", "", "(internal: a child of the fd exhaustion) hold idle connections to this address")
 	holdN := flag.Int("hold-n", 0, "(internal) how many")
 	holdOffset := flag.Int("hold-offset", 0, "(internal) first source address")
+	note := flag.String("note", "", "a line for the results: what was measured (e.g. the commit)")
 	jsonOut := flag.String("json", "bench/hostile-results.json", "write the results here (empty: don't)")
 	mdOut := flag.String("markdown", "BENCHMARKS.md", "rewrite the make hostile section of this file (empty: don't)")
 	flag.Parse()
@@ -146,7 +147,7 @@ func run() int {
 			"smuggle_rate":   strconv.Itoa(set.smuggleRate),
 			"oversize_tries": strconv.Itoa(set.oversizeTries), "probe_timeout": set.probeTimeout.String(),
 		},
-		Baselines: map[string]probeSummary{},
+		Baselines: map[string]probeSummary{}, Note: *note, LoadStart: loadavg(),
 	}
 	for _, t := range targets {
 		if !serves(t, set.probeTimeout) {
@@ -171,7 +172,7 @@ func run() int {
 			fmt.Println(r.line())
 		}
 	}
-	res.Finished = time.Now().UTC()
+	res.Finished, res.LoadEnd = time.Now().UTC(), loadavg()
 	res.Targets = targetsOf(res)
 	for _, tg := range res.Targets {
 		fmt.Println(tg.line())
@@ -199,6 +200,20 @@ func run() int {
 		}
 	}
 	return 0
+}
+
+// loadavg is the machine's 1, 5 and 15 minute load averages: on a shared machine the probes'
+// latency says as much about the neighbours as about the attack.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func logf(format string, args ...any) {
@@ -986,7 +1001,7 @@ func oversize(ctx context.Context, t target) map[string]int64 {
 	var wg sync.WaitGroup
 	// The tries are spread over the attack's length, so that the probes see it the whole time.
 	const workers = 8
-	per := time.Duration(workers) * set.duration / time.Duration(set.oversizeTries)
+	per := time.Duration(workers) * set.duration * 9 / 10 / time.Duration(set.oversizeTries)
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func(w int) {
