@@ -85,7 +85,7 @@ SALE="hostile-$(date +%s)"
 say "sale $SALE created; gateway pid $(cat var/run/gateway.pid 2>/dev/null || echo ?), open-file limit $(awk '/Max open files/ {print $4}' "/proc/$(cat var/run/gateway.pid 2>/dev/null || echo self)/limits" 2>/dev/null || echo ?)"
 
 NOTE="commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-[[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || NOTE+=" with local changes"
+[[ -z "$(git status --porcelain --untracked-files=no -- . ':!BENCHMARKS.md' ':!bench/hostile-results.json' 2>/dev/null)" ]] || NOTE+=" with local changes"
 # shellcheck disable=SC2086 # HOSTILE_ARGS is a list of flags
 "$TOOL" --sale "$SALE" --duration "$DURATION" --note "$NOTE" ${HOSTILE_ARGS:-} | tee "$OUT/last.out"
 rc=${PIPESTATUS[0]}
