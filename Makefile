@@ -18,7 +18,7 @@ GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
 
-.PHONY: help deps build up infra-up down status reset test demo bench bench-go bench-edge lint fmt clean fuzz
+.PHONY: help deps build up infra-up down status reset test demo bench bench-go bench-edge hostile lint fmt clean fuzz
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -95,6 +95,14 @@ bench-go: deps ## run the Go benchmarks (go test -bench)
 # "edge: gateway-soldout/nginx-static = R". Leaves a running stack as it found it.
 bench-edge: deps build ## wrk: gateway sold-out 409 vs nginx static 409 (edge ratio R)
 	@scripts/bench-edge.sh
+
+# Hostile clients (docs/hostile.md): slowloris, silent connections, slow bodies, pipelining, churn,
+# smuggling, oversized bodies and fd exhaustion against the gateway's port and nginx's, a probe
+# beside each; one line per attack and port, then "target <name>: ... met|missed". Writes
+# bench/hostile-results.json and BENCHMARKS.md's make hostile section. Settings: HOSTILE_DURATION,
+# HOSTILE_ARGS, HOSTILE_STRICT (scripts/hostile.sh). Leaves a running stack as it found it.
+hostile: deps build ## hostile-client suite against :8080 and :8000: BENCHMARKS.md, bench/hostile-results.json
+	@scripts/hostile.sh
 
 lint: ## go vet and a gofmt check
 	$(GO) vet ./...

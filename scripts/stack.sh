@@ -676,7 +676,17 @@ mysql_down() {
 
 NGINX_PID="$RUN/nginx.pid"
 # shellcheck disable=SC2016 # literal ${...}: the names envsubst may substitute
-NGINX_VARS='${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID}'
+NGINX_VARS='${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS}'
+
+# nginx_nofile: the open-file limit nginx's workers set themselves (worker_rlimit_nofile): our
+# hard limit, at most 65535 (more buys nothing on one machine's ports).
+nginx_nofile() {
+	local hard
+	hard="$(ulimit -Hn)"
+	[[ "$hard" == unlimited ]] && hard=65535
+	((hard > 65535)) && hard=65535
+	echo "$hard"
+}
 
 # nginx_render OUT: render the template into OUT (atomically).
 nginx_render() {
@@ -693,8 +703,13 @@ nginx_render() {
 		servers+="        server $gw max_fails=3 fail_timeout=5s;"$'\n'
 	done
 	[[ -n "$servers" ]] || die "NGINX_GATEWAYS is empty"
+	# A proxied request holds two descriptors; 64 are left for listeners, logs and cache files.
+	local nofile wconns
+	nofile="$(nginx_nofile)"
+	wconns=$(((nofile - 64) / 2))
+	((wconns >= 256)) || die "the open-file hard limit ($nofile) is too low for nginx: raise ulimit -Hn"
 	mkdir -p "$(dirname "$out")"
-	NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_UPSTREAM_SERVERS="${servers%$'\n'}" \
+	NGINX_RLIMIT_NOFILE="$nofile" NGINX_WORKER_CONNECTIONS="$wconns" NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_UPSTREAM_SERVERS="${servers%$'\n'}" \
 		NGINX_RATE="$rate" NGINX_BURST="$burst" NGINX_CONN="$conn" NGINX_READ_TIMEOUT="$rt" \
 		NGINX_HTML="$ROOT/nginx/html" NGINX_LOG_DIR="$LOG" NGINX_PID="$NGINX_PID" \
 		envsubst "$NGINX_VARS" <"$NGINX_TEMPLATE" >"$out.tmp.$$" || die "cannot render $NGINX_TEMPLATE"
@@ -706,13 +721,10 @@ nginx_args() {
 	local a=(-p "$NGINX_PREFIX" -c "$NGINX_CONF" -e "$LOG/nginx-error.log")
 	# Workers run as the invoking user: the checkout may sit under a 0700 home directory that
 	# "nobody" cannot read (the static page would then be a 403).
-	local g="" hard
-	[[ "$(id -u)" == 0 ]] && g="user root root;"
-	hard="$(ulimit -Hn)"
-	[[ "$hard" == unlimited ]] && hard=65535
-	((hard > 65535)) && hard=65535
-	g+=" worker_rlimit_nofile $hard;"
-	a+=(-g "$g")
+	# (worker_rlimit_nofile is in the rendered config: worker_connections is sized from it.)
+	if [[ "$(id -u)" == 0 ]]; then
+		a+=(-g "user root root;")
+	fi
 	printf '%s\n' "${a[@]}"
 }
 nginx_prep() {
