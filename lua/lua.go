@@ -565,10 +565,25 @@ func ParseOrder(v string) (Record, error) {
 // ParseResv parses a value of the resv hash.
 func ParseResv(v string) (Record, error) { return ParseOrder("pending||" + v) }
 
-// IdemKnown reports whether user has used idempotency key before on this sale
-// (a read, no script): after a sell-out only a replay needs the admission.
+// IdemKnown reports whether a purchase with this idempotency key may be a
+// replay that the admission must answer (two reads, no script): after a
+// sell-out only a replay needs the admission. A sale that is not warmed
+// counts as known: Redis may have lost the key with the rest of its data, and
+// the warm brings it back before it writes meta, so the admission answers
+// not_warmed (503) until then instead of a sold-out that forgets the order.
 func IdemKnown(ctx context.Context, c rueidis.Client, k *Keys, user, key string) (bool, error) {
-	return c.Do(ctx, c.B().Hexists().Key(k.Idem).Field(user+"|"+key).Build()).AsBool()
+	rs := c.DoMulti(ctx,
+		c.B().Hexists().Key(k.Idem).Field(user+"|"+key).Build(),
+		c.B().Exists().Key(k.Meta).Build())
+	known, err := rs[0].AsBool()
+	if err != nil {
+		return false, err
+	}
+	warm, err := rs[1].AsBool()
+	if err != nil {
+		return false, err
+	}
+	return known || !warm, nil
 }
 
 // Order reads one order's record; ok is false when Redis has none.

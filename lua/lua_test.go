@@ -344,6 +344,30 @@ func TestReplayed(t *testing.T) {
 	})
 }
 
+// TestIdemKnown: the read that lets a keyed purchase past a sold-out mark
+// says "known" for a key used before and for a sale Redis has lost (it may
+// have lost the key too: the admission then answers not_warmed, never a
+// sold-out that forgets the first order), and "unknown" only for a new key on
+// a warm sale.
+func TestIdemKnown(t *testing.T) {
+	eachTarget(t, func(t *testing.T, c rueidis.Client) {
+		s := newSale(t, c, nil)
+		s.mustAdmit(lua.AdmitArgs{User: "alice", Quantity: 1, IdemKey: "key"})
+		for _, tc := range []struct {
+			user, key string
+			want      bool
+		}{{"alice", "key", true}, {"alice", "other", false}, {"bob", "key", false}} {
+			if got, err := lua.IdemKnown(ctx(t), c, s.k, tc.user, tc.key); err != nil || got != tc.want {
+				t.Fatalf("warm sale, %s/%s: known %v (%v), want %v", tc.user, tc.key, got, err, tc.want)
+			}
+		}
+		cold := lua.KeysFor(testenv.ID("cold"), nil)
+		if got, err := lua.IdemKnown(ctx(t), c, cold, "alice", "new"); err != nil || !got {
+			t.Fatalf("cold sale: known %v (%v), want true (the admission decides)", got, err)
+		}
+	})
+}
+
 func TestNotWarmed(t *testing.T) {
 	eachTarget(t, func(t *testing.T, c rueidis.Client) {
 		t.Run("no meta", func(t *testing.T) {
