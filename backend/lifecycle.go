@@ -276,7 +276,7 @@ func (b *Backend) absent(ctx context.Context, cmd bus.OrderCommand) (bus.OrderRe
 	if err != nil {
 		return bus.OrderReply{}, fmt.Errorf("order %d in redis: %w", cmd.OrderID, err)
 	}
-	if ok && rec.User == cmd.UserID && (rec.Status == "pending" || rec.Status == "processing") {
+	if ok && rec.User == cmd.UserID && (rec.Status == lua.StatusPending || rec.Status == lua.StatusProcessing) {
 		return bus.OrderReply{Code: string(flashgate.CodeConflict), Message: "order is still being confirmed; retry",
 			Status: string(flashgate.OrderPending)}, nil
 	}

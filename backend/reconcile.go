@@ -716,7 +716,7 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 		// gives its units back to the stock and the buyer taken off above. Its
 		// limit charges are left out: the rebuilt counters hold MySQL's only,
 		// and MySQL's guard judges the order when it lands.
-		r := lua.Record{Status: "processing", User: m.User, Qty: m.Qty, Region: m.Region,
+		r := lua.Record{Status: lua.StatusProcessing, User: m.User, Qty: m.Qty, Region: m.Region,
 			Created: m.Created, Expires: m.Expires, Idem: m.Idem}
 		sid := strconv.FormatUint(id, 10)
 		cmds = append(cmds,

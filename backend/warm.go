@@ -66,7 +66,7 @@ func newWarmer(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *slog.Lo
 }
 
 // warmLockKey carries the sale's hash tag, so it lives on the sale's shard.
-func warmLockKey(sale string) string { return "fg:{s:" + sale + "}:warming" }
+func warmLockKey(sale string) string { return lua.KeysFor(sale, nil).Warming }
 
 // warm makes sale known to Redis if its meta is missing, and answers whether it
 // did. Under a short Redis lock (so backends warming the same sale at once do

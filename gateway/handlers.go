@@ -461,7 +461,7 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
 		g.enqueueRelease(releaseJob{s: s, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
 		unavailable(ctx, "order queue unavailable")
-	case rel.Claimed || (rel.Status != "" && rel.Status != "released"):
+	case rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased):
 		accepted(ctx, m.ID, flashgate.OrderPending)
 	default:
 		if rel.Released {
@@ -493,10 +493,10 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 		return
 	}
 	switch rec.Status {
-	case "released":
+	case lua.StatusReleased:
 		unavailable(ctx, "order queue unavailable")
 		return
-	case "pending":
+	case lua.StatusPending:
 		m := &bus.OrderMsg{ID: id, Sale: s.spec.ID, User: rec.User, Qty: rec.Qty, Region: rec.Region,
 			Created: rec.Created, Expires: rec.Expires, Idem: rec.Idem, Charges: rec.Charges}
 		m.SubjectsFromCharges(s.spec.Limits)
@@ -515,7 +515,7 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 
 func publicStatus(st string) flashgate.OrderStatus {
 	switch st {
-	case "pending", "processing":
+	case lua.StatusPending, lua.StatusProcessing:
 		return flashgate.OrderPending
 	}
 	return flashgate.OrderStatus(st)
@@ -584,7 +584,7 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 		g.orderFromBackend(ctx, s, claims.Subject, id)
 		return
 	}
-	if rec.User != claims.Subject || rec.Status == "released" {
+	if rec.User != claims.Subject || rec.Status == lua.StatusReleased {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
@@ -658,7 +658,7 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 	cancel()
 	// Another user's order, or one that never existed, is answered here. An
 	// order Redis does not know (it lost its data) goes on: MySQL decides.
-	if err == nil && known && (rec.User != claims.Subject || rec.Status == "released") {
+	if err == nil && known && (rec.User != claims.Subject || rec.Status == lua.StatusReleased) {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,7 +172,7 @@ func (s *sale) release(id uint64, region, mode, reason string) lua.ReleaseResult
 	return r
 }
 
-func (s *sale) claim(ids ...uint64) []string {
+func (s *sale) claim(ids ...uint64) []lua.ClaimStatus {
 	s.t.Helper()
 	out, err := scripts.Claim(ctx(s.t), s.c, s.k, ids)
 	if err != nil {
@@ -729,10 +730,10 @@ func TestClaim(t *testing.T) {
 		a2, _ := s.mustAdmit(lua.AdmitArgs{User: "u2"})
 		s.release(a2, "", lua.ReleaseGateway, flashgate.ReasonPublishFailed)
 		missing := nextID()
-		want := []string{lua.ClaimOK, lua.ClaimReleased, lua.ClaimUnknown}
+		want := []lua.ClaimStatus{lua.ClaimOK, lua.ClaimReleased, lua.ClaimUnknown}
 		for i := 0; i < 2; i++ { // idempotent
 			got := s.claim(a1, a2, missing)
-			if strings.Join(got, ",") != strings.Join(want, ",") {
+			if !slices.Equal(got, want) {
 				t.Fatalf("claim #%d = %v, want %v", i, got, want)
 			}
 			if rec, _ := s.order(a1); rec != record("processing", args1) {
