@@ -35,8 +35,6 @@ tools
   sale close ID              stop selling now
   sale reconcile ID          repair and report a sale's ledger
   bench --sale ID ...        fire purchase requests, then audit the invariants
-  bench-ingest [--orders N]  time a backend writing N pre-filled orders into MySQL, then audit
-  bench-conns --pid PID      hold 10,000 idle keep-alive connections to a gateway, report its RSS
   demo                       create a sale and bench it (what 'make demo' runs)
   help                       this text
 
@@ -79,10 +77,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return saleCmd(args, stdout, stderr)
 	case "bench":
 		return benchCmd(args, stdout, stderr)
-	case "bench-ingest":
-		return benchIngestCmd(args, stdout, stderr)
-	case "bench-conns":
-		return benchConnsCmd(args, stdout, stderr)
 	case "demo":
 		return demoCmd(args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
