@@ -4,7 +4,8 @@
 // DESIGN.md §2 afterwards, and the demo `make demo` runs.
 //
 // main only wires: flags and configuration in, the packages named for each
-// job do the work.
+// job do the work. The benchmark harnesses are not commands of the product:
+// they are programs of their own under bench/ (docs/bench-tools.md).
 package main
 
 import (
