@@ -2,9 +2,12 @@ package loadgen
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"sort"
 	"strings"
 	"time"
@@ -16,9 +19,10 @@ import (
 	"github.com/flashgate/flashgate/config"
 )
 
-// What follows is the end of a load: waiting for the backend to write what
-// the gateway accepted, then the audit, printed. `flashgate bench`, the demo
-// and the ingest bench (bench/ingest) share it.
+// What follows is around a load: the sale it runs on, waiting for that sale to
+// reach the gateways, and at the end waiting for the backend to write what the
+// gateway accepted, then the audit, printed. `flashgate bench`, the demo and
+// the ingest bench (bench/ingest) share it.
 
 // NewSale is a sale that starts now and lasts an hour.
 func NewSale(id, title string, total, perUser, perOrder, price int64, now time.Time) *flashgate.Sale {
@@ -27,6 +31,45 @@ func NewSale(id, title string, total, perUser, perOrder, price int64, now time.T
 		ID: id, Title: title, PriceCents: price, Total: total,
 		StartsAt: start, EndsAt: start.Add(time.Hour),
 		PerUserLimit: perUser, PerOrderMax: perOrder,
+	}
+}
+
+// AwaitActive waits until the target's public API shows the new sale active,
+// so that the first requests do not race the sale's way to the gateways. A
+// sale that does not show up in time is reported, and the load runs anyway.
+func AwaitActive(ctx context.Context, target, sale string, timeout time.Duration, stderr io.Writer) {
+	u := strings.TrimSuffix(target, "/") + "/v1/sales/" + url.PathEscape(sale)
+	hc := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(timeout)
+	last := "no answer"
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		if err != nil {
+			fmt.Fprintf(stderr, "warning: %v\n", err)
+			return
+		}
+		if resp, err := hc.Do(req); err != nil {
+			last = err.Error()
+		} else {
+			var info struct {
+				State string `json:"state"`
+			}
+			err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusOK && info.State == string(flashgate.SaleActive):
+				return
+			case err != nil:
+				last = fmt.Sprintf("%d, %v", resp.StatusCode, err)
+			default:
+				last = fmt.Sprintf("%d, state %q", resp.StatusCode, info.State)
+			}
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(stderr, "warning: sale %s not active at %s after %s (%s); running anyway\n", sale, u, timeout, last)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -2,7 +2,12 @@ package loadgen
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,5 +78,28 @@ func TestMintTokens(t *testing.T) {
 		if err != nil || c.Subject != User(i) {
 			t.Fatalf("token %d: %v, sub %q", i, err, c.Subject)
 		}
+	}
+}
+
+// The load waits for its new sale to show active, and runs anyway, with a
+// warning, when it does not in time.
+func TestAwaitActive(t *testing.T) {
+	var asked atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		state := "upcoming"
+		if r.URL.Path == "/v1/sales/s1" && asked.Add(1) >= 3 {
+			state = "active"
+		}
+		fmt.Fprintf(w, `{"id":"s","state":%q}`, state)
+	}))
+	defer srv.Close()
+	var warn bytes.Buffer
+	AwaitActive(context.Background(), srv.URL, "s1", time.Minute, &warn)
+	if asked.Load() != 3 || warn.Len() != 0 {
+		t.Fatalf("asked %d times, warned %q", asked.Load(), warn.String())
+	}
+	AwaitActive(context.Background(), srv.URL, "s2", 300*time.Millisecond, &warn)
+	if !strings.Contains(warn.String(), `sale s2 not active`) || !strings.Contains(warn.String(), `state "upcoming"`) {
+		t.Fatalf("warning %q", warn.String())
 	}
 }

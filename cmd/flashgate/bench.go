@@ -6,12 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -148,7 +145,7 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 			return fmt.Errorf("create sale %s: %w", o.create.ID, err)
 		}
 		fmt.Fprintf(stderr, "%s: created sale %s\n", o.label, o.create.ID)
-		awaitActive(ctx, o.target, o.sale, 15*time.Second, stderr)
+		loadgen.AwaitActive(ctx, o.target, o.sale, 15*time.Second, stderr)
 	}
 	// Tokens are minted before the clock starts; they outlive the run.
 	tokens, err := loadgen.MintTokens(secret, kid, o.users, max(time.Hour, o.duration+10*time.Minute))
@@ -245,43 +242,4 @@ func stopRule(o benchOptions) string {
 		return "requests for " + o.duration.String()
 	}
 	return strconv.FormatInt(o.requests, 10) + " requests"
-}
-
-// awaitActive waits until the target's public API shows the new sale active,
-// so that the first requests do not race the sale's way to the gateways. A
-// sale that does not show up in time is reported, and the load runs anyway.
-func awaitActive(ctx context.Context, target, sale string, timeout time.Duration, stderr io.Writer) {
-	u := strings.TrimSuffix(target, "/") + "/v1/sales/" + url.PathEscape(sale)
-	hc := &http.Client{Timeout: 2 * time.Second}
-	deadline := time.Now().Add(timeout)
-	last := "no answer"
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-		if err != nil {
-			fmt.Fprintf(stderr, "warning: %v\n", err)
-			return
-		}
-		if resp, err := hc.Do(req); err != nil {
-			last = err.Error()
-		} else {
-			var info struct {
-				State string `json:"state"`
-			}
-			err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info)
-			resp.Body.Close()
-			switch {
-			case resp.StatusCode == http.StatusOK && info.State == string(flashgate.SaleActive):
-				return
-			case err != nil:
-				last = fmt.Sprintf("%d, %v", resp.StatusCode, err)
-			default:
-				last = fmt.Sprintf("%d, state %q", resp.StatusCode, info.State)
-			}
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(stderr, "warning: sale %s not active at %s after %s (%s); running anyway\n", sale, u, timeout, last)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
