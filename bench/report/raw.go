@@ -152,7 +152,7 @@ type seedsResult struct {
 	TransportErrors int64   `json:"transport_errors"`
 }
 
-// ingestResult is `flashgate bench-ingest --json`.
+// ingestResult is `flashgate-bench-ingest --json` (bench/ingest).
 type ingestResult struct {
 	Orders        int       `json:"orders"`
 	ElapsedS      float64   `json:"elapsed_s"`
@@ -169,7 +169,7 @@ type ingestResult struct {
 	Audit         auditInfo `json:"audit"`
 }
 
-// connsResult is `flashgate bench-conns --json`.
+// connsResult is `flashgate-bench-conns --json` (bench/conns).
 type connsResult struct {
 	Conns     int      `json:"conns"`
 	Opened    int      `json:"opened"`
