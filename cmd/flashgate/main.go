@@ -4,7 +4,8 @@
 // DESIGN.md §2 afterwards, and the demo `make demo` runs.
 //
 // main only wires: flags and configuration in, the packages named for each
-// job do the work.
+// job do the work. The benchmark harnesses are not commands of the product:
+// they are programs of their own under bench/ (docs/bench-tools.md).
 package main
 
 import (
@@ -35,8 +36,6 @@ tools
   sale close ID              stop selling now
   sale reconcile ID          repair and report a sale's ledger
   bench --sale ID ...        fire purchase requests, then audit the invariants
-  bench-ingest [--orders N]  time a backend writing N pre-filled orders into MySQL, then audit
-  bench-conns --pid PID      hold 10,000 idle keep-alive connections to a gateway, report its RSS
   demo                       create a sale and bench it (what 'make demo' runs)
   help                       this text
 
@@ -79,10 +78,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return saleCmd(args, stdout, stderr)
 	case "bench":
 		return benchCmd(args, stdout, stderr)
-	case "bench-ingest":
-		return benchIngestCmd(args, stdout, stderr)
-	case "bench-conns":
-		return benchConnsCmd(args, stdout, stderr)
 	case "demo":
 		return demoCmd(args, stdout, stderr)
 	case "help", "-h", "-help", "--help":

@@ -27,9 +27,12 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/adminapi"
 	"github.com/flashgate/flashgate/audit"
+	"github.com/flashgate/flashgate/bench/internal/cli"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/loadgen"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/orderid"
 )
@@ -49,12 +52,12 @@ type ingestOptions struct {
 	profileFor   time.Duration // CPU profile length, from the backend's start
 }
 
-func benchIngestCmd(args []string, stdout, stderr io.Writer) error {
-	c := newCommand("bench-ingest", "[--orders N] [--json FILE]", stderr)
+func run(args []string, stdout, stderr io.Writer) error {
+	c := cli.NewCommand(programName, "[--orders N] [--json FILE]", stderr)
 	o := ingestOptions{}
 	c.IntVar(&o.orders, "orders", 100000, "orders to pre-fill the stream with, one unit each for a distinct user, then ingest")
 	c.IntVar(&o.fillConc, "fill-concurrency", 64, "admissions and publishes in flight while filling the stream")
-	c.StringVar(&o.backendBin, "backend-bin", "", "flashgate `binary` to run the backend from (default: this one)")
+	c.StringVar(&o.backendBin, "backend-bin", "", "flashgate `binary` to run the backend from (default: flashgate beside this program, else on the PATH)")
 	c.StringVar(&o.logPath, "backend-log", "", "append the backend's log to this `file` (default var/log/bench-ingest-backend.log, or one in the temp directory)")
 	c.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up when the backend has not written every order by then")
 	c.DurationVar(&o.drainTimeout, "drain-timeout", 60*time.Second, "how long to wait for Redis to settle after the last row, before the audit")
@@ -62,30 +65,30 @@ func benchIngestCmd(args []string, stdout, stderr io.Writer) error {
 	c.StringVar(&o.jsonPath, "json", "", "also write the result as JSON to this `file`")
 	c.StringVar(&o.profileDir, "profile", "", "save the ingesting backend's pprof profiles in this `directory`: backend-cpu.pprof (the first --profile-seconds) and backend-allocs.pprof (at the end)")
 	profileSecs := c.Int("profile-seconds", 5, "length of the CPU profile, in seconds")
-	pos, err := c.parse(args)
+	pos, err := c.ParseAll(args)
 	if err != nil {
 		return err
 	}
 	switch {
 	case len(pos) > 0:
-		return c.usageError("unexpected arguments %q", pos)
+		return c.UsageError("unexpected arguments %q", pos)
 	case o.orders < 1 || int64(o.orders) > flashgate.MaxSaleUnits:
-		return c.usageError("--orders must be 1..%d", flashgate.MaxSaleUnits)
+		return c.UsageError("--orders must be 1..%d", flashgate.MaxSaleUnits)
 	case o.fillConc < 1:
-		return c.usageError("--fill-concurrency must be at least 1")
+		return c.UsageError("--fill-concurrency must be at least 1")
 	case o.timeout <= 0 || o.drainTimeout <= 0:
-		return c.usageError("--timeout and --drain-timeout must be positive")
+		return c.UsageError("--timeout and --drain-timeout must be positive")
 	case o.profileDir != "" && *profileSecs < 1:
-		return c.usageError("--profile-seconds must be at least 1")
+		return c.UsageError("--profile-seconds must be at least 1")
 	}
 	o.profileFor = time.Duration(*profileSecs) * time.Second
 	if o.backendBin == "" {
-		if o.backendBin, err = os.Executable(); err != nil {
-			return fmt.Errorf("bench-ingest: cannot find this binary (give --backend-bin): %w", err)
+		if o.backendBin, err = findFlashgate(); err != nil {
+			return fmt.Errorf("bench-ingest: %w (give --backend-bin)", err)
 		}
 	}
-	o.configPath = c.configPath
-	cfg, err := c.config()
+	o.configPath = c.ConfigPath
+	cfg, err := c.Config()
 	if err != nil {
 		return err
 	}
@@ -161,7 +164,7 @@ func runIngest(ctx context.Context, base config.Config, o ingestOptions, stdout,
 	}
 	err = p.awaitReady(ctx, "http://"+r.cfg.Backend.AdminListen+"/readyz", 60*time.Second)
 	if err == nil {
-		_, err = newAdmin(r.cfg).createSale(ctx, r.sale)
+		_, err = adminapi.New(r.cfg).CreateSale(ctx, r.sale)
 	}
 	if serr := p.stop(30 * time.Second); err == nil {
 		err = serr
@@ -229,24 +232,24 @@ func runIngest(ctx context.Context, base config.Config, o ingestOptions, stdout,
 	}
 
 	// 4. The audit, as bench runs it.
-	rep, waited, drained, err := awaitDrain(ctx, r.cfg, r.sale.ID, accepted, o.drainTimeout)
+	rep, waited, drained, err := loadgen.AwaitDrain(ctx, r.cfg, r.sale.ID, accepted, o.drainTimeout)
 	if err != nil {
 		return err
 	}
-	writeAudit(stdout, rep, len(accepted), waited, drained)
+	loadgen.WriteAudit(stdout, rep, len(accepted), waited, drained)
 	confirmed := rep.ByStatus[string(flashgate.OrderConfirmed)]
 	res.Audit = rep
 	res.AuditOK = rep.OK() && drained && confirmed == int64(o.orders)
-	line := summaryLine("ingest", rep, 0)
+	line := loadgen.SummaryLine("ingest", rep, 0)
 	if confirmed != int64(o.orders) {
 		line += fmt.Sprintf(", confirmed %d of %d", confirmed, o.orders)
 	}
 	fmt.Fprintln(stdout, line)
-	if err := writeJSON(o.jsonPath, res); err != nil {
+	if err := cli.WriteJSON(o.jsonPath, res); err != nil {
 		return err
 	}
 	if !res.AuditOK {
-		return exitCode(1)
+		return cli.ExitCode(1)
 	}
 	return nil
 }
@@ -282,7 +285,7 @@ func newIngestRun(base config.Config, o ingestOptions, stderr io.Writer) (*inges
 	r := &ingestRun{o: o, cfg: cfg, stderr: stderr}
 	r.env = append(os.Environ(), config.Environ(cfg)...)
 	// A day, so that neither the fill nor a slow ingestion outlives the sale.
-	r.sale = newSale("ingest-"+id, "flashgate ingest", int64(o.orders), 1, 1, 9900, time.Now())
+	r.sale = loadgen.NewSale("ingest-"+id, "flashgate ingest", int64(o.orders), 1, 1, 9900, time.Now())
 	r.sale.EndsAt = r.sale.StartsAt.Add(24 * time.Hour)
 
 	path := o.logPath
@@ -387,7 +390,7 @@ func (r *ingestRun) fill(ctx context.Context) ([]uint64, error) {
 				}
 				id := lease.Next()
 				now := time.Now()
-				m := bus.OrderMsg{ID: id, Sale: r.sale.ID, User: benchUser(int(i)), Qty: 1,
+				m := bus.OrderMsg{ID: id, Sale: r.sale.ID, User: loadgen.User(int(i)), Qty: 1,
 					Created: now.UnixMilli(), Expires: now.Add(payFor).UnixMilli()}
 				actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				adm, err := scripts.Admit(actx, rc, keys, lua.AdmitArgs{User: m.User, Quantity: 1, OrderID: id, Now: now, PayBy: now.Add(payFor)})
