@@ -13,32 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/lua"
 )
-
-// OpenDB opens MySQL the way every flashgate process does: times are parsed into
-// time.Time in UTC, and parameters are interpolated client-side (one round trip
-// per statement instead of prepare + execute + close).
-func OpenDB(dsn string) (*sql.DB, error) {
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("mysql dsn: %w", err)
-	}
-	cfg.ParseTime = true
-	cfg.Loc = time.UTC
-	cfg.InterpolateParams = true
-	conn, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("mysql %s: %w", cfg.Addr, err)
-	}
-	return sql.OpenDB(conn), nil
-}
 
 // ErrSaleNotFound is returned for a sale MySQL does not know.
 var ErrSaleNotFound = errors.New("sale not found")

@@ -24,6 +24,7 @@ import (
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/loadgen"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 const defaultTarget = "http://127.0.0.1:8080"
@@ -303,7 +304,7 @@ func awaitActive(ctx context.Context, target, sale string, timeout time.Duration
 // row in MySQL and Redis holds no reservation, or until timeout; then the last
 // audit stands, with whatever it found lost.
 func awaitDrain(ctx context.Context, cfg config.Config, sale string, accepted []uint64, timeout time.Duration) (rep audit.Report, waited time.Duration, drained bool, err error) {
-	db, err := audit.OpenDB(cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(cfg.MySQL.DSN)
 	if err != nil {
 		return rep, 0, false, fmt.Errorf("mysql: %w", err)
 	}

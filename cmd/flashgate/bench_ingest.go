@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	driver "github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
@@ -31,6 +31,7 @@ import (
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 	"github.com/flashgate/flashgate/orderid"
 )
 
@@ -183,7 +184,7 @@ func runIngest(ctx context.Context, base config.Config, o ingestOptions, stdout,
 		o.orders, fill.Seconds(), float64(o.orders)/fill.Seconds())
 
 	// 3. The backend starts and writes them: time it from the outside.
-	db, err := audit.OpenDB(r.cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(r.cfg.MySQL.DSN)
 	if err != nil {
 		return fmt.Errorf("mysql: %w", err)
 	}
@@ -265,12 +266,14 @@ func newIngestRun(base config.Config, o ingestOptions, stderr io.Writer) (*inges
 	cfg.NATS.EventSubject = "flashgate.ingest." + id + ".events"
 	cfg.NATS.CommandSubject = "flashgate.ingest." + id + ".cmd"
 	cfg.NATS.Consumer = "flashgate-ingest-" + id
-	dsn, err := mysql.ParseDSN(base.MySQL.DSN)
+	dsn, err := driver.ParseDSN(base.MySQL.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
 	dsn.DBName = "flashgate_ingest_" + id
 	cfg.MySQL.DSN = dsn.FormatDSN()
+	// The run's database is new: its backend builds the schema.
+	cfg.MySQL.AutoMigrate = true
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -310,7 +313,7 @@ func freePort() (int, error) {
 
 // mysqlServer opens the run's MySQL server without selecting a database.
 func (r *ingestRun) mysqlServer() (*sql.DB, error) {
-	dsn, err := mysql.ParseDSN(r.cfg.MySQL.DSN)
+	dsn, err := driver.ParseDSN(r.cfg.MySQL.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
@@ -319,7 +322,7 @@ func (r *ingestRun) mysqlServer() (*sql.DB, error) {
 }
 
 func (r *ingestRun) dbName() string {
-	dsn, _ := mysql.ParseDSN(r.cfg.MySQL.DSN)
+	dsn, _ := driver.ParseDSN(r.cfg.MySQL.DSN)
 	return dsn.DBName
 }
 

@@ -8,6 +8,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,6 +35,7 @@ tools
   sale show ID               print a sale's ledger
   sale close ID              stop selling now
   sale reconcile ID          repair and report a sale's ledger
+  migrate up | status        apply the pending schema migrations | list them, applied or pending
   bench --sale ID ...        fire purchase requests, then audit the invariants
   bench-ingest [--orders N]  time a backend writing N pre-filled orders into MySQL, then audit
   bench-conns --pid PID      hold 10,000 idle keep-alive connections to a gateway, report its RSS
@@ -77,6 +79,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return tokenCmd(args, stdout, stderr)
 	case "sale":
 		return saleCmd(args, stdout, stderr)
+	case "migrate":
+		return runMigrate(context.Background(), args, stdout, stderr)
 	case "bench":
 		return benchCmd(args, stdout, stderr)
 	case "bench-ingest":
