@@ -334,7 +334,7 @@ func (r *ingestRun) createDatabase(ctx context.Context) error {
 	defer db.Close()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := db.ExecContext(cctx, "CREATE DATABASE `"+r.dbName()+"`"); err != nil {
+	if err := mysql.CreateDatabase(cctx, db, r.dbName()); err != nil {
 		return fmt.Errorf("mysql: create database %s: %w", r.dbName(), err)
 	}
 	return nil
@@ -539,11 +539,11 @@ func (r *ingestRun) watch(ctx context.Context, db *sql.DB, p *process, spawned t
 	deadline := spawned.Add(r.o.timeout)
 	var lastEmpty, first, lastCount time.Time
 	lastReport := time.Now()
-	query := func(q string, v *int64) (sent, back time.Time, err error) {
+	query := func(read func(context.Context, mysql.Querier, string) (int64, error), v *int64) (sent, back time.Time, err error) {
 		sent = time.Now()
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		err = db.QueryRowContext(qctx, q, r.sale.ID).Scan(v)
+		*v, err = read(qctx, db, r.sale.ID)
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		} else if err != nil {
@@ -551,10 +551,7 @@ func (r *ingestRun) watch(ctx context.Context, db *sql.DB, p *process, spawned t
 		}
 		return sent, time.Now(), err
 	}
-	const (
-		countRows = `SELECT COUNT(*) FROM orders WHERE sale_id = ?`
-		readSold  = `SELECT sold FROM sales WHERE id = ?`
-	)
+	countRows, readSold := mysql.SaleOrderCount, mysql.SaleSold
 	var rows, sold int64
 	for {
 		var back time.Time
@@ -630,7 +627,7 @@ func (r *ingestRun) cleanup(stderr io.Writer) {
 	if db, err := r.mysqlServer(); err != nil {
 		warn("mysql", err)
 	} else {
-		_, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+r.dbName()+"`")
+		err := mysql.DropDatabase(ctx, db, r.dbName())
 		warn("drop database "+r.dbName(), err)
 		db.Close()
 	}
