@@ -279,7 +279,7 @@ func InsertFailed(ctx context.Context, db Querier, o OrderRow, now time.Time) (b
 	return n == 1, nil
 }
 
-// OrderState reads one order's status and reason; ErrNoOrder when MySQL has
+// OrderStateOf reads one order's status and reason; ErrNoOrder when MySQL has
 // no row of it.
 func OrderStateOf(ctx context.Context, db Querier, id uint64) (OrderState, error) {
 	var st OrderState
