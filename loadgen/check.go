@@ -17,6 +17,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // What follows is around a load: the sale it runs on, waiting for that sale to
@@ -77,7 +78,7 @@ func AwaitActive(ctx context.Context, target, sale string, timeout time.Duration
 // row in MySQL and Redis holds no reservation, or until timeout; then the last
 // audit stands, with whatever it found lost.
 func AwaitDrain(ctx context.Context, cfg config.Config, sale string, accepted []uint64, timeout time.Duration) (rep audit.Report, waited time.Duration, drained bool, err error) {
-	db, err := audit.OpenDB(cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(cfg.MySQL.DSN)
 	if err != nil {
 		return rep, 0, false, fmt.Errorf("mysql: %w", err)
 	}

@@ -318,6 +318,8 @@ role_env() {
 		"FLASHGATE_REDIS_USERNAME=$ru" "FLASHGATE_REDIS_PASSWORD=$rp" \
 		"FLASHGATE_NATS_USER=$nu" "FLASHGATE_NATS_PASSWORD=$np" \
 		"FLASHGATE_MYSQL_DSN=$(mysql_dsn "$mu" "$mp")"
+	# The local stack's backend brings the schema up to date itself (docs/storage.md).
+	if [[ "$1" == backend ]]; then printf '%s\n' "FLASHGATE_MYSQL_AUTO_MIGRATE=true"; fi
 	# Where this stack is, when it is not on the default ports (the config file names those).
 	if ((OFFSET)); then
 		printf '%s\n' "FLASHGATE_REDIS_ADDRS=127.0.0.1:$REDIS_PORT" "FLASHGATE_NATS_URL=nats://127.0.0.1:$NATS_PORT" \
@@ -583,7 +585,8 @@ mysql_cli_nopass() { mariadb --no-defaults -h127.0.0.1 -P"$MYSQL_PORT" -uroot --
 mysql_ok() { mysql_cli -e 'select 1' >/dev/null 2>&1 || mysql_cli_nopass -e 'select 1' >/dev/null 2>&1; }
 
 # mysql_users: root's password, then a user per role (idempotent; a changed password is applied).
-# The backend runs the migrations at start, so it may create and alter tables of flashgate (not
+# The backend runs the migrations at start (mysql.auto_migrate), so it may create and alter tables
+# of flashgate and keep goose's version table (insert, delete) (not
 # drop them); the admin (operator, tests) has every right on flashgate* and on the tests'
 # fgtest_* databases, and may create and drop those.
 mysql_users() {

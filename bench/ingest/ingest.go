@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	driver "github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
@@ -34,6 +34,7 @@ import (
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/loadgen"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 	"github.com/flashgate/flashgate/orderid"
 )
 
@@ -186,7 +187,7 @@ func runIngest(ctx context.Context, base config.Config, o ingestOptions, stdout,
 		o.orders, fill.Seconds(), float64(o.orders)/fill.Seconds())
 
 	// 3. The backend starts and writes them: time it from the outside.
-	db, err := audit.OpenDB(r.cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(r.cfg.MySQL.DSN)
 	if err != nil {
 		return fmt.Errorf("mysql: %w", err)
 	}
@@ -268,12 +269,14 @@ func newIngestRun(base config.Config, o ingestOptions, stderr io.Writer) (*inges
 	cfg.NATS.EventSubject = "flashgate.ingest." + id + ".events"
 	cfg.NATS.CommandSubject = "flashgate.ingest." + id + ".cmd"
 	cfg.NATS.Consumer = "flashgate-ingest-" + id
-	dsn, err := mysql.ParseDSN(base.MySQL.DSN)
+	dsn, err := driver.ParseDSN(base.MySQL.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
 	dsn.DBName = "flashgate_ingest_" + id
 	cfg.MySQL.DSN = dsn.FormatDSN()
+	// The run's database is new: its backend builds the schema.
+	cfg.MySQL.AutoMigrate = true
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -313,7 +316,7 @@ func freePort() (int, error) {
 
 // mysqlServer opens the run's MySQL server without selecting a database.
 func (r *ingestRun) mysqlServer() (*sql.DB, error) {
-	dsn, err := mysql.ParseDSN(r.cfg.MySQL.DSN)
+	dsn, err := driver.ParseDSN(r.cfg.MySQL.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
@@ -322,7 +325,7 @@ func (r *ingestRun) mysqlServer() (*sql.DB, error) {
 }
 
 func (r *ingestRun) dbName() string {
-	dsn, _ := mysql.ParseDSN(r.cfg.MySQL.DSN)
+	dsn, _ := driver.ParseDSN(r.cfg.MySQL.DSN)
 	return dsn.DBName
 }
 
@@ -334,7 +337,7 @@ func (r *ingestRun) createDatabase(ctx context.Context) error {
 	defer db.Close()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := db.ExecContext(cctx, "CREATE DATABASE `"+r.dbName()+"`"); err != nil {
+	if err := mysql.CreateDatabase(cctx, db, r.dbName()); err != nil {
 		return fmt.Errorf("mysql: create database %s: %w", r.dbName(), err)
 	}
 	return nil
@@ -539,11 +542,11 @@ func (r *ingestRun) watch(ctx context.Context, db *sql.DB, p *process, spawned t
 	deadline := spawned.Add(r.o.timeout)
 	var lastEmpty, first, lastCount time.Time
 	lastReport := time.Now()
-	query := func(q string, v *int64) (sent, back time.Time, err error) {
+	query := func(read func(context.Context, mysql.Querier, string) (int64, error), v *int64) (sent, back time.Time, err error) {
 		sent = time.Now()
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		err = db.QueryRowContext(qctx, q, r.sale.ID).Scan(v)
+		*v, err = read(qctx, db, r.sale.ID)
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		} else if err != nil {
@@ -551,10 +554,7 @@ func (r *ingestRun) watch(ctx context.Context, db *sql.DB, p *process, spawned t
 		}
 		return sent, time.Now(), err
 	}
-	const (
-		countRows = `SELECT COUNT(*) FROM orders WHERE sale_id = ?`
-		readSold  = `SELECT sold FROM sales WHERE id = ?`
-	)
+	countRows, readSold := mysql.SaleOrderCount, mysql.SaleSold
 	var rows, sold int64
 	for {
 		var back time.Time
@@ -630,7 +630,7 @@ func (r *ingestRun) cleanup(stderr io.Writer) {
 	if db, err := r.mysqlServer(); err != nil {
 		warn("mysql", err)
 	} else {
-		_, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+r.dbName()+"`")
+		err := mysql.DropDatabase(ctx, db, r.dbName())
 		warn("drop database "+r.dbName(), err)
 		db.Close()
 	}

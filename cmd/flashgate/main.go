@@ -9,6 +9,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -35,6 +36,7 @@ tools
   sale show ID               print a sale's ledger
   sale close ID              stop selling now
   sale reconcile ID          repair and report a sale's ledger
+  migrate up | status        apply the pending schema migrations | list them, applied or pending
   bench --sale ID ...        fire purchase requests, then audit the invariants
   demo                       create a sale and bench it (what 'make demo' runs)
   help                       this text
@@ -76,6 +78,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return tokenCmd(args, stdout, stderr)
 	case "sale":
 		return saleCmd(args, stdout, stderr)
+	case "migrate":
+		return runMigrate(context.Background(), args, stdout, stderr)
 	case "bench":
 		return benchCmd(args, stdout, stderr)
 	case "demo":
