@@ -12,7 +12,7 @@ import (
 
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/backend"
-	"github.com/flashgate/flashgate/gateway"
+	"github.com/flashgate/flashgate/internal/wire"
 )
 
 // serve runs the gateway or the backend until SIGINT or SIGTERM.
@@ -41,7 +41,7 @@ func serve(name string, args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	runner := gateway.Run
+	runner := wire.RunGateway
 	if name == "backend" {
 		runner = backend.Run
 	} else if mb := cfg.Gateway.MemoryLimitMB; mb > 0 {
