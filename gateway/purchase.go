@@ -553,19 +553,3 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 	}
 	accepted(ctx, id, publicStatus(rec.Status))
 }
-
-// regionName returns the sale's own copy of a region name, without
-// allocating, or "" for a region the sale does not have.
-func (s *sale) regionName(b []byte) string {
-	for r := range s.spec.Regions {
-		if r == string(b) {
-			return r
-		}
-	}
-	return ""
-}
-
-// statusTooEarly is 425 Too Early, the status of not_started.
-const statusTooEarly = 425
-
-func ceilSeconds(ms int64) int64 { return (ms + 999) / 1000 }

@@ -46,8 +46,8 @@ func serve(name string, args []string, stderr io.Writer) error {
 		runner = backend.Run
 	} else if mb := cfg.Gateway.MemoryLimitMB; mb > 0 {
 		// The soft limit is the process's: set here, where the process is
-		// the gateway, not in gateway.Start (tests run a gateway, a backend
-		// and the load in one process, under -race).
+		// the gateway, not in gateway.Start or internal/wire (tests run a
+		// gateway, a backend and the load in one process, under -race).
 		debug.SetMemoryLimit(int64(mb) << 20)
 	}
 	if cfg.Dev {
