@@ -35,9 +35,9 @@ func StartGateway(ctx context.Context, cfg config.Config) (*Gateway, error) {
 	return &Gateway{Gateway: g, clients: c}, nil
 }
 
-// Shutdown stops serving and drains in-flight requests (gateway.Shutdown),
-// then closes the clients: NATS is drained last, so every order published
-// during the drain is flushed. Idempotent.
+// Shutdown stops serving and drains in-flight requests (gateway.Shutdown,
+// which also gives back the order-id node, a Redis call), and only then closes
+// the clients, which nothing uses any more. Idempotent.
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	err := g.Gateway.Shutdown(ctx)
 	if cerr := g.clients.Close(); cerr != nil {
