@@ -100,7 +100,7 @@ func Start(ctx context.Context, deps Deps, opts config.GatewayOptions) (_ *Gatew
 			g.release(context.Background())
 		}
 	}()
-	if err = g.connect(ctx, opts.NATS); err != nil {
+	if err = g.connect(ctx); err != nil {
 		return nil, err
 	}
 	if err = g.listen(); err != nil {
@@ -139,8 +139,8 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 
 // connect takes what the gateway needs from the servers before it serves:
 // the orders stream, an order-id node, the sale events and the sales.
-func (g *Gateway) connect(ctx context.Context, nc config.NATS) error {
-	if err := awaitStream(ctx, g.js, nc); err != nil {
+func (g *Gateway) connect(ctx context.Context) error {
+	if err := awaitStream(ctx, g.js, g.cfg.NATS); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	lease, err := orderid.Acquire(ctx, g.rc, g.cfg.Gateway.NodeLeaseTTL)
@@ -149,7 +149,7 @@ func (g *Gateway) connect(ctx context.Context, nc config.NATS) error {
 	}
 	g.lease.Store(lease)
 	// Subscribe before loading, so no change falls between the two.
-	if g.events, err = bus.SubscribeEvents(g.nc, nc, g.onEvent); err != nil {
+	if g.events, err = bus.SubscribeEvents(g.nc, g.cfg.NATS, g.onEvent); err != nil {
 		return fmt.Errorf("gateway: events: %w", err)
 	}
 	if err = g.sales.load(ctx, g.rc); err != nil {
