@@ -23,14 +23,15 @@ var rooms = map[string]int{
 	"auth": 2, "orderid": 2, "lua": 2, "bus": 2, "mysql": 2, "metrics": 2, "ratelimit": 2,
 	"metrics/metricstest": 2,
 
-	"audit": 3, // reads MySQL and Redis through the store and the scripts
+	"audit":         3, // reads MySQL and Redis through the store and the scripts
+	"internal/dial": 3, // dials Redis and NATS as the processes want them
 
 	"gateway": 4, "backend": 4, // the two processes; neither imports the other
 	// the clients the CLI wraps: the admin API's, and the load tool behind
 	// `flashgate bench` and `flashgate demo`
 	"adminapi": 4, "loadgen": 4,
 
-	"cmd/flashgate": 5, // wiring and the CLI
+	"cmd/flashgate": 5, "internal/wire": 5, // wiring and the CLI
 
 	// tools and tests: load, benchmarks, harnesses
 	"internal/testenv": 6, "chaos": 6, "e2e": 6, "nginx": 6,
@@ -42,6 +43,7 @@ var rooms = map[string]int{
 var sideways = map[[2]string]bool{
 	{"orderid", "lua"}:                 true, // the node lease key comes from the key layout
 	{"metrics/metricstest", "metrics"}: true,
+	{"cmd/flashgate", "internal/wire"}: true, // the CLI starts processes through the wiring tests share
 }
 
 // io is what the domain must never depend on, even indirectly.

@@ -23,8 +23,8 @@ import (
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/backend"
 	"github.com/flashgate/flashgate/config"
-	"github.com/flashgate/flashgate/gateway"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/internal/wire"
 	"github.com/flashgate/flashgate/loadgen"
 	"github.com/flashgate/flashgate/mysql"
 )
@@ -57,11 +57,11 @@ func e2eConfig(t *testing.T) config.Config {
 	return cfg
 }
 
-func startGateway(t *testing.T, cfg config.Config) *gateway.Gateway {
+func startGateway(t *testing.T, cfg config.Config) *wire.Gateway {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	g, err := gateway.Start(ctx, cfg)
+	g, err := wire.StartGateway(ctx, cfg)
 	if err != nil {
 		t.Fatalf("gateway: %v", err)
 	}
@@ -107,7 +107,7 @@ func createSale(t *testing.T, cfg config.Config, adminAddr string, s *flashgate.
 }
 
 // awaitSale waits until the gateway serves the sale (it learns of it by event).
-func awaitSale(t *testing.T, gw *gateway.Gateway, id string) {
+func awaitSale(t *testing.T, gw *wire.Gateway, id string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {

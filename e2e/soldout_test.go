@@ -501,7 +501,7 @@ func TestSoldOutFastPathIdempotencyKeys(t *testing.T) {
 	}
 	if d != 0 {
 		t.Errorf("%d admission scripts reached Redis for %d keyed purchases after the sell-out, want 0: "+
-			"gateway/handlers.go purchase skips the sold-out mark for any request with an Idempotency-Key", d, n)
+			"gateway/purchase.go purchase skips the sold-out mark for any request with an Idempotency-Key", d, n)
 	}
 }
 

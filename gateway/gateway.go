@@ -1,7 +1,12 @@
 // Package gateway is flashgate's edge: a fasthttp server that turns a flood of
-// purchase requests into admitted orders (DESIGN.md §1, steps 1-6). It validates
-// without I/O, admits with one Lua call on the sale's Redis shard, publishes the
-// admitted order to JetStream and answers 202 only once JetStream has it.
+// purchase requests into admitted orders. It validates without I/O, admits with
+// one Lua call on the sale's Redis shard, publishes the admitted order to
+// JetStream and answers 202 only once JetStream has it (docs/gateway.md walks
+// the purchase path step by step, in purchase.go).
+//
+// The gateway is handed clients that are already dialed (Deps) and its slice
+// of the configuration (config.GatewayOptions); it never dials a server, and
+// closing the clients is left to whoever dialed them, after Shutdown.
 package gateway
 
 import (
@@ -11,8 +16,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,9 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/reuseport"
 
-	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
@@ -33,9 +34,27 @@ import (
 	"github.com/flashgate/flashgate/ratelimit"
 )
 
+// Deps are the dialed clients a gateway works with. The gateway does not
+// close them: its Shutdown stops using them, then their owner closes them.
+type Deps struct {
+	Redis     rueidis.Client
+	NATS      *nats.Conn
+	JetStream jetstream.JetStream
+}
+
+// settings are the configuration values a running gateway reads; the rest of
+// config.GatewayOptions (auth, rate limits, cache grace) is used once, at start.
+type settings struct {
+	Gateway        config.Gateway
+	NATS           config.NATS
+	PaymentTimeout time.Duration
+	AdminToken     string
+	File           string
+}
+
 // Gateway is one running gateway process.
 type Gateway struct {
-	cfg      config.Config
+	cfg      settings
 	rc       rueidis.Client
 	nc       *nats.Conn
 	js       jetstream.JetStream
@@ -51,9 +70,8 @@ type Gateway struct {
 	releases *releases
 
 	srv     *fasthttp.Server
-	admin   *http.Server
-	ln      net.Listener
 	edge    *edgeListener
+	admin   *http.Server
 	adminLn net.Listener
 
 	// crashAfter is a failpoint for fault tests, armed only in a binary built
@@ -68,119 +86,86 @@ type Gateway struct {
 	now      func() time.Time
 }
 
-// Start connects to Redis and NATS, leases an order-id node, loads the sales,
-// and serves the public and admin ports. It returns once it serves.
-func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
-	g := &Gateway{cfg: cfg, scripts: lua.Load(), sales: newSales(cfg.Sales.LiveGrace), now: time.Now, metrics: metrics.NewGateway(),
-		releases: newReleases(cfg.Gateway.ReleaseQueue)}
-	defer func() {
-		if err != nil {
-			g.closeClients(context.Background())
-		}
-	}()
-	v, err := auth.NewVerifier(cfg.Auth)
+// Start leases an order-id node, loads the sales, and serves the public and
+// admin ports on the given clients. It returns once it serves. On an error it
+// has given back what it took (lease, subscription, ports); the clients stay
+// open, their owner's to close.
+func Start(ctx context.Context, deps Deps, opts config.GatewayOptions) (_ *Gateway, err error) {
+	g, err := newGateway(deps, opts)
 	if err != nil {
 		return nil, err
 	}
-	g.auth = auth.NewCache(v, cfg.Gateway.TokenCacheSize)
-	if g.proxies, err = parseProxies(cfg.Gateway.TrustedProxies); err != nil {
+	defer func() {
+		if err != nil {
+			g.release(context.Background())
+		}
+	}()
+	if err = g.connect(ctx); err != nil {
+		return nil, err
+	}
+	if err = g.listen(); err != nil {
+		return nil, err
+	}
+	g.runBackground()
+	slog.Info("gateway serving", "addr", g.Addr(), "admin", g.AdminAddr(), "node", g.lease.Load().Node(), "sales", len(g.sales.list()))
+	return g, nil
+}
+
+// newGateway builds the gateway's in-memory parts: nothing here does I/O.
+func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
+	if deps.Redis == nil || deps.NATS == nil || deps.JetStream == nil {
+		return nil, errors.New("gateway: Redis, NATS and JetStream clients are required")
+	}
+	g := &Gateway{
+		cfg: settings{Gateway: opts.Gateway, NATS: opts.NATS, PaymentTimeout: opts.PaymentTimeout,
+			AdminToken: opts.AdminToken, File: opts.File},
+		rc: deps.Redis, nc: deps.NATS, js: deps.JetStream,
+		scripts: lua.Load(), sales: newSales(opts.LiveGrace), now: time.Now, metrics: metrics.NewGateway(),
+		releases: newReleases(opts.Gateway.ReleaseQueue),
+	}
+	v, err := auth.NewVerifier(opts.Auth)
+	if err != nil {
+		return nil, err
+	}
+	g.auth = auth.NewCache(v, opts.Gateway.TokenCacheSize)
+	if g.proxies, err = parseProxies(opts.Gateway.TrustedProxies); err != nil {
 		return nil, fmt.Errorf("gateway: trusted_proxies: %w", err)
 	}
-	g.limits = ratelimit.New(cfg.RateLimit, cfg.Gateway.LimiterMaxKeys, cfg.Source)
+	g.limits = ratelimit.New(opts.RateLimit, opts.Gateway.LimiterMaxKeys, opts.File)
 	g.armFailpoints()
-	g.breakers = newBreakers(cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpen, g.metrics)
-	g.rc, err = rueidis.NewClient(rueidis.ClientOption{
-		InitAddress:  cfg.Redis.Addrs,
-		Username:     cfg.Redis.Username,
-		Password:     cfg.Redis.Password,
-		DisableCache: true,
-		// Only a dead-server detector: rueidis closes a pipelined connection
-		// whose replies take longer, failing everything on it. Each request has
-		// its own, shorter deadline (AdmitTimeout).
-		ConnWriteTimeout: 3 * time.Second,
-		Dialer:           net.Dialer{Timeout: time.Second},
-		MaxFlushDelay:    cfg.Redis.MaxFlushDelay,
-	})
+	g.breakers = newBreakers(opts.Gateway.BreakerFailures, opts.Gateway.BreakerOpen, g.metrics)
+	return g, nil
+}
+
+// connect takes what the gateway needs from the servers before it serves:
+// the orders stream, an order-id node, the sale events and the sales.
+func (g *Gateway) connect(ctx context.Context) error {
+	if err := awaitStream(ctx, g.js, g.cfg.NATS); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	lease, err := orderid.Acquire(ctx, g.rc, g.cfg.Gateway.NodeLeaseTTL)
 	if err != nil {
-		return nil, fmt.Errorf("gateway: redis %v: %w", cfg.Redis.Addrs, err)
-	}
-	if g.nc, err = bus.Connect(cfg.NATS, "flashgate-gateway"); err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
-	}
-	if g.js, err = jetstream.New(g.nc); err != nil {
-		return nil, fmt.Errorf("gateway: jetstream: %w", err)
-	}
-	if err = awaitStream(ctx, g.js, cfg.NATS); err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
-	}
-	lease, err := orderid.Acquire(ctx, g.rc, cfg.Gateway.NodeLeaseTTL)
-	if err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
+		return fmt.Errorf("gateway: %w", err)
 	}
 	g.lease.Store(lease)
 	// Subscribe before loading, so no change falls between the two.
-	if g.events, err = bus.SubscribeEvents(g.nc, cfg.NATS, g.onEvent); err != nil {
-		return nil, fmt.Errorf("gateway: events: %w", err)
+	if g.events, err = bus.SubscribeEvents(g.nc, g.cfg.NATS, g.onEvent); err != nil {
+		return fmt.Errorf("gateway: events: %w", err)
 	}
 	if err = g.sales.load(ctx, g.rc); err != nil {
-		return nil, fmt.Errorf("gateway: load sales: %w", err)
+		return fmt.Errorf("gateway: load sales: %w", err)
 	}
 	g.breakers.refreshSlots(ctx, g.rc)
+	return nil
+}
 
-	conns := connCap(cfg.Gateway.MaxConns, cfg.Gateway.Concurrency, raiseFDLimit())
-	g.srv = &fasthttp.Server{
-		Handler:               g.serve,
-		HeaderReceived:        headerReceived,
-		ErrorHandler:          g.handleError,
-		Name:                  "flashgate",
-		NoDefaultServerHeader: true,
-		NoDefaultDate:         true,
-		ReadTimeout:           cfg.Gateway.ReadTimeout,
-		WriteTimeout:          cfg.Gateway.WriteTimeout,
-		IdleTimeout:           cfg.Gateway.IdleTimeout,
-		MaxRequestBodySize:    cfg.Gateway.MaxBodyBytes,
-		ReadBufferSize:        cfg.Gateway.MaxHeaderBytes,
-		// The edge listener caps connections (gateway.max_conns, at most
-		// concurrency) and refuses the excess in JSON; fasthttp's own cap,
-		// answered in plain text, is set past it so it never fires (a
-		// worker is released a moment after its connection closes).
-		Concurrency: 2*conns + 1024,
-		// Errors name their cause without quoting the client's bytes in logs.
-		SecureErrorLogMessage: true,
-		// An idle keep-alive connection gives its read and write buffers back
-		// to the pool: 10,000 open connections held 180 MiB without it, 64
-		// MiB with it (issue 6: ≤ 150 MB), for a pool get and put per request.
-		ReduceMemoryUsage: true,
-		CloseOnShutdown:   true,
-		Logger:            quietLogger{},
-	}
-	var ln net.Listener
-	if cfg.Gateway.ReusePort {
-		ln, err = reuseport.Listen("tcp4", cfg.Gateway.Listen)
-	} else {
-		ln, err = net.Listen("tcp", cfg.Gateway.Listen)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
-	}
-	g.edge = newEdgeListener(ln, edgeOptions{
-		maxConns: conns, perIP: cfg.Gateway.MaxConnsPerIP, proxies: g.proxies,
-		firstByte: cfg.Gateway.ReadTimeout, lingerTime: cfg.Gateway.LingerTimeout,
-		lingerBytes: int64(cfg.Gateway.LingerMaxBytes), reg: g.metrics.Registry(),
-		onRefuse: func() { g.metrics.Refused(metrics.LimitConns) },
-	})
-	g.ln = g.edge
-	slog.Info("gateway: public port limits", "max_conns", conns, "max_conns_per_ip", cfg.Gateway.MaxConnsPerIP)
-	if g.adminLn, err = net.Listen("tcp", cfg.Gateway.AdminListen); err != nil {
-		g.ln.Close()
-		return nil, fmt.Errorf("gateway: %w", err)
-	}
-	g.admin = &http.Server{Handler: g.adminMux(), ReadHeaderTimeout: 5 * time.Second}
-
+// runBackground serves both ports and starts the loops that keep the gateway
+// current; Shutdown stops them all.
+func (g *Gateway) runBackground() {
 	bgctx, stop := context.WithCancel(context.Background())
 	g.stop = stop
 	g.goBG(func() {
-		if err := g.srv.Serve(g.ln); err != nil {
+		if err := g.srv.Serve(g.edge); err != nil {
 			slog.Error("gateway: serve", "err", err)
 		}
 	})
@@ -189,14 +174,12 @@ func Start(ctx context.Context, cfg config.Config) (_ *Gateway, err error) {
 			slog.Error("gateway: admin serve", "err", err)
 		}
 	})
-	for range cfg.Gateway.ReleaseWorkers {
+	for range g.cfg.Gateway.ReleaseWorkers {
 		g.goBG(func() { g.releaseWorker(bgctx) })
 	}
 	g.goBG(func() { g.refreshLoop(bgctx) })
 	g.goBG(func() { g.leaseLoop(bgctx) })
 	g.goBG(func() { g.watchConfig(bgctx) })
-	slog.Info("gateway serving", "addr", g.Addr(), "admin", g.AdminAddr(), "node", lease.Node(), "sales", len(g.sales.list()))
-	return g, nil
 }
 
 func (g *Gateway) goBG(f func()) {
@@ -205,51 +188,41 @@ func (g *Gateway) goBG(f func()) {
 }
 
 // Addr is the public listener's address.
-func (g *Gateway) Addr() string { return g.ln.Addr().String() }
+func (g *Gateway) Addr() string { return g.edge.Addr().String() }
 
 // AdminAddr is the admin listener's address.
 func (g *Gateway) AdminAddr() string { return g.adminLn.Addr().String() }
 
-// Run serves until ctx ends, then shuts down gracefully.
-func Run(ctx context.Context, cfg config.Config) error {
-	g, err := Start(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.Gateway.ShutdownTimeout)
-	defer cancel()
-	return g.Shutdown(sctx)
-}
-
 // Shutdown stops accepting, lets in-flight requests finish (each has its own
-// Redis and publish timeouts), then closes the clients. Idempotent.
+// Redis and publish timeouts), stops the background loops and gives back the
+// order-id node and the event subscription. The clients stay open: close them
+// after Shutdown returns. Idempotent.
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.shutdown.Do(func() {
 		slog.Info("gateway shutting down: draining in-flight requests")
 		err := g.srv.ShutdownWithContext(ctx)
+		// fasthttp closes only the listeners its Serve has registered: a
+		// Shutdown right after Start can come before Serve did, and Serve
+		// would then accept forever. Closing the listener here ends it.
+		_ = g.edge.Close()
 		g.edge.lingering.Wait() // bounded: each lingers at most 500 ms
 		err = errors.Join(err, g.admin.Shutdown(ctx))
 		g.stop()
 		g.bg.Wait()
-		g.closeClients(ctx)
+		g.release(ctx)
 		g.err = err
 	})
 	return g.err
 }
 
-func (g *Gateway) closeClients(ctx context.Context) {
+// release gives back what the gateway holds on the servers: the event
+// subscription and the order-id node (which another gateway may then lease).
+func (g *Gateway) release(ctx context.Context) {
 	if g.events != nil {
 		_ = g.events.Unsubscribe()
 	}
 	if l := g.lease.Load(); l != nil {
 		_ = l.Close(ctx)
-	}
-	if g.nc != nil {
-		_ = g.nc.Drain()
-	}
-	if g.rc != nil {
-		g.rc.Close()
 	}
 }
 
@@ -370,80 +343,6 @@ func (g *Gateway) askWarm(s *sale) {
 	if err := bus.PublishHint(g.nc, g.cfg.NATS, bus.SaleEvent{Type: bus.EventWarm, SaleID: s.spec.ID}); err != nil {
 		slog.Warn("gateway: ask warm", "sale", s.spec.ID, "err", err)
 	}
-}
-
-func (g *Gateway) adminMux() *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
-		defer cancel()
-		var errs []error
-		if err := g.rc.Do(ctx, g.rc.B().Ping().Build()).Error(); err != nil {
-			errs = append(errs, fmt.Errorf("redis: %w", err))
-		}
-		if !g.nc.IsConnected() {
-			errs = append(errs, errors.New("nats: not connected"))
-		}
-		if !g.lease.Load().Valid() {
-			errs = append(errs, errors.New("order-id node lease lost"))
-		}
-		if why := g.edge.notAccepting(); why != "" {
-			errs = append(errs, errors.New(why))
-		}
-		if err := errors.Join(errs...); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ready\n"))
-	})
-	// The probes and /metrics stay open (orchestrators and Prometheus scrape
-	// them; they reveal counts, not orders). The admin API and pprof need the
-	// admin token: profiles expose internals (heap contents, stacks, the
-	// command line) and a CPU profile or trace costs the process while it
-	// runs, even on a loopback port anything on the host can reach.
-	mux.Handle("GET /metrics", g.metrics.Handler())
-	mux.Handle("GET /admin/v1/limits", auth.RequireAdmin(g.cfg.Admin.Token, http.HandlerFunc(g.serveLimits)))
-	mux.Handle("/admin/", auth.RequireAdmin(g.cfg.Admin.Token, http.NotFoundHandler()))
-	mux.Handle("/debug/pprof/", auth.RequireAdmin(g.cfg.Admin.Token, metrics.PprofHandler()))
-	return mux
-}
-
-// quietLogger sends fasthttp's own messages (mostly clients that hung up) to
-// slog at debug level.
-type quietLogger struct{}
-
-func (quietLogger) Printf(format string, args ...any) { slog.Debug(fmt.Sprintf(format, args...)) }
-
-// handleError answers what fasthttp refuses before the handler runs. Each
-// answer closes the connection; those to a client that may still be sending
-// linger, so it reads the answer instead of a reset.
-func (g *Gateway) handleError(ctx *fasthttp.RequestCtx, err error) {
-	ctx.SetConnectionClose()
-	var small *fasthttp.ErrSmallBuffer
-	switch {
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		// A slow client (slowloris): no linger, it has had its time.
-		fail(ctx, fasthttp.StatusRequestTimeout, flashgate.CodeInvalidRequest,
-			fmt.Sprintf("request not received within %s", g.cfg.Gateway.ReadTimeout))
-		return
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		fail(ctx, fasthttp.StatusRequestEntityTooLarge, flashgate.CodeBodyTooLarge,
-			fmt.Sprintf("body over %d bytes", g.cfg.Gateway.MaxBodyBytes))
-	case errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer):
-		fail(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, flashgate.CodeInvalidRequest,
-			fmt.Sprintf("request line and headers over %d bytes", g.cfg.Gateway.MaxHeaderBytes))
-	case errors.Is(err, fasthttp.ErrUnsupportedTransferEncoding):
-		fail(ctx, fasthttp.StatusNotImplemented, flashgate.CodeInvalidRequest, "the only transfer coding served is chunked")
-	case strings.Contains(err.Error(), "unsupported HTTP version"):
-		// fasthttp has no error value for it.
-		fail(ctx, fasthttp.StatusHTTPVersionNotSupported, flashgate.CodeInvalidRequest, "only HTTP/1.1 and HTTP/1.0 are served")
-	default:
-		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "malformed HTTP request")
-	}
-	lingerOnClose(ctx)
 }
 
 // awaitStream checks that the orders stream exists. Backends create it: a

@@ -41,7 +41,7 @@ func start(t testing.TB, mut ...func(*config.Config)) *env {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	g, err := Start(ctx, cfg)
+	g, clients, err := dialAndStart(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start gateway: %v", err)
 	}
@@ -51,6 +51,7 @@ func start(t testing.TB, mut ...func(*config.Config)) *env {
 		if err := g.Shutdown(ctx); err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
+		clients.Close()
 	})
 	return &env{t: t, cfg: cfg, g: g, rc: testenv.Redis(t, cfg.Redis.Addrs), url: "http://" + g.Addr()}
 }

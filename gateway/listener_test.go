@@ -335,11 +335,12 @@ func emfileChild() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	g, err := Start(ctx, cfg)
+	g, clients, err := dialAndStart(ctx, cfg)
 	if err != nil {
 		fmt.Println("start:", err)
 		return 1
 	}
+	defer clients.Close()
 	fmt.Printf("ADDR %s %s\n", g.Addr(), g.AdminAddr())
 	signal.Ignore(syscall.SIGPIPE)
 	io.Copy(io.Discard, os.Stdin)

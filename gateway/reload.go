@@ -2,9 +2,7 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -20,17 +18,17 @@ import (
 // Only the ratelimit block is live; other changes need a restart (and say so).
 // A file that does not load or validate keeps the limits in force.
 func (g *Gateway) reload(why string) {
-	cfg, err := config.Load(g.cfg.Source)
+	rl, err := config.LoadRateLimit(g.cfg.File)
 	if err == nil {
-		err = g.limits.Apply(cfg.RateLimit, g.cfg.Source)
+		err = g.limits.Apply(rl, g.cfg.File)
 	} else {
 		g.limits.Refused(err)
 	}
 	if err != nil {
-		slog.Error("rate limits NOT reloaded; the limits in force stay", "why", why, "file", g.cfg.Source, "err", err)
+		slog.Error("rate limits NOT reloaded; the limits in force stay", "why", why, "file", g.cfg.File, "err", err)
 		return
 	}
-	slog.Info("rate limits reloaded", "why", why, "file", g.cfg.Source, "limits", cfg.RateLimit)
+	slog.Info("rate limits reloaded", "why", why, "file", g.cfg.File, "limits", rl)
 }
 
 // watchConfig reloads on SIGHUP and when the configuration file changes. It
@@ -42,19 +40,19 @@ func (g *Gateway) watchConfig(ctx context.Context) {
 	defer signal.Stop(hup)
 
 	var events chan fsnotify.Event
-	if g.cfg.Source != "" {
+	if g.cfg.File != "" {
 		w, err := fsnotify.NewWatcher()
 		if err == nil {
 			defer w.Close()
-			if err = w.Add(filepath.Dir(g.cfg.Source)); err == nil {
+			if err = w.Add(filepath.Dir(g.cfg.File)); err == nil {
 				events = w.Events
 			}
 		}
 		if err != nil {
-			slog.Warn("not watching the configuration file; SIGHUP still reloads", "file", g.cfg.Source, "err", err)
+			slog.Warn("not watching the configuration file; SIGHUP still reloads", "file", g.cfg.File, "err", err)
 		}
 	}
-	target := filepath.Clean(g.cfg.Source)
+	target := filepath.Clean(g.cfg.File)
 	// Saving a file makes several events: wait for them to settle.
 	var settle <-chan time.Time
 	for {
@@ -62,7 +60,7 @@ func (g *Gateway) watchConfig(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-hup:
-			if g.cfg.Source == "" {
+			if g.cfg.File == "" {
 				slog.Warn("SIGHUP: no configuration file to reload")
 				continue
 			}
@@ -76,13 +74,4 @@ func (g *Gateway) watchConfig(ctx context.Context) {
 			g.reload("file changed")
 		}
 	}
-}
-
-// serveLimits is GET /admin/v1/limits: the limits in force, when and from
-// where they were loaded, and the last reload that was refused.
-func (g *Gateway) serveLimits(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(g.limits.View())
 }

@@ -73,3 +73,8 @@ func accepted(ctx *fasthttp.RequestCtx, id uint64, status flashgate.OrderStatus)
 	r.AppendBodyString(string(status))
 	r.AppendBodyString(`"}`)
 }
+
+// statusTooEarly is 425 Too Early, the status of not_started.
+const statusTooEarly = 425
+
+func ceilSeconds(ms int64) int64 { return (ms + 999) / 1000 }

@@ -259,3 +259,14 @@ func (s *sales) refreshStock(ctx context.Context, rc rueidis.Client, now time.Ti
 		sl.render(now)
 	}
 }
+
+// regionName returns the sale's own copy of a region name, without
+// allocating, or "" for a region the sale does not have.
+func (s *sale) regionName(b []byte) string {
+	for r := range s.spec.Regions {
+		if r == string(b) {
+			return r
+		}
+	}
+	return ""
+}

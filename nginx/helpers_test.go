@@ -27,8 +27,8 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/config"
-	"github.com/flashgate/flashgate/gateway"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/internal/wire"
 	"github.com/flashgate/flashgate/lua"
 )
 
@@ -331,7 +331,7 @@ func wantError(t testing.TB, r reply, status int, code string) {
 // gw is an in-process gateway (the real one) with a sale it knows.
 type gw struct {
 	cfg  config.Config
-	g    *gateway.Gateway
+	g    *wire.Gateway
 	sale *flashgate.Sale
 }
 
@@ -357,7 +357,7 @@ func startGateway(t testing.TB, mut func(*flashgate.Sale)) *gw {
 	if _, err := lua.Load().Warm(ctx, rc, s, map[string]int64{"": s.Total}); err != nil {
 		t.Fatalf("warm: %v", err)
 	}
-	g, err := gateway.Start(ctx, cfg)
+	g, err := wire.StartGateway(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start gateway: %v", err)
 	}

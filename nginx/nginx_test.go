@@ -1,5 +1,5 @@
 // Tests of the edge nginx (nginx/nginx.conf) run the real nginx binary on the rendered template,
-// each on its own ports and prefix directory, in front of a real gateway (gateway.Start, real
+// each on its own ports and prefix directory, in front of a real gateway (wire.StartGateway, real
 // Redis and NATS of the local stack) or of a stand-in upstream where the test must see what
 // nginx sends. They fail, never skip, when nginx or the stack's servers are missing.
 package nginx_test

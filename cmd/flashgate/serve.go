@@ -12,7 +12,7 @@ import (
 
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/backend"
-	"github.com/flashgate/flashgate/gateway"
+	"github.com/flashgate/flashgate/internal/wire"
 )
 
 // serve runs the gateway or the backend until SIGINT or SIGTERM.
@@ -41,13 +41,13 @@ func serve(name string, args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	runner := gateway.Run
+	runner := wire.RunGateway
 	if name == "backend" {
 		runner = backend.Run
 	} else if mb := cfg.Gateway.MemoryLimitMB; mb > 0 {
 		// The soft limit is the process's: set here, where the process is
-		// the gateway, not in gateway.Start (tests run a gateway, a backend
-		// and the load in one process, under -race).
+		// the gateway, not in gateway.Start or internal/wire (tests run a
+		// gateway, a backend and the load in one process, under -race).
 		debug.SetMemoryLimit(int64(mb) << 20)
 	}
 	if cfg.Dev {

@@ -1,0 +1,48 @@
+package config
+
+import "time"
+
+// GatewayOptions is the part of the configuration a gateway runs with: its
+// own section and the few values it takes from other sections. The gateway is
+// handed this, never the whole Config, so what it depends on is visible here.
+type GatewayOptions struct {
+	Gateway Gateway
+	// NATS names the stream and the subjects the gateway publishes orders,
+	// sale events and order commands on (the connection is dialed elsewhere).
+	NATS      NATS
+	Auth      Auth
+	RateLimit RateLimit
+	// PaymentTimeout sets each admitted order's pay-by time.
+	PaymentTimeout time.Duration
+	// LiveGrace is how long an ended sale stays in the gateway's cache.
+	LiveGrace time.Duration
+	// AdminToken guards the admin API and pprof on the admin port.
+	AdminToken string
+	// File is the configuration file the rate limits are reloaded from
+	// ("" when the configuration came from defaults and the environment).
+	File string
+}
+
+// GatewayOptions picks the gateway's options out of the configuration.
+func (c Config) GatewayOptions() GatewayOptions {
+	return GatewayOptions{
+		Gateway:        c.Gateway,
+		NATS:           c.NATS,
+		Auth:           c.Auth,
+		RateLimit:      c.RateLimit,
+		PaymentTimeout: c.Orders.PaymentTimeout,
+		LiveGrace:      c.Sales.LiveGrace,
+		AdminToken:     c.Admin.Token,
+		File:           c.Source,
+	}
+}
+
+// LoadRateLimit loads the configuration file again, validated as a whole, and
+// returns its ratelimit block: the one block a running gateway reloads.
+func LoadRateLimit(file string) (RateLimit, error) {
+	c, err := Load(file)
+	if err != nil {
+		return RateLimit{}, err
+	}
+	return c.RateLimit, nil
+}

@@ -1,0 +1,63 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// TestGatewayOptions: the gateway's options carry the values of the sections
+// they come from, and every option is filled (a field added to
+// GatewayOptions but not to Config.GatewayOptions would reach the gateway as
+// its zero value).
+func TestGatewayOptions(t *testing.T) {
+	c := Default()
+	c.Gateway.Listen = ":9123"
+	c.NATS.OrderSubject = "x.orders"
+	c.Auth.JWTSecret = "s"
+	c.RateLimit.PerIP.Rate = 7
+	c.Orders.PaymentTimeout = 3 * time.Minute
+	c.Sales.LiveGrace = 5 * time.Hour
+	c.Admin.Token = "admin"
+	c.Source = "/etc/flashgate.yaml"
+	o := c.GatewayOptions()
+	want := GatewayOptions{Gateway: c.Gateway, NATS: c.NATS, Auth: c.Auth, RateLimit: c.RateLimit,
+		PaymentTimeout: 3 * time.Minute, LiveGrace: 5 * time.Hour, AdminToken: "admin", File: "/etc/flashgate.yaml"}
+	if !reflect.DeepEqual(o, want) {
+		t.Fatalf("GatewayOptions() = %+v\nwant %+v", o, want)
+	}
+	v := reflect.ValueOf(o)
+	for i := range v.NumField() {
+		if v.Field(i).IsZero() {
+			t.Errorf("GatewayOptions.%s is not filled from the configuration", v.Type().Field(i).Name)
+		}
+	}
+}
+
+// TestLoadRateLimit: a reload reads the file's ratelimit block, validated as
+// part of the whole file; a file that does not load is an error.
+func TestLoadRateLimit(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("FLASHGATE_JWT_SECRET", "from-env-0123456789abcdef0123456789")
+	file := filepath.Join(t.TempDir(), "f.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(file, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("ratelimit:\n  per_ip:\n    rate: 42\n    burst: 84\n")
+	rl, err := LoadRateLimit(file)
+	if err != nil || rl.PerIP.Rate != 42 || rl.PerIP.Burst != 84 || rl.PerUser != Default().RateLimit.PerUser {
+		t.Fatalf("LoadRateLimit = %+v, %v", rl, err)
+	}
+	write("ratelimit:\n  per_ip:\n    rate: -1\n")
+	if _, err := LoadRateLimit(file); err == nil {
+		t.Fatal("LoadRateLimit of an invalid rate: no error")
+	}
+	write("gateway:\n  lisen: :9000\n")
+	if _, err := LoadRateLimit(file); err == nil {
+		t.Fatal("LoadRateLimit of a file with an unknown key: no error")
+	}
+}

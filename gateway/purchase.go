@@ -1,0 +1,555 @@
+package gateway
+
+// The purchase path, POST /v1/sales/{sale}/orders, in the order a request
+// takes it. serve (framing.go) checks the request's framing and hands it to
+// handle; from there every step is below, top to bottom:
+//
+//	handle, route    which endpoint; the sale from the in-memory cache
+//	purchase         the funnel: the checks below, cheapest refusal first
+//	allowIP          per-IP rate limit (before the signature: a flood's cheapest refusal)
+//	soldOutEarly     the sold-out mark, answered before the token is verified
+//	user             the bearer token
+//	purchaseRegion   quantity and region against the sale (parsePurchase, body.go, reads the body)
+//	charges          who the purchase is by and what it counts against the sale's limits
+//	idempotencyKey   the Idempotency-Key header
+//	                 (the per-user rate limit)
+//	saleOpen         ended, not started, sold out; maybeReplay lets a possible replay by
+//	                 (the per-sale rate limit, the in-flight cap)
+//	admit            the Lua admission on the sale's Redis shard, behind its breaker
+//	answerAdmission  the script's outcome as the answer
+//	publish          the order to JetStream: 202 once it is stored, else release and 503
+//	replay           a repeated Idempotency-Key answers its first order
+//
+// Nothing before admit does I/O except maybeReplay (one read, only for a
+// request with an Idempotency-Key on a sale marked sold out). The other
+// endpoints routed here (the sale, an order, pay, cancel) are in handlers.go;
+// the process around them (start, refresh loops, events) is in gateway.go.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sony/gobreaker/v2"
+	"github.com/valyala/fasthttp"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
+	"github.com/flashgate/flashgate/orderid"
+	"github.com/flashgate/flashgate/ratelimit"
+)
+
+var (
+	prefixSales    = []byte("/v1/sales/")
+	segOrders      = []byte("orders")
+	bearer         = []byte("Bearer ")
+	hdrIdem        = []byte("Idempotency-Key")
+	hdrAuth        = []byte("Authorization")
+	subPay, subCnc = []byte("pay"), []byte("cancel")
+)
+
+// handle routes /v1/sales/{sale}[/orders[/{order}[/pay|/cancel]]] without
+// allocating, and counts the answer by route and code.
+func (g *Gateway) handle(ctx *fasthttp.RequestCtx) {
+	route := g.route(ctx)
+	g.metrics.Request(route, responseCode(ctx))
+}
+
+func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
+	path := ctx.Path()
+	if !bytes.HasPrefix(path, prefixSales) {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
+		return metrics.RouteOther
+	}
+	saleID, rest, _ := bytes.Cut(path[len(prefixSales):], []byte{'/'})
+	s := g.sales.get(saleID)
+	seg, rest, _ := bytes.Cut(rest, []byte{'/'})
+	switch {
+	case len(seg) == 0 && len(rest) == 0:
+		if !ctx.IsGet() {
+			g.methodNotAllowed(ctx)
+		} else {
+			g.getSale(ctx, s)
+		}
+		return metrics.RouteSale
+	case bytes.Equal(seg, segOrders) && len(rest) == 0:
+		if !ctx.IsPost() {
+			g.methodNotAllowed(ctx)
+		} else {
+			g.purchase(ctx, s)
+		}
+		return metrics.RoutePurchase
+	case bytes.Equal(seg, segOrders):
+		orderID, action, _ := bytes.Cut(rest, []byte{'/'})
+		switch {
+		case len(action) == 0 && ctx.IsGet():
+			g.getOrder(ctx, s, orderID)
+			return metrics.RouteOrder
+		case bytes.Equal(action, subPay) && ctx.IsPost():
+			g.orderCommand(ctx, s, orderID, bus.CmdPay)
+			return metrics.RoutePay
+		case bytes.Equal(action, subCnc) && ctx.IsPost():
+			g.orderCommand(ctx, s, orderID, bus.CmdCancel)
+			return metrics.RouteCancel
+		}
+		g.methodNotAllowed(ctx)
+		return metrics.RouteOrder
+	}
+	fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
+	return metrics.RouteOther
+}
+
+var codePrefix = []byte(`{"code":"`)
+
+// responseCode reads the code back from the answer's body (every error body
+// starts with it); a body without one is a plain 200.
+func responseCode(ctx *fasthttp.RequestCtx) flashgate.Code {
+	b := ctx.Response.Body()
+	if !bytes.HasPrefix(b, codePrefix) {
+		return metrics.CodeOK
+	}
+	b = b[len(codePrefix):]
+	if i := bytes.IndexByte(b, '"'); i >= 0 {
+		return flashgate.Code(unsafeString(b[:i]))
+	}
+	return metrics.CodeOK
+}
+
+func (g *Gateway) methodNotAllowed(ctx *fasthttp.RequestCtx) {
+	fail(ctx, fasthttp.StatusMethodNotAllowed, flashgate.CodeInvalidRequest, "method not allowed")
+}
+
+// purchase is POST /v1/sales/{sale}/orders: what needs no I/O first (the
+// per-IP limit before the signature check, as the cheapest refusal of a
+// flood), the sold-out mark before the per-sale limit (a refusal from memory
+// is not an admission), Redis last. Each step that refuses has answered.
+func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
+	now := g.now()
+	if !g.allowIP(ctx, now) {
+		return
+	}
+	if g.soldOutEarly(ctx, s, now) {
+		return
+	}
+	claims, ok := g.user(ctx, now)
+	if !ok {
+		return
+	}
+	if s == nil {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeSaleNotFound, "no such sale")
+		return
+	}
+	body, err := parsePurchase(ctx.PostBody())
+	if err != nil {
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
+		return
+	}
+	region, ok := purchaseRegion(ctx, s, body)
+	if !ok {
+		return
+	}
+	var charges []flashgate.Charge
+	sub := flashgate.Subjects{User: claims.Subject}
+	if len(s.spec.Limits) > 0 {
+		if charges, err = g.charges(ctx, s, &sub, claims, body, now); err != nil {
+			fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
+			return
+		}
+	}
+	idem, ok := idempotencyKey(ctx)
+	if !ok {
+		return
+	}
+	if ok, wait := g.limits.User.Allow(ratelimit.KeyString(claims.Subject), now.UnixNano()); !ok {
+		g.limited(ctx, metrics.LimitUser, "too many requests from your account", wait)
+		return
+	}
+	if !g.saleOpen(ctx, s, region, claims.Subject, idem, now) {
+		return
+	}
+	if ok, wait := g.limits.Sale.Allow(s.rateKey, now.UnixNano()); !ok {
+		g.limited(ctx, metrics.LimitSale, "this sale is taking too many orders right now", wait)
+		return
+	}
+	if !g.limits.Enter() {
+		g.limited(ctx, metrics.LimitInflight, "the gateway is at capacity", 0)
+		return
+	}
+	defer g.limits.Leave()
+	g.metrics.InflightAdd(1)
+	defer g.metrics.InflightAdd(-1)
+	g.admit(ctx, s, &sub, body.Quantity, region, idem, now, charges)
+}
+
+// allowIP applies the per-IP limit to the client's address.
+func (g *Gateway) allowIP(ctx *fasthttp.RequestCtx, now time.Time) bool {
+	k := ipKey(g.proxies.clientIP(ctx))
+	if ok, wait := g.limits.IP.Allow(ratelimit.KeyBytes(k[:]), now.UnixNano()); !ok {
+		g.limited(ctx, metrics.LimitIP, "too many requests from your address", wait)
+		return false
+	}
+	return true
+}
+
+// limited answers 429 for limit l with the wait the limiter advised.
+func (g *Gateway) limited(ctx *fasthttp.RequestCtx, l metrics.Limit, msg string, wait time.Duration) {
+	g.metrics.Refused(l)
+	failRetry(ctx, fasthttp.StatusTooManyRequests, flashgate.CodeRateLimited, msg, ceilSeconds(wait.Milliseconds()))
+}
+
+// soldOutEarly answers 409 from the sold-out mark before the token is checked:
+// that a sale (or region) is sold out is public (GET /v1/sales/{id} says so),
+// and in a flood most buyers are new tokens, each an HS256 verification the
+// answer does not need. A request that could be a replay (it carries an
+// Idempotency-Key) goes on to the full checks, and so does one to a sale with
+// regions whose body names no region of it (the body of a sale without
+// regions is not read here: sold out is the answer whatever it holds).
+func (g *Gateway) soldOutEarly(ctx *fasthttp.RequestCtx, s *sale, now time.Time) bool {
+	if s == nil || ctx.Request.Header.PeekBytes(hdrIdem) != nil {
+		return false
+	}
+	nowMS := now.UnixMilli()
+	if s.closed.Load() || nowMS >= s.endsMS || nowMS < s.startsMS {
+		return false
+	}
+	region := ""
+	if len(s.spec.Regions) > 0 {
+		body, err := parsePurchase(ctx.PostBody())
+		if err != nil || len(body.Region) == 0 {
+			return false
+		}
+		if region = s.regionName(body.Region); region == "" {
+			return false
+		}
+	}
+	if f := s.soldOutFlag(region); f == nil || !f.Load() {
+		return false
+	}
+	fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+	return true
+}
+
+// user verifies the bearer token; on failure it has answered 401.
+func (g *Gateway) user(ctx *fasthttp.RequestCtx, now time.Time) (*auth.Claims, bool) {
+	h := ctx.Request.Header.PeekBytes(hdrAuth)
+	if len(h) <= len(bearer) || !bytes.EqualFold(h[:len(bearer)], bearer) {
+		fail(ctx, fasthttp.StatusUnauthorized, flashgate.CodeUnauthorized, "missing bearer token")
+		return nil, false
+	}
+	c, err := g.auth.Verify(h[len(bearer):], now)
+	if err != nil {
+		fail(ctx, fasthttp.StatusUnauthorized, flashgate.CodeUnauthorized, "invalid token")
+		return nil, false
+	}
+	return c, true
+}
+
+// purchaseRegion checks the quantity and the region against the sale and
+// returns the sale's own copy of the region name ("" for a sale without
+// regions). On false it has answered 400.
+func purchaseRegion(ctx *fasthttp.RequestCtx, s *sale, body purchaseBody) (string, bool) {
+	if body.Quantity < 1 || body.Quantity > s.spec.PerOrderMax {
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest,
+			"quantity must be between 1 and "+strconv.FormatInt(s.spec.PerOrderMax, 10))
+		return "", false
+	}
+	if len(s.spec.Regions) == 0 {
+		if len(body.Region) > 0 {
+			fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "unknown region: this sale has no regions")
+			return "", false
+		}
+		return "", true
+	}
+	if len(body.Region) == 0 {
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "region is required for this sale")
+		return "", false
+	}
+	region := s.regionName(body.Region)
+	if region == "" {
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "unknown region")
+		return "", false
+	}
+	return region, true
+}
+
+// Errors of a purchase's limit subjects; their texts are what clients see.
+var (
+	errBadPhone   = errors.New("the token's phone claim is not a phone number")
+	errBadDevice  = errors.New("the token's device claim must be 1-64 characters of [A-Za-z0-9_.:-]")
+	errBadAddress = errors.New("address must be at most 512 bytes and hold letters or digits")
+)
+
+// charges works out who the purchase is by, in each dimension the sale's
+// limits count (into sub, whose User is set), and what it counts against each
+// limit.
+func (g *Gateway) charges(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjects, claims *auth.Claims, body purchaseBody, now time.Time) ([]flashgate.Charge, error) {
+	var ok bool
+	if s.spec.Needs(flashgate.DimPhone) && claims.Phone != "" {
+		if sub.Phone, ok = flashgate.NormalisePhone(claims.Phone); !ok {
+			return nil, errBadPhone
+		}
+	}
+	if s.spec.Needs(flashgate.DimDevice) && claims.Device != "" {
+		if !flashgate.ValidDevice(claims.Device) {
+			return nil, errBadDevice
+		}
+		sub.Device = claims.Device
+	}
+	if s.spec.Needs(flashgate.DimIP) {
+		sub.IP = flashgate.IPSubject(g.proxies.clientIP(ctx))
+	}
+	if s.spec.Needs(flashgate.DimAddress) && len(body.Address) > 0 {
+		if sub.Address, ok = flashgate.NormaliseAddress(string(body.Address)); !ok {
+			return nil, errBadAddress
+		}
+	}
+	return s.spec.Charges(*sub, body.Quantity, now, s.loc)
+}
+
+// idempotencyKey returns the request's Idempotency-Key ("" for none). On
+// false it has answered 400.
+func idempotencyKey(ctx *fasthttp.RequestCtx) (string, bool) {
+	k := ctx.Request.Header.PeekBytes(hdrIdem)
+	if k == nil {
+		return "", true
+	}
+	if !flashgate.ValidIDBytes(k) {
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest,
+			"Idempotency-Key must be 1-64 characters of [A-Za-z0-9_-]")
+		return "", false
+	}
+	return string(k), true
+}
+
+// saleOpen answers from the cached sale what the admission would: ended,
+// not started, sold out (a replay of an earlier Idempotency-Key still goes
+// on, to be answered its first order). On false it has answered.
+func (g *Gateway) saleOpen(ctx *fasthttp.RequestCtx, s *sale, region, user, idem string, now time.Time) bool {
+	nowMS := now.UnixMilli()
+	switch {
+	case s.closed.Load() || nowMS >= s.endsMS:
+		fail(ctx, fasthttp.StatusGone, flashgate.CodeEnded, "the sale has ended")
+		return false
+	case nowMS < s.startsMS:
+		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
+		return false
+	case s.soldOutFlag(region).Load() && !g.maybeReplay(s, user, idem):
+		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+		return false
+	}
+	return true
+}
+
+// maybeReplay decides whether a purchase on a sold-out sale must still reach
+// the admission: only a replay of an Idempotency-Key used before (which
+// answers its first order) does. One read, no script; if the read fails, the
+// admission decides.
+func (g *Gateway) maybeReplay(s *sale, user, idem string) bool {
+	if idem == "" {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+	defer cancel()
+	known, err := lua.IdemKnown(rctx, g.rc, s.keys, user, idem)
+	return err != nil || known
+}
+
+// admit runs the admission on the sale's shard, behind that shard's breaker,
+// and answers what it decided. sub is who the purchase is by: its facts
+// travel with the order so that the backend can work its charges out again.
+func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjects, qty int64, region, idem string, now time.Time, charges []flashgate.Charge) {
+	if g.breakers.nats.State() == gobreaker.StateOpen {
+		// Admitting would only reserve units the publish cannot carry.
+		unavailable(ctx, "order queue unavailable")
+		return
+	}
+	lease := g.lease.Load()
+	if !lease.Valid() {
+		unavailable(ctx, "order ids unavailable")
+		return
+	}
+	args := lua.AdmitArgs{
+		User: sub.User, Quantity: qty, OrderID: lease.Next(), Now: now, IdemKey: idem, Region: region,
+		PayBy: now.Add(g.cfg.PaymentTimeout), Charges: charges, Limits: s.spec.Limits,
+		EncodedCharges: flashgate.EncodeCharges(charges),
+	}
+	var adm lua.Admission
+	start := time.Now()
+	_, err := g.breakers.forSlot(s.slot).Execute(func() (struct{}, error) {
+		actx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+		defer cancel()
+		var err error
+		adm, err = g.scripts.Admit(actx, g.rc, s.keys, args)
+		return struct{}{}, err
+	})
+	if refusedByBreaker(err) {
+		unavailable(ctx, "stock service unavailable")
+		return
+	}
+	g.metrics.AdmitLatency(time.Since(start))
+	if err != nil {
+		g.undoAdmit(s, args.OrderID, region, args.EncodedCharges, err)
+		unavailable(ctx, "stock service unavailable")
+		return
+	}
+	g.answerAdmission(ctx, s, sub, &args, adm, lease)
+}
+
+// answerAdmission turns the script's outcome into the answer: an admitted
+// order goes on to publish, every other outcome is answered here.
+func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjects, a *lua.AdmitArgs, adm lua.Admission, lease *orderid.Lease) {
+	switch adm.Outcome {
+	case lua.Admitted:
+		if failpointsBuilt && g.crashAfter.Load() > 0 && g.crashAfter.Add(-1) == 0 {
+			slog.Error("failpoint: exiting between admission and publish", "sale", s.spec.ID, "order", a.OrderID)
+			os.Exit(3)
+		}
+		if adm.Remaining <= 0 {
+			g.markSoldOut(s, a.Region)
+		}
+		g.publish(ctx, s, &bus.OrderMsg{
+			ID: a.OrderID, Sale: s.spec.ID, User: a.User, Qty: a.Quantity, Region: a.Region,
+			Created: a.Now.UnixMilli(), Expires: a.PayBy.UnixMilli(), Idem: a.IdemKey, Charges: a.EncodedCharges,
+			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Addr: sub.Address,
+		})
+	case lua.Replayed:
+		g.replay(ctx, s, adm.OrderID)
+	case lua.NotWarmed:
+		g.askWarm(s)
+		unavailable(ctx, "sale is warming up")
+	case lua.NotStarted:
+		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(adm.Wait.Milliseconds()))
+	case lua.Ended:
+		fail(ctx, fasthttp.StatusGone, flashgate.CodeEnded, "the sale has ended")
+	case lua.BadQuantity:
+		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "quantity out of range")
+	case lua.LimitReached:
+		msg := "user limit reached: at most " + strconv.FormatInt(s.spec.PerUserLimit, 10) + " units per user"
+		if adm.Limit >= 0 {
+			l := s.spec.Limits[adm.Limit]
+			msg = string(l.Dimension) + " limit reached: " + l.String()
+		}
+		fail(ctx, fasthttp.StatusForbidden, flashgate.CodeLimitReached, msg)
+	case lua.SoldOut:
+		if adm.Remaining <= 0 {
+			g.markSoldOut(s, a.Region)
+		}
+		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+	case lua.DuplicateID:
+		slog.Error("order id already taken: the id source is broken", "sale", s.spec.ID, "order", a.OrderID, "node", lease.Node())
+		unavailable(ctx, "order ids unavailable")
+	}
+}
+
+// undoAdmit runs after an admission that failed on our side (a timeout, a
+// broken connection): Redis may still have run it, so a 503 alone could leave
+// a reservation behind. Release is idempotent and finds nothing if the
+// admission never ran. It runs in the background so the 503 stays fast, and
+// retries until Redis answers; past undoPatience the reservation, if any, is
+// left to reconcile. A bounded pool does the background work (release.go).
+func (g *Gateway) undoAdmit(s *sale, id uint64, region, charges string, cause error) {
+	slog.Warn("admission failed; undoing it", "sale", s.spec.ID, "order", id, "cause", cause)
+	g.enqueueRelease(releaseJob{s: s, id: id, region: region, charges: charges, reason: flashgate.ReasonAdmitFailed})
+}
+
+// publish sends an admitted order to JetStream and answers 202 once it is
+// stored. When the publish fails the reservation is released and the answer is
+// 503 — unless the backend has claimed the order meanwhile, which proves the
+// message did get through (its ack was what got lost): then it is a 202.
+func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
+	start := time.Now()
+	_, err := g.breakers.nats.Execute(func() (struct{}, error) { return struct{}{}, g.send(s, m) })
+	if err == nil {
+		g.metrics.PublishLatency(time.Since(start))
+		accepted(ctx, m.ID, flashgate.OrderPending)
+		return
+	}
+	slog.Warn("publish failed; releasing", "sale", s.spec.ID, "order", m.ID, "err", err)
+	// The answer is the release's: released means no order can come of the
+	// message (the backend drops it when it lands late), claimed means one
+	// did. So it is retried, for another publish timeout, until Redis
+	// answers: a 503 sent while the release is still open could be overtaken
+	// by the backend's claim. (Release is idempotent: a retry of one that ran
+	// unanswered finds it done.)
+	rel, rerr := g.releaseUnpublished(s, m)
+	switch {
+	case rerr != nil:
+		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
+		g.enqueueRelease(releaseJob{s: s, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
+		unavailable(ctx, "order queue unavailable")
+	case rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased):
+		accepted(ctx, m.ID, flashgate.OrderPending)
+	default:
+		if rel.Released {
+			g.restocked(s, m.Region)
+		}
+		unavailable(ctx, "order queue unavailable")
+	}
+}
+
+// releaseUnpublished releases the reservation of an order whose publish
+// failed, retrying for up to another publish timeout while Redis does not
+// answer.
+func (g *Gateway) releaseUnpublished(s *sale, m *bus.OrderMsg) (rel lua.ReleaseResult, err error) {
+	deadline := time.Now().Add(g.cfg.Gateway.PublishTimeout)
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+		rel, err = g.scripts.Release(rctx, g.rc, s.keys, m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+		cancel()
+		if err == nil || time.Now().Add(wait).After(deadline) {
+			return rel, err
+		}
+		time.Sleep(wait)
+	}
+}
+
+func (g *Gateway) send(s *sale, m *bus.OrderMsg) error {
+	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
+	defer cancel()
+	msg := nats.NewMsg(g.cfg.NATS.OrderSubject + "." + s.spec.ID)
+	msg.Data = m.Append(make([]byte, 0, 192))
+	_, err := g.js.PublishMsg(pctx, msg, jetstream.WithMsgID(strconv.FormatUint(m.ID, 10)))
+	return err
+}
+
+// replay answers a repeated Idempotency-Key. A 202 must mean JetStream holds
+// the order, so a replay of an order still pending republishes it (the same
+// Nats-Msg-Id makes that a no-op when the first publish got through) and then
+// claims it, which stops a failing first request from releasing it.
+func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
+	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
+	defer cancel()
+	rec, ok, err := lua.Order(rctx, g.rc, s.keys, id)
+	if err != nil || !ok {
+		unavailable(ctx, "order state unavailable")
+		return
+	}
+	switch rec.Status {
+	case lua.StatusReleased:
+		unavailable(ctx, "order queue unavailable")
+		return
+	case lua.StatusPending:
+		m := &bus.OrderMsg{ID: id, Sale: s.spec.ID, User: rec.User, Qty: rec.Qty, Region: rec.Region,
+			Created: rec.Created, Expires: rec.Expires, Idem: rec.Idem, Charges: rec.Charges}
+		m.SubjectsFromCharges(s.spec.Limits)
+		if err := g.send(s, m); err != nil {
+			unavailable(ctx, "order queue unavailable")
+			return
+		}
+		st, err := g.scripts.Claim(rctx, g.rc, s.keys, []uint64{id})
+		if err != nil || st[0] == lua.ClaimReleased {
+			unavailable(ctx, "order queue unavailable")
+			return
+		}
+	}
+	accepted(ctx, id, publicStatus(rec.Status))
+}

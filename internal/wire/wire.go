@@ -1,0 +1,62 @@
+// Package wire builds flashgate's processes from the configuration: it dials
+// the servers (internal/dial), hands each process the clients and its own
+// slice of the configuration, and owns the shutdown order. The CLI and the
+// tests that run a process in-process share it, so both wire it the same way.
+package wire
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/gateway"
+	"github.com/flashgate/flashgate/internal/dial"
+)
+
+// Gateway is a running gateway together with the clients it was started on.
+type Gateway struct {
+	*gateway.Gateway
+	clients *dial.Clients
+}
+
+// StartGateway dials Redis and NATS and starts a gateway on them. If the
+// gateway does not start, the clients are closed again.
+func StartGateway(ctx context.Context, cfg config.Config) (*Gateway, error) {
+	c, err := dial.Gateway(cfg)
+	if err != nil {
+		return nil, err
+	}
+	deps := gateway.Deps{Redis: c.Redis, NATS: c.NATS, JetStream: c.JetStream}
+	g, err := gateway.Start(ctx, deps, cfg.GatewayOptions())
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &Gateway{Gateway: g, clients: c}, nil
+}
+
+// Shutdown stops serving and drains in-flight requests (gateway.Shutdown,
+// which also gives back the order-id node, a Redis call), and only then closes
+// the clients, which nothing uses any more. Idempotent.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	err := g.Gateway.Shutdown(ctx)
+	if cerr := g.clients.Close(); cerr != nil {
+		// The answer is the drain's, as before the clients were closed here:
+		// a connection that went away while closing loses nothing of ours.
+		slog.Warn("gateway: closing clients", "err", cerr)
+	}
+	return err
+}
+
+// RunGateway serves a gateway until ctx ends, then shuts it down within
+// gateway.shutdown_timeout.
+func RunGateway(ctx context.Context, cfg config.Config) error {
+	g, err := StartGateway(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Gateway.ShutdownTimeout)
+	defer cancel()
+	return g.Shutdown(sctx)
+}
