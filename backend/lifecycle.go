@@ -184,10 +184,9 @@ func (b *Backend) getOrder(ctx context.Context, cmd bus.OrderCommand) (bus.Order
 	if o.User != cmd.UserID {
 		return notFound, nil
 	}
-	rec := o.record()
-	rec.Status = string(o.Status)
+	rec := o.order()
 	k := lua.KeysFor(cmd.SaleID, nil)
-	if err := b.rc.Do(ctx, b.rc.B().Hsetnx().Key(k.Orders).Field(strconv.FormatUint(o.ID, 10)).Value(rec.Value()).Build()).Error(); err != nil {
+	if err := b.rc.Do(ctx, b.rc.B().Hsetnx().Key(k.Orders).Field(strconv.FormatUint(o.ID, 10)).Value(lua.EncodeRecord(&rec)).Build()).Error(); err != nil {
 		b.log.Warn("writing back an order Redis lost", "sale", cmd.SaleID, "order", o.ID, "err", err)
 	}
 	return o.reply("", ""), nil
@@ -218,10 +217,11 @@ func scanOrder(row interface{ Scan(...any) error }) (orderRow, error) {
 	return o, err
 }
 
-// record is the order as Redis keeps it (Status and Reason aside).
-func (o *orderRow) record() lua.Record {
-	return lua.Record{Reason: o.Reason, User: o.User, Qty: o.Qty, Region: o.Region,
-		Created: o.Created.UnixMilli(), Expires: o.Expires.UnixMilli(), Idem: o.Idem, Charges: o.Charges}
+// order is the row as the domain order (it has no facts: MySQL keeps the
+// charges they made).
+func (o *orderRow) order() flashgate.Order {
+	return flashgate.Order{ID: o.ID, SaleID: o.Sale, UserID: o.User, Quantity: o.Qty, Region: o.Region, Status: o.Status,
+		Reason: o.Reason, IdemKey: o.Idem, Charges: o.Charges, CreatedAt: o.Created, ExpiresAt: o.Expires}
 }
 
 // reply answers with code and the order as it now stands.
@@ -276,7 +276,7 @@ func (b *Backend) absent(ctx context.Context, cmd bus.OrderCommand) (bus.OrderRe
 	if err != nil {
 		return bus.OrderReply{}, fmt.Errorf("order %d in redis: %w", cmd.OrderID, err)
 	}
-	if ok && rec.User == cmd.UserID && (rec.Status == "pending" || rec.Status == "processing") {
+	if ok && rec.UserID == cmd.UserID && (rec.Status == "pending" || rec.Status == "processing") {
 		return bus.OrderReply{Code: string(flashgate.CodeConflict), Message: "order is still being confirmed; retry",
 			Status: string(flashgate.OrderPending)}, nil
 	}
@@ -365,7 +365,7 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 		if b.retired(rctx, o.Sale) {
 			return o.reply("", ""), nil
 		}
-		if err := b.scripts.MarkPaid(rctx, b.rc, lua.KeysFor(o.Sale, nil), o.ID, o.record()); err != nil {
+		if err := b.scripts.MarkPaid(rctx, b.rc, lua.KeysFor(o.Sale, nil), o.order()); err != nil {
 			b.log.Warn("paid status to redis", "sale", o.Sale, "order", o.ID, "err", err)
 		}
 		return o.reply("", ""), nil
@@ -559,9 +559,9 @@ func (b *Backend) restockOrders(ctx context.Context, sale string, orders []order
 	n := 0
 	var err error
 	for part := range slices.Chunk(orders, sweepChunk) {
-		batch := make([]lua.Restocking, len(part))
+		batch := make([]flashgate.Order, len(part))
 		for i, o := range part {
-			batch[i] = lua.Restocking{ID: o.ID, Status: o.Status, Reason: o.Reason, Record: o.record()}
+			batch[i] = o.order()
 		}
 		var out []lua.RestockOutcome
 		if out, err = b.scripts.RestockMany(ctx, b.rc, k, batch); err != nil {

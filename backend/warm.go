@@ -290,16 +290,16 @@ func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
 	}
 	for rows.Next() {
 		var id uint64
-		var r lua.Record
-		var created, expires time.Time
-		if err := rows.Scan(&id, &r.User, &r.Qty, &r.Region, &r.Status, &r.Reason, &r.Idem, &created, &expires, &r.Charges); err != nil {
+		var r flashgate.Order
+		var st string
+		if err := rows.Scan(&id, &r.UserID, &r.Quantity, &r.Region, &st, &r.Reason, &r.IdemKey, &r.CreatedAt, &r.ExpiresAt, &r.Charges); err != nil {
 			return err
 		}
-		r.Created, r.Expires = created.UnixMilli(), expires.UnixMilli()
+		r.Status = flashgate.OrderStatus(st)
 		sid := strconv.FormatUint(id, 10)
-		cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(r.Value()).Build())
-		if r.Idem != "" {
-			cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Idem).Field(r.User+"|"+r.Idem).Value(sid).Build())
+		cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(lua.EncodeRecord(&r)).Build())
+		if r.IdemKey != "" {
+			cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Idem).Field(r.UserID+"|"+r.IdemKey).Value(sid).Build())
 		}
 		if len(cmds) >= 2*usersChunk {
 			if err := flush(); err != nil {

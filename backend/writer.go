@@ -16,7 +16,6 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
 )
@@ -102,11 +101,11 @@ type usageKey struct {
 // fact a limit needs): whoever made it cannot be trusted with the limits, so
 // the order fails (bad_charges). The message's charges are still what the
 // admission counted in Redis, and what the release there gives back.
-func (s *saleShape) charges(o bus.OrderMsg) ([]flashgate.Charge, bool) {
+func (s *saleShape) charges(o flashgate.Order) ([]flashgate.Charge, bool) {
 	if len(s.limits) == 0 {
 		return nil, o.Charges == ""
 	}
-	cs, err := s.spec.Charges(o.Subjects(), o.Qty, time.UnixMilli(o.Created), s.loc)
+	cs, err := s.spec.Charges(o.Subjects(), o.Quantity, o.CreatedAt, s.loc)
 	if err != nil || flashgate.EncodeCharges(cs) != o.Charges {
 		return nil, false
 	}
@@ -168,15 +167,15 @@ type settlement struct {
 // write each outcome back to Redis. It answers one outcome per message, in
 // order. An error means nothing may be acked: some of the batch may be
 // committed, and a redelivery finds those rows and only writes them back.
-func (w *orderWriter) process(ctx context.Context, sale string, msgs []bus.OrderMsg) ([]outcome, error) {
+func (w *orderWriter) process(ctx context.Context, sale string, msgs []flashgate.Order) ([]outcome, error) {
 	out := make([]outcome, len(msgs))
 	// A message can repeat within a batch (a republish outside the dedup window):
 	// the first copy is processed, the others share its outcome.
 	first := make(map[uint64]int, len(msgs))
-	var uniq []bus.OrderMsg
+	var uniq []flashgate.Order
 	for i, m := range msgs {
-		if m.Sale != sale {
-			return nil, fmt.Errorf("batch of %s: order %d is of sale %q", sale, m.ID, m.Sale)
+		if m.SaleID != sale {
+			return nil, fmt.Errorf("batch of %s: order %d is of sale %q", sale, m.ID, m.SaleID)
 		}
 		if _, dup := first[m.ID]; !dup {
 			first[m.ID] = i
@@ -231,7 +230,7 @@ func retryable(err error) bool {
 	return false
 }
 
-func (w *orderWriter) writeRetrying(ctx context.Context, sale string, orders []bus.OrderMsg) (map[uint64]settlement, error) {
+func (w *orderWriter) writeRetrying(ctx context.Context, sale string, orders []flashgate.Order) (map[uint64]settlement, error) {
 	for attempt := 1; ; attempt++ {
 		res, err := w.write(ctx, sale, orders)
 		if err == nil {
@@ -251,7 +250,7 @@ func (w *orderWriter) writeRetrying(ctx context.Context, sale string, orders []b
 }
 
 // write runs the fast path and, when a guard refuses the batch, the fallback.
-func (w *orderWriter) write(ctx context.Context, sale string, orders []bus.OrderMsg) (map[uint64]settlement, error) {
+func (w *orderWriter) write(ctx context.Context, sale string, orders []flashgate.Order) (map[uint64]settlement, error) {
 	shape, err := w.shape(ctx, w.db, sale)
 	if err != nil {
 		return nil, err
@@ -268,7 +267,7 @@ func beginRC(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 }
 
 // existing reads which orders MySQL has already: their status and reason.
-func existing(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg) (map[uint64]settlement, error) {
+func existing(ctx context.Context, tx *sql.Tx, orders []flashgate.Order) (map[uint64]settlement, error) {
 	res := make(map[uint64]settlement, len(orders))
 	for part := range slices.Chunk(orders, sqlChunk) {
 		args := make([]any, len(part))
@@ -302,13 +301,13 @@ func existing(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg) (map[uint6
 // meets this; the unique key orders_sale_user_idem makes it hold across
 // concurrent batches (the loser's insert fails with a duplicate key and its
 // transaction runs again, finding the winner here).
-func duplicates(ctx context.Context, tx *sql.Tx, sale string, todo []bus.OrderMsg, res map[uint64]settlement) error {
+func duplicates(ctx context.Context, tx *sql.Tx, sale string, todo []flashgate.Order, res map[uint64]settlement) error {
 	type key struct{ user, idem string }
 	holder := map[key]uint64{}
 	var users, idems []any
 	for _, o := range todo {
-		if o.Idem != "" {
-			users, idems = append(users, o.User), append(idems, o.Idem)
+		if o.IdemKey != "" {
+			users, idems = append(users, o.UserID), append(idems, o.IdemKey)
 		}
 	}
 	if len(users) == 0 {
@@ -338,10 +337,10 @@ func duplicates(ctx context.Context, tx *sql.Tx, sale string, todo []bus.OrderMs
 	}
 	// todo is oldest first: the first of the batch to claim a key holds it.
 	for _, o := range todo {
-		if o.Idem == "" {
+		if o.IdemKey == "" {
 			continue
 		}
-		k := key{o.User, o.Idem}
+		k := key{o.UserID, o.IdemKey}
 		first, held := holder[k]
 		switch {
 		case !held:
@@ -354,14 +353,14 @@ func duplicates(ctx context.Context, tx *sql.Tx, sale string, todo []bus.OrderMs
 }
 
 // fresh lists the orders not yet in res, oldest id (= earliest admission) first.
-func fresh(orders []bus.OrderMsg, res map[uint64]settlement) []bus.OrderMsg {
-	var out []bus.OrderMsg
+func fresh(orders []flashgate.Order, res map[uint64]settlement) []flashgate.Order {
+	var out []flashgate.Order
 	for _, o := range orders {
 		if _, ok := res[o.ID]; !ok {
 			out = append(out, o)
 		}
 	}
-	slices.SortFunc(out, func(a, b bus.OrderMsg) int {
+	slices.SortFunc(out, func(a, b flashgate.Order) int {
 		switch {
 		case a.ID < b.ID:
 			return -1
@@ -376,7 +375,7 @@ func fresh(orders []bus.OrderMsg, res map[uint64]settlement) []bus.OrderMsg {
 // fastPath admits the whole batch with one guard per counter: the sale row, each
 // region row, each user row. ok is false (and nothing is committed) when any
 // guard refuses: the fallback then decides order by order.
-func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShape, orders []bus.OrderMsg) (map[uint64]settlement, bool, error) {
+func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order) (map[uint64]settlement, bool, error) {
 	tx, err := beginRC(ctx, w.db)
 	if err != nil {
 		return nil, false, fmt.Errorf("batch of %s: %w", sale, err)
@@ -414,11 +413,11 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 		for _, c := range cs {
 			usage[usageKey{c.Limit, c.Window, c.Subject}] += c.Inc
 		}
-		units += o.Qty
+		units += o.Quantity
 		if o.Region != "" {
-			regions[o.Region] += o.Qty
+			regions[o.Region] += o.Quantity
 		}
-		users[o.User] += o.Qty
+		users[o.UserID] += o.Quantity
 	}
 	now := w.now().UTC()
 
@@ -572,7 +571,7 @@ func sortedUsage(usage map[usageKey]int64) []usageKey {
 // fallback decides order by order, oldest first, under the sale row lock: each
 // order passes the user, region and sale guards or is rolled back to its
 // savepoint and inserted failed with the reason.
-func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShape, orders []bus.OrderMsg) (map[uint64]settlement, error) {
+func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order) (map[uint64]settlement, error) {
 	tx, err := beginRC(ctx, w.db)
 	if err != nil {
 		return nil, fmt.Errorf("batch of %s: %w", sale, err)
@@ -602,7 +601,7 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		return nil, err
 	}
 	now := w.now().UTC()
-	fail := func(o bus.OrderMsg, reason string) {
+	fail := func(o flashgate.Order, reason string) {
 		res[o.ID] = settlement{status: flashgate.OrderFailed, reason: reason}
 	}
 	// guard runs one guard statement; false means it refused (0 rows changed).
@@ -630,13 +629,13 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		}
 		reason := ""
 		if _, err := tx.ExecContext(ctx, `INSERT IGNORE INTO user_purchases (sale_id, user_id, units) VALUES (?, ?, 0)`,
-			sale, o.User); err != nil {
-			return nil, fmt.Errorf("batch of %s: user %s: %w", sale, o.User, err)
+			sale, o.UserID); err != nil {
+			return nil, fmt.Errorf("batch of %s: user %s: %w", sale, o.UserID, err)
 		}
 		ok, err := guard(`UPDATE user_purchases SET units = units + ?
-			WHERE sale_id = ? AND user_id = ? AND units + ? <= ?`, o.Qty, sale, o.User, o.Qty, limit)
+			WHERE sale_id = ? AND user_id = ? AND units + ? <= ?`, o.Quantity, sale, o.UserID, o.Quantity, limit)
 		if err != nil {
-			return nil, fmt.Errorf("batch of %s: user %s: %w", sale, o.User, err)
+			return nil, fmt.Errorf("batch of %s: user %s: %w", sale, o.UserID, err)
 		}
 		if !ok {
 			reason = flashgate.ReasonLimitReached
@@ -648,7 +647,7 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		}
 		if reason == "" && o.Region != "" {
 			ok, err := guard(`UPDATE sale_regions SET sold = sold + ?
-				WHERE sale_id = ? AND region = ? AND sold + ? <= total`, o.Qty, sale, o.Region, o.Qty)
+				WHERE sale_id = ? AND region = ? AND sold + ? <= total`, o.Quantity, sale, o.Region, o.Quantity)
 			if err != nil {
 				return nil, fmt.Errorf("batch of %s: region %s: %w", sale, o.Region, err)
 			}
@@ -658,7 +657,7 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		}
 		if reason == "" {
 			ok, err := guard(`UPDATE sales SET sold = sold + ?, updated_at = ?
-				WHERE id = ? AND sold + ? <= total`, o.Qty, now, sale, o.Qty)
+				WHERE id = ? AND sold + ? <= total`, o.Quantity, now, sale, o.Quantity)
 			if err != nil {
 				return nil, fmt.Errorf("batch of %s: sale guard: %w", sale, err)
 			}
@@ -687,11 +686,11 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 // chargeOne counts one order against each limit it is charged to, each under
 // the guard UPDATE … WHERE used + n <= max; it answers why it failed ("" if it
 // passed). The caller rolls back to the order's savepoint on a failure.
-func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, o bus.OrderMsg) (string, error) {
+func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, o flashgate.Order) (string, error) {
 	cs, ok := shape.charges(o)
 	if !ok {
 		w.log.Warn("order refused: its charges are not what its facts and the sale's limits make", "sale", sale,
-			"order", o.ID, "user", o.User, "charges", o.Charges)
+			"order", o.ID, "user", o.UserID, "charges", o.Charges)
 		return flashgate.ReasonBadCharges, nil
 	}
 	for _, c := range cs {
@@ -713,17 +712,17 @@ func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, sh
 }
 
 // insertOrders writes the rows of orders with the status res gives each.
-func insertOrders(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg, res map[uint64]settlement, now time.Time) error {
+func insertOrders(ctx context.Context, tx *sql.Tx, orders []flashgate.Order, res map[uint64]settlement, now time.Time) error {
 	for part := range slices.Chunk(orders, sqlChunk) {
 		args := make([]any, 0, 12*len(part))
 		for _, o := range part {
 			s := res[o.ID]
 			var idem any
-			if o.Idem != "" && s.reason != flashgate.ReasonDuplicate {
-				idem = o.Idem // a duplicate's row leaves the key to the order that holds it
+			if o.IdemKey != "" && s.reason != flashgate.ReasonDuplicate {
+				idem = o.IdemKey // a duplicate's row leaves the key to the order that holds it
 			}
-			args = append(args, o.ID, o.Sale, o.User, o.Qty, o.Region, string(s.status), s.reason, idem,
-				time.UnixMilli(o.Created).UTC(), time.UnixMilli(o.Expires).UTC(), now, o.Charges)
+			args = append(args, o.ID, o.SaleID, o.UserID, o.Quantity, o.Region, string(s.status), s.reason, idem,
+				o.CreatedAt.UTC(), o.ExpiresAt.UTC(), now, o.Charges)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
 			idem_key, created_at, expires_at, updated_at, charges) VALUES `+rowsOf(len(part), 12), args...); err != nil {
@@ -736,12 +735,12 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg, res ma
 // writeBack tells Redis what MySQL decided: confirmed (and already settled)
 // orders end their reservation with their status; failed orders give their units
 // back to Redis stock and the buyer's counter, exactly once (release.lua).
-func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.OrderMsg, res map[uint64]settlement) error {
-	var settled []lua.Settled
+func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []flashgate.Order, res map[uint64]settlement) error {
+	var settled []flashgate.Order
 	for _, o := range orders {
 		s := res[o.ID]
-		rec := lua.Record{Reason: s.reason, User: o.User, Qty: o.Qty, Region: o.Region,
-			Created: o.Created, Expires: o.Expires, Idem: o.Idem, Charges: o.Charges}
+		rec := o
+		rec.Status, rec.Reason = s.status, s.reason
 		if s.status == flashgate.OrderFailed {
 			region, charges := o.Region, o.Charges
 			if s.reason == flashgate.ReasonBadCharges {
@@ -766,7 +765,7 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.O
 				// A replay of the key must answer the order that holds it.
 				k := lua.KeysFor(sale, nil)
 				if err := w.rc.Do(ctx, w.rc.B().Hset().Key(k.Idem).FieldValue().
-					FieldValue(o.User+"|"+o.Idem, strconv.FormatUint(s.first, 10)).Build()).Error(); err != nil {
+					FieldValue(o.UserID+"|"+o.IdemKey, strconv.FormatUint(s.first, 10)).Build()).Error(); err != nil {
 					return err
 				}
 			}
@@ -776,7 +775,7 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.O
 			// Redis has no record of the order (it lost its data): write the
 			// failed status and reason so the buyer's GET shows them.
 		}
-		settled = append(settled, lua.Settled{ID: o.ID, Status: s.status, Record: rec})
+		settled = append(settled, rec)
 	}
 	k := lua.KeysFor(sale, nil)
 	for part := range slices.Chunk(settled, confirmChunk) {

@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"os"
@@ -364,10 +363,10 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		if adm.Remaining <= 0 {
 			g.markSoldOut(s, region)
 		}
-		g.publish(ctx, s, &bus.OrderMsg{
-			ID: id, Sale: s.spec.ID, User: user, Qty: qty, Region: region,
-			Created: now.UnixMilli(), Expires: payBy.UnixMilli(), Idem: idem, Charges: enc,
-			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Addr: sub.Address,
+		g.publish(ctx, s, &flashgate.Order{
+			ID: id, SaleID: s.spec.ID, UserID: user, Quantity: qty, Region: region,
+			CreatedAt: now, ExpiresAt: payBy, IdemKey: idem, Charges: enc,
+			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Address: sub.Address,
 		})
 	case lua.Replayed:
 		g.replay(ctx, s, adm.OrderID)
@@ -429,7 +428,7 @@ func ceilSeconds(ms int64) int64 { return (ms + 999) / 1000 }
 // stored. When the publish fails the reservation is released and the answer is
 // 503 — unless the backend has claimed the order meanwhile, which proves the
 // message did get through (its ack was what got lost): then it is a 202.
-func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
+func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order) {
 	start := time.Now()
 	_, err := g.breakers.nats.Execute(func() (struct{}, error) { return struct{}{}, g.send(s, m) })
 	if err == nil {
@@ -471,11 +470,11 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
 	}
 }
 
-func (g *Gateway) send(s *sale, m *bus.OrderMsg) error {
+func (g *Gateway) send(s *sale, m *flashgate.Order) error {
 	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
 	defer cancel()
 	msg := nats.NewMsg(g.cfg.NATS.OrderSubject + "." + s.spec.ID)
-	msg.Data = m.Append(make([]byte, 0, 192))
+	msg.Data = bus.AppendOrder(make([]byte, 0, 192), m)
 	_, err := g.js.PublishMsg(pctx, msg, jetstream.WithMsgID(strconv.FormatUint(m.ID, 10)))
 	return err
 }
@@ -493,14 +492,13 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 		return
 	}
 	switch rec.Status {
-	case "released":
+	case flashgate.OrderReleased:
 		unavailable(ctx, "order queue unavailable")
 		return
-	case "pending":
-		m := &bus.OrderMsg{ID: id, Sale: s.spec.ID, User: rec.User, Qty: rec.Qty, Region: rec.Region,
-			Created: rec.Created, Expires: rec.Expires, Idem: rec.Idem, Charges: rec.Charges}
-		m.SubjectsFromCharges(s.spec.Limits)
-		if err := g.send(s, m); err != nil {
+	case flashgate.OrderPending:
+		m := rec
+		m.FactsFromCharges(s.spec.Limits)
+		if err := g.send(s, &m); err != nil {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}
@@ -510,27 +508,7 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 			return
 		}
 	}
-	accepted(ctx, id, publicStatus(rec.Status))
-}
-
-func publicStatus(st string) flashgate.OrderStatus {
-	switch st {
-	case "pending", "processing":
-		return flashgate.OrderPending
-	}
-	return flashgate.OrderStatus(st)
-}
-
-type orderView struct {
-	OrderID   string    `json:"order_id"`
-	SaleID    string    `json:"sale_id"`
-	UserID    string    `json:"user_id"`
-	Quantity  int64     `json:"quantity"`
-	Region    string    `json:"region"`
-	Status    string    `json:"status"`
-	Reason    string    `json:"reason"`
-	CreatedAt time.Time `json:"created_at"`
-	ExpiresAt time.Time `json:"expires_at"`
+	accepted(ctx, id, rec.Status.Public())
 }
 
 // orderRequest is what every request about one order checks first: the per-IP
@@ -584,15 +562,11 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 		g.orderFromBackend(ctx, s, claims.Subject, id)
 		return
 	}
-	if rec.User != claims.Subject || rec.Status == "released" {
+	if rec.UserID != claims.Subject || rec.Status == flashgate.OrderReleased {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
-	b, err := json.Marshal(orderView{
-		OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: rec.User, Quantity: rec.Qty,
-		Region: rec.Region, Status: string(publicStatus(rec.Status)), Reason: rec.Reason,
-		CreatedAt: time.UnixMilli(rec.Created).UTC(), ExpiresAt: time.UnixMilli(rec.Expires).UTC(),
-	})
+	b, err := encodeOrderView(&rec)
 	if err != nil {
 		fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
 		return
@@ -619,11 +593,8 @@ func (g *Gateway) orderFromBackend(ctx *fasthttp.RequestCtx, s *sale, user strin
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
-	b, err := json.Marshal(orderView{
-		OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: user, Quantity: reply.Quantity,
-		Region: reply.Region, Status: string(publicStatus(reply.Status)), Reason: reply.Reason,
-		CreatedAt: reply.CreatedAt.UTC(), ExpiresAt: reply.ExpiresAt.UTC(),
-	})
+	o := reply.Order(s.spec.ID, id, user)
+	b, err := encodeOrderView(&o)
 	if err != nil {
 		fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
 		return
@@ -658,7 +629,7 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 	cancel()
 	// Another user's order, or one that never existed, is answered here. An
 	// order Redis does not know (it lost its data) goes on: MySQL decides.
-	if err == nil && known && (rec.User != claims.Subject || rec.Status == "released") {
+	if err == nil && known && (rec.UserID != claims.Subject || rec.Status == flashgate.OrderReleased) {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
@@ -672,10 +643,8 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 	}
 	switch flashgate.Code(reply.Code) {
 	case bus.ReplyOK:
-		b, err := json.Marshal(orderView{
-			OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: claims.Subject, Quantity: reply.Quantity,
-			Region: reply.Region, Status: reply.Status, Reason: reply.Reason, CreatedAt: reply.CreatedAt, ExpiresAt: reply.ExpiresAt,
-		})
+		o := reply.Order(s.spec.ID, id, claims.Subject)
+		b, err := encodeOrderView(&o)
 		if err != nil {
 			fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
 			return
