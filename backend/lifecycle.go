@@ -181,61 +181,39 @@ func (b *Backend) getOrder(ctx context.Context, cmd bus.OrderCommand) (bus.Order
 	if err != nil {
 		return bus.OrderReply{}, fmt.Errorf("order %d: %w", cmd.OrderID, err)
 	}
-	if o.User != cmd.UserID {
+	if o.UserID != cmd.UserID {
 		return notFound, nil
 	}
-	rec := o.order()
 	k := lua.KeysFor(cmd.SaleID, nil)
-	if err := b.rc.Do(ctx, b.rc.B().Hsetnx().Key(k.Orders).Field(strconv.FormatUint(o.ID, 10)).Value(lua.EncodeRecord(&rec)).Build()).Error(); err != nil {
+	if err := b.rc.Do(ctx, b.rc.B().Hsetnx().Key(k.Orders).Field(strconv.FormatUint(o.ID, 10)).Value(lua.EncodeRecord(&o)).Build()).Error(); err != nil {
 		b.log.Warn("writing back an order Redis lost", "sale", cmd.SaleID, "order", o.ID, "err", err)
 	}
-	return o.reply("", ""), nil
+	return reply(&o, "", ""), nil
 }
 
-// orderRow is one order as MySQL holds it.
-type orderRow struct {
-	ID      uint64
-	Sale    string
-	User    string
-	Qty     int64
-	Region  string
-	Status  flashgate.OrderStatus
-	Reason  string
-	Idem    string
-	Created time.Time
-	Expires time.Time
-	Charges string // flashgate.EncodeCharges
-}
-
+// An order as MySQL holds it is a flashgate.Order without facts (the row
+// keeps the charges they made); orderCols and scanOrder read it.
 const orderCols = `id, sale_id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''), created_at, expires_at, charges`
 
-func scanOrder(row interface{ Scan(...any) error }) (orderRow, error) {
-	var o orderRow
+func scanOrder(row interface{ Scan(...any) error }) (flashgate.Order, error) {
+	var o flashgate.Order
 	var st string
-	err := row.Scan(&o.ID, &o.Sale, &o.User, &o.Qty, &o.Region, &st, &o.Reason, &o.Idem, &o.Created, &o.Expires, &o.Charges)
+	err := row.Scan(&o.ID, &o.SaleID, &o.UserID, &o.Quantity, &o.Region, &st, &o.Reason, &o.IdemKey, &o.CreatedAt, &o.ExpiresAt, &o.Charges)
 	o.Status = flashgate.OrderStatus(st)
 	return o, err
 }
 
-// order is the row as the domain order (it has no facts: MySQL keeps the
-// charges they made).
-func (o *orderRow) order() flashgate.Order {
-	return flashgate.Order{ID: o.ID, SaleID: o.Sale, UserID: o.User, Quantity: o.Qty, Region: o.Region, Status: o.Status,
-		Reason: o.Reason, IdemKey: o.Idem, Charges: o.Charges, CreatedAt: o.Created, ExpiresAt: o.Expires}
-}
-
 // reply answers with code and the order as it now stands.
-func (o *orderRow) reply(code flashgate.Code, msg string) bus.OrderReply {
+func reply(o *flashgate.Order, code flashgate.Code, msg string) bus.OrderReply {
 	c := string(code)
 	if code == "" {
 		c = bus.ReplyOK
 	}
-	return bus.OrderReply{Code: c, Message: msg, Status: string(o.Status), Reason: o.Reason, Quantity: o.Qty,
-		Region: o.Region, CreatedAt: o.Created, ExpiresAt: o.Expires}
+	return bus.ReplyOf(c, msg, o)
 }
 
 // closed answers a command on an order that can no longer change that way.
-func (o *orderRow) closed() bus.OrderReply {
+func closed(o *flashgate.Order) bus.OrderReply {
 	var msg string
 	switch {
 	case o.Status == flashgate.OrderPaid:
@@ -249,7 +227,7 @@ func (o *orderRow) closed() bus.OrderReply {
 	default:
 		msg = "the order is closed"
 	}
-	return o.reply(flashgate.CodeOrderClosed, msg)
+	return reply(o, flashgate.CodeOrderClosed, msg)
 }
 
 var notFound = bus.OrderReply{Code: string(flashgate.CodeOrderNotFound), Message: "no such order"}
@@ -257,7 +235,7 @@ var notFound = bus.OrderReply{Code: string(flashgate.CodeOrderNotFound), Message
 var errNoOrder = errors.New("no such order")
 
 // lockOrder reads one order of sale and locks its row.
-func lockOrder(ctx context.Context, tx *sql.Tx, sale string, id uint64) (orderRow, error) {
+func lockOrder(ctx context.Context, tx *sql.Tx, sale string, id uint64) (flashgate.Order, error) {
 	o, err := scanOrder(tx.QueryRowContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id = ? AND sale_id = ? FOR UPDATE`, id, sale))
 	if errors.Is(err, sql.ErrNoRows) {
 		return o, errNoOrder
@@ -308,7 +286,7 @@ func retryTx[T any](ctx context.Context, attempts int, fn func() (T, error)) (T,
 // expired one the sweeper has not reached yet is expired here and now).
 func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
 	type result struct {
-		o       orderRow
+		o       flashgate.Order
 		missing bool
 		expired bool
 	}
@@ -324,21 +302,22 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 		if errors.Is(err, errNoOrder) {
 			return result{missing: true}, nil
 		}
-		if err != nil || o.User != cmd.UserID || o.Status != flashgate.OrderConfirmed {
+		if err != nil || o.UserID != cmd.UserID {
 			return result{o: o}, err
 		}
-		if !now.Before(o.Expires) {
-			return result{o: o, expired: true}, nil
+		paid := o
+		if paid.Pay(now) != nil {
+			// Not confirmed, or confirmed past its deadline: expired.
+			return result{o: o, expired: o.Status == flashgate.OrderConfirmed}, nil
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, updated_at = ? WHERE id = ?`,
-			string(flashgate.OrderPaid), now.UTC(), o.ID); err != nil {
+			string(paid.Status), now.UTC(), o.ID); err != nil {
 			return result{}, fmt.Errorf("pay %d: %w", o.ID, err)
 		}
 		if err := tx.Commit(); err != nil {
 			return result{}, fmt.Errorf("pay %d: commit: %w", o.ID, err)
 		}
-		o.Status = flashgate.OrderPaid
-		return result{o: o}, nil
+		return result{o: paid}, nil
 	})
 	if err != nil {
 		return bus.OrderReply{}, err
@@ -347,7 +326,7 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 	switch {
 	case res.missing:
 		return b.absent(ctx, cmd)
-	case o.User != cmd.UserID:
+	case o.UserID != cmd.UserID:
 		return notFound, nil
 	case res.expired:
 		// Expire it now, under the sale lock like the sweeper (it may beat us
@@ -356,21 +335,21 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 			b.log.Warn("expiring an order at payment", "sale", cmd.SaleID, "order", o.ID, "err", err) // the sweeper retries
 		}
 		o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
-		return o.closed(), nil
+		return closed(&o), nil
 	case o.Status == flashgate.OrderPaid:
 		// Paid now or before: tell Redis (again: it heals a write-back a
 		// crash or a late confirm lost).
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
 		defer cancel()
-		if b.retired(rctx, o.Sale) {
-			return o.reply("", ""), nil
+		if b.retired(rctx, o.SaleID) {
+			return reply(&o, "", ""), nil
 		}
-		if err := b.scripts.MarkPaid(rctx, b.rc, lua.KeysFor(o.Sale, nil), o.order()); err != nil {
-			b.log.Warn("paid status to redis", "sale", o.Sale, "order", o.ID, "err", err)
+		if err := b.scripts.MarkPaid(rctx, b.rc, lua.KeysFor(o.SaleID, nil), o); err != nil {
+			b.log.Warn("paid status to redis", "sale", o.SaleID, "order", o.ID, "err", err)
 		}
-		return o.reply("", ""), nil
+		return reply(&o, "", ""), nil
 	default:
-		return o.closed(), nil
+		return closed(&o), nil
 	}
 }
 
@@ -379,7 +358,7 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 // twice); a paid or failed order is closed.
 func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
 	type result struct {
-		o       orderRow
+		o       flashgate.Order
 		missing bool
 	}
 	res, err := retryTx(ctx, commandRetries, func() (result, error) {
@@ -399,11 +378,10 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 		if errors.Is(err, errNoOrder) {
 			return result{missing: true}, nil
 		}
-		if err != nil || o.User != cmd.UserID || o.Status != flashgate.OrderConfirmed {
+		if err != nil || o.UserID != cmd.UserID || o.Cancel() != nil {
 			return result{o: o}, err
 		}
-		o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonCanceled
-		if err := returnUnits(ctx, tx, cmd.SaleID, []orderRow{o}, flashgate.ReasonCanceled, now); err != nil {
+		if err := returnUnits(ctx, tx, cmd.SaleID, []flashgate.Order{o}, flashgate.ReasonCanceled, now); err != nil {
 			return result{}, fmt.Errorf("cancel %d: %w", o.ID, err)
 		}
 		if err := tx.Commit(); err != nil {
@@ -418,17 +396,17 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 	switch {
 	case res.missing:
 		return b.absent(ctx, cmd)
-	case o.User != cmd.UserID:
+	case o.UserID != cmd.UserID:
 		return notFound, nil
 	case o.Status == flashgate.OrderCanceled:
 		// Canceled now, or before (by the buyer or the sweeper): restock is
 		// idempotent, so running it again heals a Redis step that failed.
-		if !b.retired(ctx, o.Sale) {
-			b.restock(ctx, o.Sale, []orderRow{o})
+		if !b.retired(ctx, o.SaleID) {
+			b.restock(ctx, o.SaleID, []flashgate.Order{o})
 		}
-		return o.reply("", ""), nil
+		return reply(&o, "", ""), nil
 	default:
-		return o.closed(), nil
+		return closed(&o), nil
 	}
 }
 
@@ -436,17 +414,17 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 // holds) with reason and takes their units off sales.sold, sale_regions.sold
 // user_purchases.units and limit_usage.used, in the writer's order: sales,
 // regions, users, limits, orders.
-func returnUnits(ctx context.Context, tx *sql.Tx, sale string, orders []orderRow, reason string, now time.Time) error {
+func returnUnits(ctx context.Context, tx *sql.Tx, sale string, orders []flashgate.Order, reason string, now time.Time) error {
 	var units int64
 	regions := map[string]int64{}
 	users := map[string]int64{}
 	usage := map[usageKey]int64{}
 	for _, o := range orders {
-		units += o.Qty
+		units += o.Quantity
 		if o.Region != "" {
-			regions[o.Region] += o.Qty
+			regions[o.Region] += o.Quantity
 		}
-		users[o.User] += o.Qty
+		users[o.UserID] += o.Quantity
 		cs, err := flashgate.ParseCharges(o.Charges)
 		if err != nil {
 			return fmt.Errorf("sale %s order %d: %w", sale, o.ID, err)
@@ -534,7 +512,7 @@ func uncharge(ctx context.Context, tx *sql.Tx, sale string, usage map[usageKey]i
 // the gateways. It runs after the commit, so it only logs a failure: MySQL is
 // the truth, and running it again (a repeated cancel, reconcile's
 // restockCanceled) is safe. It answers how many orders' units went back.
-func (b *Backend) restock(ctx context.Context, sale string, orders []orderRow) int {
+func (b *Backend) restock(ctx context.Context, sale string, orders []flashgate.Order) int {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
 	defer cancel()
 	n, err := b.restockOrders(ctx, sale, orders)
@@ -547,7 +525,7 @@ func (b *Backend) restock(ctx context.Context, sale string, orders []orderRow) i
 
 // restockOrders runs lua.RestockMany over orders (canceled in MySQL) in calls of
 // sweepChunk, and publishes one restocked event per region that got units back.
-func (b *Backend) restockOrders(ctx context.Context, sale string, orders []orderRow) (int, error) {
+func (b *Backend) restockOrders(ctx context.Context, sale string, orders []flashgate.Order) (int, error) {
 	var regions []string
 	for _, o := range orders {
 		if o.Region != "" && !slices.Contains(regions, o.Region) {
@@ -561,7 +539,7 @@ func (b *Backend) restockOrders(ctx context.Context, sale string, orders []order
 	for part := range slices.Chunk(orders, sweepChunk) {
 		batch := make([]flashgate.Order, len(part))
 		for i, o := range part {
-			batch[i] = o.order()
+			batch[i] = o
 		}
 		var out []lua.RestockOutcome
 		if out, err = b.scripts.RestockMany(ctx, b.rc, k, batch); err != nil {
@@ -596,7 +574,7 @@ func (b *Backend) restockCanceled(ctx context.Context, sale string, since time.T
 	}
 	defer rows.Close()
 	n := 0
-	batch := make([]orderRow, 0, sweepChunk)
+	batch := make([]flashgate.Order, 0, sweepChunk)
 	flush := func() error {
 		m, err := b.restockOrders(ctx, sale, batch)
 		n += m
@@ -634,8 +612,8 @@ func (b *Backend) expireOrders(ctx context.Context, sale string, ids []uint64, n
 }
 
 // expireTx is the MySQL half of expireOrders: it answers the orders it expired.
-func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now time.Time) ([]orderRow, error) {
-	return retryTx(ctx, txRetries, func() ([]orderRow, error) {
+func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now time.Time) ([]flashgate.Order, error) {
+	return retryTx(ctx, txRetries, func() ([]flashgate.Order, error) {
 		tx, err := beginRC(ctx, b.db)
 		if err != nil {
 			return nil, err
@@ -659,7 +637,7 @@ func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now t
 		if err != nil {
 			return nil, fmt.Errorf("expire %s: %w", sale, err)
 		}
-		var orders []orderRow
+		var orders []flashgate.Order
 		for rows.Next() {
 			o, err := scanOrder(rows)
 			if err != nil {

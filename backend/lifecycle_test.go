@@ -314,7 +314,7 @@ func TestCancelHealsRedis(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := returnUnits(ctx(t), tx, sale.ID, []orderRow{o}, flashgate.ReasonCanceled, time.Now()); err != nil {
+		if err := returnUnits(ctx(t), tx, sale.ID, []flashgate.Order{o}, flashgate.ReasonCanceled, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.Commit(); err != nil {
