@@ -18,7 +18,7 @@ GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
 
-.PHONY: help deps build up infra-up down status reset test demo bench bench-go bench-edge lint fmt clean fuzz
+.PHONY: help deps build bench-build up infra-up down status reset test demo bench bench-go bench-edge hostile lint fmt clean fuzz
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -28,6 +28,12 @@ deps: ## install missing Debian packages (redis, mariadb, nats, nginx, wrk, ...)
 
 build: deps ## build bin/flashgate
 	$(GO) build -o $(BIN) ./cmd/flashgate
+
+# The benchmark harnesses are programs of their own, not commands of the product (bench/README.md).
+bench-build: deps ## build bin/flashgate-bench-ingest, bin/flashgate-bench-conns and bin/bench-report
+	$(GO) build -o bin/flashgate-bench-ingest ./bench/ingest
+	$(GO) build -o bin/flashgate-bench-conns ./bench/conns
+	$(GO) build -o bin/bench-report ./bench/report
 
 up: deps build ## start the whole local stack: infra, backend, gateway, nginx on :8000
 	@$(STACK) up
@@ -78,7 +84,7 @@ demo: deps build ## start the stack, create a sale and run the load against it, 
 # outputs in var/bench/; the last lines are "target <name>: <figure> (goal <goal>) met|missed".
 # Settings: BENCH_DURATION, BENCH_CONCURRENCY, BENCH_USERS, BENCH_INGEST_ORDERS, BENCH_CONNS,
 # BENCH_PROFILE (scripts/bench.sh). Leaves a running stack as it found it.
-bench: deps build ## flashgate vs Redis, nginx and the seeds' design: BENCHMARKS.md, bench/results.json
+bench: deps build bench-build ## flashgate vs Redis, nginx and the seeds' design: BENCHMARKS.md, bench/results.json
 	@BENCH_PROFILE=$${BENCH_PROFILE:-1} scripts/bench.sh
 
 # Every fuzz target (func FuzzXxx) in turn, FUZZTIME each (default 60s); one line per target with its
@@ -95,6 +101,14 @@ bench-go: deps ## run the Go benchmarks (go test -bench)
 # "edge: gateway-soldout/nginx-static = R". Leaves a running stack as it found it.
 bench-edge: deps build ## wrk: gateway sold-out 409 vs nginx static 409 (edge ratio R)
 	@scripts/bench-edge.sh
+
+# Hostile clients (docs/hostile.md): slowloris, silent connections, slow bodies, pipelining, churn,
+# smuggling, oversized bodies and fd exhaustion against the gateway's port and nginx's, a probe
+# beside each; one line per attack and port, then "target <name>: ... met|missed". Writes
+# bench/hostile-results.json and BENCHMARKS.md's make hostile section. Settings: HOSTILE_DURATION,
+# HOSTILE_ARGS, HOSTILE_STRICT (scripts/hostile.sh). Leaves a running stack as it found it.
+hostile: deps build ## hostile-client suite against :8080 and :8000: BENCHMARKS.md, bench/hostile-results.json
+	@scripts/hostile.sh
 
 lint: ## go vet and a gofmt check
 	$(GO) vet ./...

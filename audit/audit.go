@@ -9,36 +9,15 @@ package audit
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
-	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
-
-// OpenDB opens MySQL the way every flashgate process does: times are parsed into
-// time.Time in UTC, and parameters are interpolated client-side (one round trip
-// per statement instead of prepare + execute + close).
-func OpenDB(dsn string) (*sql.DB, error) {
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("mysql dsn: %w", err)
-	}
-	cfg.ParseTime = true
-	cfg.Loc = time.UTC
-	cfg.InterpolateParams = true
-	conn, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("mysql %s: %w", cfg.Addr, err)
-	}
-	return sql.OpenDB(conn), nil
-}
 
 // ErrSaleNotFound is returned for a sale MySQL does not know.
 var ErrSaleNotFound = errors.New("sale not found")
@@ -98,237 +77,103 @@ func (r Report) String() string {
 		r.Duplicated, r.RedisRemaining, r.RedisReserved, r.LedgerDiff, r.DistinctBuyers, r.OK())
 }
 
-// liveStatuses is the SQL list of the statuses that hold units in MySQL.
-var liveStatuses = "'" + string(flashgate.OrderConfirmed) + "','" + string(flashgate.OrderPaid) + "'"
-
 // Check audits saleID. accepted lists the order ids the gateway answered 202
 // for (nil when the caller does not know them: Lost is then 0). It is exact
 // once the system has drained; during traffic the Redis and MySQL reads are
-// different moments.
+// different moments. Each invariant is its own function below.
 func Check(ctx context.Context, db *sql.DB, rc rueidis.Client, saleID string, accepted []uint64) (Report, error) {
 	r := Report{SaleID: saleID, ByStatus: map[string]int64{}}
-	var limit int64
-	var limitsJSON sql.NullString
-	err := db.QueryRowContext(ctx, `SELECT total, sold, per_user_limit, limits FROM sales WHERE id = ?`, saleID).
-		Scan(&r.Total, &r.Sold, &limit, &limitsJSON)
-	if errors.Is(err, sql.ErrNoRows) {
+	l, err := mysql.SaleLedger(ctx, db, saleID)
+	if errors.Is(err, mysql.ErrSaleNotFound) {
 		return r, fmt.Errorf("audit %s: %w", saleID, ErrSaleNotFound)
 	}
 	if err != nil {
 		return r, fmt.Errorf("audit %s: %w", saleID, err)
 	}
-	fail := func(what string, err error) (Report, error) {
-		return r, fmt.Errorf("audit %s: %s: %w", saleID, what, err)
+	r.Total, r.Sold = l.Total, l.Sold
+	countOrders(l, &r)
+	checkSold(l, &r)
+	checkRegions(l, &r)
+	checkBuyers(l, &r)
+	if l.Limits != nil {
+		checkLimits(l, &r)
 	}
-
-	// Orders by status.
-	rows, err := db.QueryContext(ctx, `SELECT status, COUNT(*), COALESCE(SUM(quantity), 0) FROM orders
-		WHERE sale_id = ? GROUP BY status`, saleID)
-	if err != nil {
-		return fail("orders", err)
-	}
-	err = scanRows(rows, func() error {
-		var st string
-		var n, units int64
-		if err := rows.Scan(&st, &n, &units); err != nil {
-			return err
-		}
-		r.ByStatus[st], r.Orders = n, r.Orders+n
-		if flashgate.OrderStatus(st) == flashgate.OrderConfirmed || flashgate.OrderStatus(st) == flashgate.OrderPaid {
-			r.LiveUnits += units
-		}
-		return nil
-	})
-	if err != nil {
-		return fail("orders", err)
-	}
-	r.Oversold = max(0, r.LiveUnits-r.Total)
-	r.Duplicated = abs(r.Sold - r.LiveUnits)
-
-	// Regions: live units against the region's total and its sold counter.
-	type region struct{ total, sold, live int64 }
-	regions := map[string]*region{}
-	rows, err = db.QueryContext(ctx, `SELECT region, total, sold FROM sale_regions WHERE sale_id = ?`, saleID)
-	if err != nil {
-		return fail("regions", err)
-	}
-	err = scanRows(rows, func() error {
-		var name string
-		g := &region{}
-		if err := rows.Scan(&name, &g.total, &g.sold); err != nil {
-			return err
-		}
-		regions[name] = g
-		return nil
-	})
-	if err != nil {
-		return fail("regions", err)
-	}
-	if len(regions) > 0 {
-		rows, err = db.QueryContext(ctx, `SELECT region, SUM(quantity) FROM orders
-			WHERE sale_id = ? AND status IN (`+liveStatuses+`) GROUP BY region`, saleID)
-		if err != nil {
-			return fail("regions", err)
-		}
-		err = scanRows(rows, func() error {
-			var name string
-			var live int64
-			if err := rows.Scan(&name, &live); err != nil {
-				return err
-			}
-			g := regions[name]
-			if g == nil {
-				// Live units in a region the sale does not have: all of them are too many.
-				g = &region{}
-				regions[name] = g
-			}
-			g.live = live
-			return nil
-		})
-		if err != nil {
-			return fail("regions", err)
-		}
-		for _, g := range regions {
-			r.Oversold += max(0, g.live-g.total)
-			r.Duplicated += abs(g.sold - g.live)
-		}
-	}
-
-	// Users: live units against the limit and against user_purchases.
-	users := map[string][2]int64{} // live, counted
-	rows, err = db.QueryContext(ctx, `SELECT user_id, SUM(quantity) FROM orders
-		WHERE sale_id = ? AND status IN (`+liveStatuses+`) GROUP BY user_id`, saleID)
-	if err != nil {
-		return fail("buyers", err)
-	}
-	err = scanRows(rows, func() error {
-		var u string
-		var live int64
-		if err := rows.Scan(&u, &live); err != nil {
-			return err
-		}
-		users[u] = [2]int64{live, 0}
-		return nil
-	})
-	if err != nil {
-		return fail("buyers", err)
-	}
-	rows, err = db.QueryContext(ctx, `SELECT user_id, units FROM user_purchases WHERE sale_id = ?`, saleID)
-	if err != nil {
-		return fail("user_purchases", err)
-	}
-	err = scanRows(rows, func() error {
-		var u string
-		var units int64
-		if err := rows.Scan(&u, &units); err != nil {
-			return err
-		}
-		v := users[u]
-		v[1] = units
-		users[u] = v
-		return nil
-	})
-	if err != nil {
-		return fail("user_purchases", err)
-	}
-	for _, v := range users {
-		if v[0] > 0 {
-			r.DistinctBuyers++
-		}
-		if v[0] > limit {
-			r.OverLimitUsers++
-		}
-		r.Duplicated += abs(v[1] - v[0])
-	}
-
-	if limitsJSON.Valid && limitsJSON.String != "" {
-		var limits []flashgate.Limit
-		if err := json.Unmarshal([]byte(limitsJSON.String), &limits); err != nil {
-			return fail("limits", err)
-		}
-		if err := checkLimits(ctx, db, saleID, limits, &r); err != nil {
-			return fail("limits", err)
-		}
-	}
-
-	// Accepted orders without a row.
 	if r.Lost, err = lost(ctx, db, accepted); err != nil {
-		return fail("accepted", err)
+		return r, fmt.Errorf("audit %s: accepted: %w", saleID, err)
 	}
-
-	names := make([]string, 0, len(regions))
-	for name := range regions {
-		names = append(names, name)
+	if err := checkRedis(ctx, rc, l, &r); err != nil {
+		return r, fmt.Errorf("audit %s: redis: %w", saleID, err)
 	}
-	l, err := RedisLedger(ctx, rc, saleID, names)
-	if err != nil {
-		return fail("redis", err)
-	}
-	r.RedisRemaining, r.RedisReserved = l.Remaining, l.Reserved
-	r.LedgerDiff = r.RedisRemaining + r.RedisReserved + r.Sold - r.Total
-	r.LedgerHolds = r.LedgerDiff == 0
 	return r, nil
 }
 
-// checkLimits adds up what the live orders charge each purchase-limit counter
-// and compares it with the limit (OverLimitSubjects) and with limit_usage
+// countOrders fills the orders per status and the live units.
+func countOrders(l *mysql.Ledger, r *Report) {
+	for st, c := range l.ByStatus {
+		r.ByStatus[st], r.Orders = c.Orders, r.Orders+c.Orders
+		if flashgate.OrderStatus(st) == flashgate.OrderConfirmed || flashgate.OrderStatus(st) == flashgate.OrderPaid {
+			r.LiveUnits += c.Units
+		}
+	}
+}
+
+// checkSold: no unit sold beyond the total (invariant 1), and sales.sold
+// counts each live unit once (invariant 4).
+func checkSold(l *mysql.Ledger, r *Report) {
+	r.Oversold = max(0, r.LiveUnits-r.Total)
+	r.Duplicated = abs(r.Sold - r.LiveUnits)
+}
+
+// checkRegions: each region's live units within its total, and counted once
+// by sale_regions.sold. Live units in a region the sale does not have are all
+// too many.
+func checkRegions(l *mysql.Ledger, r *Report) {
+	for _, g := range l.Regions {
+		r.Oversold += max(0, g.Live-g.Total)
+		r.Duplicated += abs(g.Sold - g.Live)
+	}
+}
+
+// checkBuyers: no buyer over the per-user limit (invariant 2), and each
+// buyer's live units counted once by user_purchases.
+func checkBuyers(l *mysql.Ledger, r *Report) {
+	for _, c := range l.Buyers {
+		if c.Live > 0 {
+			r.DistinctBuyers++
+		}
+		if c.Live > l.PerUserLimit {
+			r.OverLimitUsers++
+		}
+		r.Duplicated += abs(c.Counted - c.Live)
+	}
+}
+
+// checkLimits: what the live orders charge each purchase-limit counter
+// within the limit (OverLimitSubjects), and counted once by limit_usage
 // (Duplicated).
-func checkLimits(ctx context.Context, db *sql.DB, saleID string, limits []flashgate.Limit, r *Report) error {
-	type key struct {
-		lim             int
-		window, subject string
-	}
-	live := map[key]int64{}
-	rows, err := db.QueryContext(ctx, `SELECT charges FROM orders
-		WHERE sale_id = ? AND status IN (`+liveStatuses+`) AND charges <> ''`, saleID)
-	if err != nil {
-		return err
-	}
-	err = scanRows(rows, func() error {
-		var enc string
-		if err := rows.Scan(&enc); err != nil {
-			return err
-		}
-		cs, err := flashgate.ParseCharges(enc)
-		if err != nil {
-			return err
-		}
-		for _, c := range cs {
-			live[key{c.Limit, c.Window, c.Subject}] += c.Inc
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	counted := map[key]int64{}
-	rows, err = db.QueryContext(ctx, `SELECT lim, window_id, subject, used FROM limit_usage WHERE sale_id = ?`, saleID)
-	if err != nil {
-		return err
-	}
-	err = scanRows(rows, func() error {
-		var k key
-		var used int64
-		if err := rows.Scan(&k.lim, &k.window, &k.subject, &used); err != nil {
-			return err
-		}
-		counted[k] = used
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for k, n := range live {
-		if k.lim >= len(limits) || n > limits[k.lim].Max {
+func checkLimits(l *mysql.Ledger, r *Report) {
+	for k, c := range l.Usage {
+		if c.Live != 0 && (k.Lim >= len(l.Limits) || c.Live > l.Limits[k.Lim].Max) {
 			r.OverLimitSubjects++
 		}
-		r.Duplicated += abs(counted[k] - n)
+		r.Duplicated += abs(c.Counted - c.Live)
 	}
-	for k, n := range counted {
-		if _, ok := live[k]; !ok {
-			r.Duplicated += abs(n)
-		}
+}
+
+// checkRedis: Redis remaining + reserved + MySQL sold equals the total
+// (invariant 3).
+func checkRedis(ctx context.Context, rc rueidis.Client, l *mysql.Ledger, r *Report) error {
+	names := make([]string, 0, len(l.Regions))
+	for name := range l.Regions {
+		names = append(names, name)
 	}
+	red, err := RedisLedger(ctx, rc, r.SaleID, names)
+	if err != nil {
+		return err
+	}
+	r.RedisRemaining, r.RedisReserved = red.Remaining, red.Reserved
+	r.LedgerDiff = r.RedisRemaining + r.RedisReserved + r.Sold - r.Total
+	r.LedgerHolds = r.LedgerDiff == 0
 	return nil
 }
 
@@ -375,44 +220,21 @@ func RedisLedger(ctx context.Context, rc rueidis.Client, saleID string, regions 
 	return l, nil
 }
 
-// lostChunk bounds the ids of one IN list.
-const lostChunk = 1000
-
+// lost counts the accepted order ids with no orders row (invariant 3).
 func lost(ctx context.Context, db *sql.DB, accepted []uint64) (int64, error) {
 	want := make(map[uint64]struct{}, len(accepted))
 	for _, id := range accepted {
 		want[id] = struct{}{}
 	}
-	ids := make([]any, 0, len(want))
+	ids := make([]uint64, 0, len(want))
 	for id := range want {
 		ids = append(ids, id)
 	}
-	var found int64
-	for len(ids) > 0 {
-		n := min(len(ids), lostChunk)
-		var c int64
-		err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders WHERE id IN (`+placeholders(n)+`)`, ids[:n]...).Scan(&c)
-		if err != nil {
-			return 0, err
-		}
-		found += c
-		ids = ids[n:]
+	found, err := mysql.CountOrders(ctx, db, ids)
+	if err != nil {
+		return 0, err
 	}
 	return int64(len(want)) - found, nil
-}
-
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
-}
-
-func scanRows(rows *sql.Rows, each func() error) error {
-	defer rows.Close()
-	for rows.Next() {
-		if err := each(); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
 }
 
 func abs(n int64) int64 {

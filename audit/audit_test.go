@@ -11,9 +11,9 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/audit"
-	"github.com/flashgate/flashgate/backend"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 func ctx(t *testing.T) context.Context {
@@ -24,12 +24,12 @@ func ctx(t *testing.T) context.Context {
 
 func openDB(t *testing.T) *sql.DB {
 	t.Helper()
-	db, err := audit.OpenDB(testenv.MySQL(t))
+	db, err := mysql.OpenDB(testenv.MySQL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if err := backend.Migrate(ctx(t), db); err != nil {
+	if err := mysql.Migrate(ctx(t), db); err != nil {
 		t.Fatal(err)
 	}
 	return db

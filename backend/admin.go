@@ -16,6 +16,7 @@ import (
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // maxAdminBody bounds an admin request body.
@@ -179,7 +180,7 @@ func (b *Backend) ledger(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	byStatus, err := ordersByStatus(r.Context(), b.db, id)
+	byStatus, err := mysql.OrdersByStatus(r.Context(), b.db, id)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
 		return

@@ -20,11 +20,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
 
-	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // Backend is one running backend process.
@@ -69,7 +69,8 @@ type Backend struct {
 	shutdownErr  error
 }
 
-// Start connects to MySQL (and migrates it), Redis and NATS, ensures the stream
+// Start connects to MySQL (and checks its schema version, migrating it when
+// mysql.auto_migrate is on), Redis and NATS, ensures the stream
 // and the durable consumer, warms every open sale Redis does not know, and starts
 // the consumer loop and the admin server. It returns when the backend is ready.
 func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
@@ -92,7 +93,7 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 	}()
 
 	var err error
-	if b.db, err = audit.OpenDB(cfg.MySQL.DSN); err != nil {
+	if b.db, err = mysql.OpenDB(cfg.MySQL.DSN); err != nil {
 		return nil, err
 	}
 	if cfg.MySQL.MaxOpenConns > 0 {
@@ -104,7 +105,7 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 	if err := b.db.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("mysql: %w", err)
 	}
-	if err := Migrate(ctx, b.db); err != nil {
+	if err := checkSchema(ctx, b.db, cfg.MySQL.AutoMigrate); err != nil {
 		return nil, err
 	}
 
@@ -259,4 +260,15 @@ func Run(ctx context.Context, cfg config.Config) error {
 	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	return b.Shutdown(sctx)
+}
+
+// checkSchema refuses a schema this binary cannot run on. A backend applies
+// pending migrations itself only when told to (auto): otherwise an old schema
+// stops it with the command that fixes it. A half-applied or newer schema is
+// refused either way.
+func checkSchema(ctx context.Context, db *sql.DB, auto bool) error {
+	if auto {
+		return mysql.Migrate(ctx, db)
+	}
+	return mysql.CheckSchema(ctx, db)
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
@@ -492,63 +491,6 @@ func TestBackOff(t *testing.T) {
 	}
 }
 
-func TestSplitSQL(t *testing.T) {
-	got := splitSQL("-- a comment; with a semicolon\nCREATE TABLE a (\n  x INT\n);\n\nCREATE TABLE b (y INT);\nSELECT 1")
-	want := []string{"CREATE TABLE a (\n  x INT\n)", "CREATE TABLE b (y INT)", "SELECT 1"}
-	if len(got) != len(want) {
-		t.Fatalf("got %q", got)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("statement %d = %q, want %q", i, got[i], want[i])
-		}
-	}
-	ms, err := loadMigrations()
-	if err != nil || len(ms) == 0 || ms[0].version != 1 {
-		t.Fatalf("migrations: %v %v", ms, err)
-	}
-}
-
-// Two backends starting together both migrate one database: the named lock
-// makes one wait, and every version is applied once.
-func TestMigrateConcurrent(t *testing.T) {
-	t.Parallel()
-	dsn := testenv.MySQL(t)
-	errs := make(chan error, 3)
-	for range 3 {
-		go func() {
-			db, err := audit.OpenDB(dsn)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer db.Close()
-			errs <- Migrate(context.Background(), db)
-		}()
-	}
-	for range 3 {
-		if err := <-errs; err != nil {
-			t.Error(err)
-		}
-	}
-	db, err := audit.OpenDB(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ms, _ := loadMigrations()
-	var n int
-	if err := db.QueryRow(`SELECT COUNT(*) FROM schema_migrations`).Scan(&n); err != nil || n != len(ms) {
-		t.Errorf("schema_migrations has %d rows (%v), want %d", n, err, len(ms))
-	}
-	// The CHECK constraint is there: sold can never pass total.
-	now := time.Now().UTC()
-	if _, err := db.Exec(`INSERT INTO sales (id, title, price_cents, total, sold, starts_at, ends_at, per_user_limit, per_order_max, created_at, updated_at)
-		VALUES ('x', 't', 1, 5, 6, ?, ?, 1, 1, ?, ?)`, now, now, now, now); err == nil {
-		t.Error("a sale with sold > total was accepted")
-	}
-}
-
 func nextEvent(t *testing.T, ch <-chan bus.SaleEvent) bus.SaleEvent {
 	t.Helper()
 	select {
@@ -656,5 +598,26 @@ func TestRefusedUnitsAreAnnouncedRestocked(t *testing.T) {
 		if ev := nextEvent(t, events); ev.Region != "" {
 			t.Fatalf("restocked event for region %q", ev.Region)
 		}
+	}
+}
+
+// Without mysql.auto_migrate a backend refuses a schema older than it needs,
+// naming the command that fixes it, before it dials anything else; with it,
+// the same database is brought up to date.
+func TestStartRefusesOldSchema(t *testing.T) {
+	t.Parallel()
+	cfg := testenv.Config(t)
+	cfg.MySQL.AutoMigrate = false
+	_, err := Start(ctx(t), cfg)
+	if err == nil || !strings.Contains(err.Error(), "schema at version 0, this binary needs 6: run `flashgate migrate up`") {
+		t.Fatalf("Start on an empty schema without auto_migrate: %v", err)
+	}
+	cfg.MySQL.AutoMigrate = true
+	b, err := Start(ctx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Shutdown(ctx(t)); err != nil {
+		t.Error(err)
 	}
 }

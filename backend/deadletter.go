@@ -3,21 +3,18 @@ package backend
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strconv"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // Dead letters (DESIGN.md §7). The consumer decides on the message's last
@@ -88,11 +85,7 @@ func (b *Backend) outage(sale string) bool {
 	}
 	ctx, cancel := context.WithTimeout(b.procCtx, probeTimeout)
 	defer cancel()
-	var n int64
-	err := b.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM orders WHERE id = 0)
-		+ (SELECT COUNT(*) FROM sales WHERE id = ?) + (SELECT COUNT(*) FROM sale_regions WHERE sale_id = ? AND region = '')
-		+ (SELECT COUNT(*) FROM user_purchases WHERE sale_id = ? AND user_id = '')`, sale, sale, sale).Scan(&n)
-	if err != nil {
+	if err := mysql.Probe(ctx, b.db, sale); err != nil {
 		b.log.Warn("MySQL probe failed: treating the failed batch as an outage", "sale", sale, "err", err)
 		return true
 	}
@@ -104,44 +97,10 @@ func (b *Backend) outage(sale string) bool {
 	return false
 }
 
-// MySQL errors that say the server cannot make this write for now, not that
-// the write is wrong: it must wait for the server, whatever it carries.
-var stalledErrnos = map[uint16]bool{
-	1021: true, // ER_DISK_FULL
-	1040: true, // ER_CON_COUNT_ERROR: too many connections
-	1053: true, // ER_SERVER_SHUTDOWN
-	1114: true, // ER_RECORD_FILE_FULL: the table is full
-	1203: true, // ER_TOO_MANY_USER_CONNECTIONS
-	1205: true, // ER_LOCK_WAIT_TIMEOUT: a row is locked elsewhere
-	1213: true, // ER_LOCK_DEADLOCK
-	1226: true, // ER_USER_LIMIT_REACHED
-	1290: true, // ER_OPTION_PREVENTS_STATEMENT: --read-only
-	1317: true, // ER_QUERY_INTERRUPTED: KILL QUERY
-	1637: true, // ER_TOO_MANY_CONCURRENT_TRXS
-	1792: true, // ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
-	1836: true, // ER_READ_ONLY_MODE
-	1927: true, // ER_CONNECTION_KILLED (MariaDB)
-	1969: true, // ER_STATEMENT_TIMEOUT: MariaDB max_statement_time
-	3024: true, // ER_QUERY_TIMEOUT: MySQL max_execution_time
-	4031: true, // ER_CLIENT_INTERACTION_TIMEOUT: the server dropped the connection
-}
-
 // stalled reports whether err says MySQL (or the way to it) cannot write now
-// rather than that the orders are wrong: a server error of stalledErrnos, a
-// deadline or cancellation, a broken connection. Such a batch is an outage
-// of its sale (docs/ingest.md): retried, never dead-lettered.
-func stalled(err error) bool {
-	if err == nil {
-		return false
-	}
-	if stalledErrnos[mysqlErrno(err)] {
-		return true
-	}
-	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, sql.ErrConnDone) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne)
-}
+// rather than that the orders are wrong (mysql.Stalled). Such a batch is an
+// outage of its sale (docs/ingest.md): retried, never dead-lettered.
+func stalled(err error) bool { return mysql.Stalled(err) }
 
 // retryLater handles a message whose processing failed with cause: nak'ed
 // with a delay before its last try; on it, dead-lettered (poison) or
@@ -283,23 +242,15 @@ func rowTime(ms int64) time.Time {
 // answers the row's status and reason (what MySQL decided, if it had the row)
 // and whether it wrote it. Failed orders count nowhere: no counter moves.
 func failOrderRow(ctx context.Context, db *sql.DB, o flashgate.Order, reason string, now time.Time) (settlement, bool, error) {
-	var idem any
-	if o.IdemKey != "" {
-		idem = o.IdemKey
-	}
-	res, err := db.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
-		idem_key, created_at, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON DUPLICATE KEY UPDATE id = id`,
-		o.ID, o.SaleID, o.UserID, o.Quantity, o.Region, string(flashgate.OrderFailed), reason, idem,
-		rowTime(o.CreatedAt.UnixMilli()), rowTime(o.ExpiresAt.UnixMilli()), now)
+	row := o
+	row.Status, row.Reason = flashgate.OrderFailed, reason
+	row.CreatedAt, row.ExpiresAt = rowTime(o.CreatedAt.UnixMilli()), rowTime(o.ExpiresAt.UnixMilli())
+	inserted, err := mysql.InsertFailed(ctx, db, row, now)
 	if err != nil {
 		return settlement{}, false, fmt.Errorf("failed row: %w", err)
 	}
-	n, _ := res.RowsAffected() // 1: inserted; 0: the row was there
-	var st settlement
-	var status string
-	err = db.QueryRowContext(ctx, `SELECT status, reason FROM orders WHERE id = ?`, o.ID).Scan(&status, &st.reason)
-	if errors.Is(err, sql.ErrNoRows) && idem != nil {
+	st, err := mysql.OrderStateOf(ctx, db, o.ID)
+	if errors.Is(err, mysql.ErrNoOrder) && o.IdemKey != "" {
 		// Another order holds the Idempotency-Key (orders_sale_user_idem): this
 		// one's row goes without it.
 		o.IdemKey = ""
@@ -308,8 +259,7 @@ func failOrderRow(ctx context.Context, db *sql.DB, o flashgate.Order, reason str
 	if err != nil {
 		return settlement{}, false, fmt.Errorf("failed row: %w", err)
 	}
-	st.status, st.existed = flashgate.OrderStatus(status), n == 0
-	return st, n == 1, nil
+	return settlement{status: st.Status, reason: st.Reason, existed: !inserted}, inserted, nil
 }
 
 // hdrOutageTries is the header of a recycled message: how often its order was

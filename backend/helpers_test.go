@@ -17,6 +17,7 @@ import (
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -36,12 +37,12 @@ func newEnv(t *testing.T, redisAddrs []string) *env {
 	t.Helper()
 	cfg := testenv.Config(t)
 	cfg.Redis.Addrs = redisAddrs
-	db, err := audit.OpenDB(cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(cfg.MySQL.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if err := Migrate(ctx(t), db); err != nil {
+	if err := mysql.Migrate(ctx(t), db); err != nil {
 		t.Fatal(err)
 	}
 	rc := testenv.Redis(t, redisAddrs)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/lua"
 )
 
 // Leader election (DESIGN.md §8). The background work that must run on exactly
@@ -32,7 +33,7 @@ import (
 const (
 	// leaderKeyPrefix prefixes the lock key: <prefix>:0:<consumer>. With
 	// KeyMajority 1 the lock is this one key (on one shard of a Cluster).
-	leaderKeyPrefix = "flashgate:leader"
+	leaderKeyPrefix = lua.LeaderLockPrefix
 	// leaderValidity is how long the lock outlives a leader that stopped
 	// renewing it; renewals come every half of it.
 	leaderValidity = 5 * time.Second
@@ -198,7 +199,7 @@ func (b *Backend) lead(ctx context.Context) {
 		l.is.Store(true)
 		b.ops.leader.Set(1)
 		b.ops.elected.Inc()
-		b.log.Info("leading: reconciler and expiry sweeper run here", "lock", leaderKeyPrefix+":0:"+l.name)
+		b.log.Info("leading: reconciler and expiry sweeper run here", "lock", lua.LeaderLock(l.name))
 		b.leaderWork(lctx)
 		l.is.Store(false)
 		b.ops.leader.Set(0)

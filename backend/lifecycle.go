@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // The order life cycle after MySQL confirmed an order (DESIGN.md §3, issue 4): the
@@ -173,9 +173,8 @@ func (b *Backend) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
 // getOrder answers an order MySQL holds, to its owner only, and writes its
 // record back to a Redis that lost it (HSETNX: a record there is newer).
 func (b *Backend) getOrder(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
-	o, err := scanOrder(b.db.QueryRowContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id = ? AND sale_id = ?`,
-		cmd.OrderID, cmd.SaleID))
-	if errors.Is(err, sql.ErrNoRows) {
+	o, err := mysql.Order(ctx, b.db, cmd.SaleID, cmd.OrderID)
+	if errors.Is(err, mysql.ErrNoOrder) {
 		return notFound, nil
 	}
 	if err != nil {
@@ -189,18 +188,6 @@ func (b *Backend) getOrder(ctx context.Context, cmd bus.OrderCommand) (bus.Order
 		b.log.Warn("writing back an order Redis lost", "sale", cmd.SaleID, "order", o.ID, "err", err)
 	}
 	return reply(&o, "", ""), nil
-}
-
-// An order as MySQL holds it is a flashgate.Order without facts (the row
-// keeps the charges they made); orderCols and scanOrder read it.
-const orderCols = `id, sale_id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''), created_at, expires_at, charges`
-
-func scanOrder(row interface{ Scan(...any) error }) (flashgate.Order, error) {
-	var o flashgate.Order
-	var st string
-	err := row.Scan(&o.ID, &o.SaleID, &o.UserID, &o.Quantity, &o.Region, &st, &o.Reason, &o.IdemKey, &o.CreatedAt, &o.ExpiresAt, &o.Charges)
-	o.Status = flashgate.OrderStatus(st)
-	return o, err
 }
 
 // reply answers with code and the order as it now stands.
@@ -232,18 +219,11 @@ func closed(o *flashgate.Order) bus.OrderReply {
 
 var notFound = bus.OrderReply{Code: string(flashgate.CodeOrderNotFound), Message: "no such order"}
 
-var errNoOrder = errors.New("no such order")
+var errNoOrder = mysql.ErrNoOrder
 
 // lockOrder reads one order of sale and locks its row.
 func lockOrder(ctx context.Context, tx *sql.Tx, sale string, id uint64) (flashgate.Order, error) {
-	o, err := scanOrder(tx.QueryRowContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id = ? AND sale_id = ? FOR UPDATE`, id, sale))
-	if errors.Is(err, sql.ErrNoRows) {
-		return o, errNoOrder
-	}
-	if err != nil {
-		return o, fmt.Errorf("order %d: %w", id, err)
-	}
-	return o, nil
+	return mysql.LockOrder(ctx, tx, sale, id)
 }
 
 // absent answers a command on an order MySQL has no row of: one Redis still
@@ -254,7 +234,7 @@ func (b *Backend) absent(ctx context.Context, cmd bus.OrderCommand) (bus.OrderRe
 	if err != nil {
 		return bus.OrderReply{}, fmt.Errorf("order %d in redis: %w", cmd.OrderID, err)
 	}
-	if ok && rec.UserID == cmd.UserID && (rec.Status == "pending" || rec.Status == "processing") {
+	if ok && rec.UserID == cmd.UserID && (rec.Status == lua.StatusPending || rec.Status == lua.StatusProcessing) {
 		return bus.OrderReply{Code: string(flashgate.CodeConflict), Message: "order is still being confirmed; retry",
 			Status: string(flashgate.OrderPending)}, nil
 	}
@@ -310,8 +290,7 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 			// Not confirmed, or confirmed past its deadline: expired.
 			return result{o: o, expired: o.Status == flashgate.OrderConfirmed}, nil
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, updated_at = ? WHERE id = ?`,
-			string(paid.Status), now.UTC(), o.ID); err != nil {
+		if err := mysql.MarkPaid(ctx, tx, o.ID, now); err != nil {
 			return result{}, fmt.Errorf("pay %d: %w", o.ID, err)
 		}
 		if err := tx.Commit(); err != nil {
@@ -369,9 +348,7 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 		defer tx.Rollback()
 		// The sale row first, as the batch writer takes it. No row: the sale is
 		// unknown to MySQL, and so any order of it failed (unknown_sale).
-		var one int
-		err = tx.QueryRowContext(ctx, `SELECT 1 FROM sales WHERE id = ? FOR UPDATE`, cmd.SaleID).Scan(&one)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		if _, err := mysql.LockSale(ctx, tx, cmd.SaleID); err != nil {
 			return result{}, fmt.Errorf("cancel %d: lock sale: %w", cmd.OrderID, err)
 		}
 		o, err := lockOrder(ctx, tx, cmd.SaleID, cmd.OrderID)
@@ -411,101 +388,9 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 }
 
 // returnUnits cancels orders (confirmed, locked, of sale, whose row the caller
-// holds) with reason and takes their units off sales.sold, sale_regions.sold
-// user_purchases.units and limit_usage.used, in the writer's order: sales,
-// regions, users, limits, orders.
+// holds) with reason and gives their units back to every counter.
 func returnUnits(ctx context.Context, tx *sql.Tx, sale string, orders []flashgate.Order, reason string, now time.Time) error {
-	var units int64
-	regions := map[string]int64{}
-	users := map[string]int64{}
-	usage := map[usageKey]int64{}
-	for _, o := range orders {
-		units += o.Quantity
-		if o.Region != "" {
-			regions[o.Region] += o.Quantity
-		}
-		users[o.UserID] += o.Quantity
-		cs, err := flashgate.ParseCharges(o.Charges)
-		if err != nil {
-			return fmt.Errorf("sale %s order %d: %w", sale, o.ID, err)
-		}
-		for _, c := range cs {
-			usage[usageKey{c.Limit, c.Window, c.Subject}] += c.Inc
-		}
-	}
-	now = now.UTC()
-	r, err := tx.ExecContext(ctx, `UPDATE sales SET sold = sold - ?, updated_at = ? WHERE id = ?`, units, now, sale)
-	if ok, err := changed(r, err); err != nil {
-		return fmt.Errorf("sale %s: %w", sale, err)
-	} else if !ok {
-		return fmt.Errorf("sale %s: %w", sale, errSaleNotFound)
-	}
-	for _, region := range sortedKeys(regions) {
-		if _, err := tx.ExecContext(ctx, `UPDATE sale_regions SET sold = sold - ? WHERE sale_id = ? AND region = ?`,
-			regions[region], sale, region); err != nil {
-			return fmt.Errorf("sale %s region %s: %w", sale, region, err)
-		}
-	}
-	names := sortedKeys(users)
-	for part := range slices.Chunk(names, sqlChunk) {
-		var q strings.Builder
-		args := make([]any, 0, 3*len(part)+1)
-		q.WriteString(`UPDATE user_purchases SET units = units - CASE user_id`)
-		for _, u := range part {
-			q.WriteString(` WHEN ? THEN ?`)
-			args = append(args, u, users[u])
-		}
-		q.WriteString(` END WHERE sale_id = ? AND user_id IN (` + placeholders(len(part)) + `)`)
-		args = append(args, sale)
-		for _, u := range part {
-			args = append(args, u)
-		}
-		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-			return fmt.Errorf("sale %s: buyers: %w", sale, err)
-		}
-	}
-	if err := uncharge(ctx, tx, sale, usage); err != nil {
-		return err
-	}
-	for part := range slices.Chunk(orders, sqlChunk) {
-		args := make([]any, 0, len(part)+3)
-		args = append(args, string(flashgate.OrderCanceled), reason, now)
-		for _, o := range part {
-			args = append(args, o.ID)
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, reason = ?, updated_at = ?
-			WHERE id IN (`+placeholders(len(part))+`)`, args...); err != nil {
-			return fmt.Errorf("sale %s: cancel orders: %w", sale, err)
-		}
-	}
-	return nil
-}
-
-// uncharge takes canceled orders' usage off limit_usage.
-func uncharge(ctx context.Context, tx *sql.Tx, sale string, usage map[usageKey]int64) error {
-	keys := sortedUsage(usage)
-	for part := range slices.Chunk(keys, sqlChunk/2) {
-		var q, where strings.Builder
-		args := make([]any, 0, 7*len(part)+1)
-		q.WriteString(`UPDATE limit_usage SET used = used - CASE`)
-		for i, k := range part {
-			q.WriteString(` WHEN lim = ? AND window_id = ? AND subject = ? THEN ?`)
-			args = append(args, k.lim, k.window, k.subject, usage[k])
-			if i > 0 {
-				where.WriteString(" OR ")
-			}
-			where.WriteString(`(lim = ? AND window_id = ? AND subject = ?)`)
-		}
-		args = append(args, sale)
-		for _, k := range part {
-			args = append(args, k.lim, k.window, k.subject)
-		}
-		q.WriteString(` ELSE 0 END WHERE sale_id = ? AND (` + where.String() + `)`)
-		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-			return fmt.Errorf("sale %s: limits: %w", sale, err)
-		}
-	}
-	return nil
+	return mysql.ReturnUnits(ctx, tx, sale, orders, reason, now)
 }
 
 // restock gives the units of orders MySQL has canceled back to Redis and tells
@@ -567,12 +452,6 @@ func (b *Backend) restockOrders(ctx context.Context, sale string, orders []flash
 // marked settled and a late restock cannot add their units on top of the new
 // stock. It answers how many orders' units went back.
 func (b *Backend) restockCanceled(ctx context.Context, sale string, since time.Time) (int, error) {
-	rows, err := b.db.QueryContext(ctx, `SELECT `+orderCols+` FROM orders WHERE sale_id = ? AND status = ? AND updated_at >= ?`,
-		sale, string(flashgate.OrderCanceled), since.UTC())
-	if err != nil {
-		return 0, fmt.Errorf("canceled orders of %s: %w", sale, err)
-	}
-	defer rows.Close()
 	n := 0
 	batch := make([]flashgate.Order, 0, sweepChunk)
 	flush := func() error {
@@ -581,18 +460,19 @@ func (b *Backend) restockCanceled(ctx context.Context, sale string, since time.T
 		batch = batch[:0]
 		return err
 	}
-	for rows.Next() {
-		o, err := scanOrder(rows)
-		if err != nil {
-			return n, fmt.Errorf("canceled orders of %s: %w", sale, err)
-		}
+	var flushErr error
+	err := mysql.EachCanceledSince(ctx, b.db, sale, since, func(o flashgate.Order) error {
 		if batch = append(batch, o); len(batch) == sweepChunk {
-			if err := flush(); err != nil {
-				return n, err
+			if flushErr = flush(); flushErr != nil {
+				return flushErr
 			}
 		}
+		return nil
+	})
+	if flushErr != nil {
+		return n, flushErr
 	}
-	if err := rows.Err(); err != nil {
+	if err != nil {
 		return n, fmt.Errorf("canceled orders of %s: %w", sale, err)
 	}
 	return n, flush()
@@ -619,37 +499,19 @@ func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now t
 			return nil, err
 		}
 		defer tx.Rollback()
-		var one int
-		err = tx.QueryRowContext(ctx, `SELECT 1 FROM sales WHERE id = ? FOR UPDATE`, sale).Scan(&one)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, nil // no sale, so none of its orders is confirmed
-		}
+		found, err := mysql.LockSale(ctx, tx, sale)
 		if err != nil {
 			return nil, fmt.Errorf("expire %s: lock sale: %w", sale, err)
 		}
-		args := make([]any, 0, len(ids)+3)
-		for _, id := range ids {
-			args = append(args, id)
+		if !found {
+			return nil, nil // no sale, so none of its orders is confirmed
 		}
-		args = append(args, sale, string(flashgate.OrderConfirmed), now.UTC())
-		rows, err := tx.QueryContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id IN (`+placeholders(len(ids))+`)
-			AND sale_id = ? AND status = ? AND expires_at <= ? FOR UPDATE`, args...)
+		orders, err := mysql.LockExpired(ctx, tx, sale, ids, now)
 		if err != nil {
 			return nil, fmt.Errorf("expire %s: %w", sale, err)
 		}
-		var orders []flashgate.Order
-		for rows.Next() {
-			o, err := scanOrder(rows)
-			if err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("expire %s: %w", sale, err)
-			}
-			o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
-			orders = append(orders, o)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("expire %s: %w", sale, err)
+		for i := range orders {
+			orders[i].Status, orders[i].Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
 		}
 		if len(orders) == 0 {
 			return nil, nil
@@ -669,27 +531,8 @@ func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now t
 // sweepChunk orders. It answers how many it expired. Sweepers may run at once
 // (a leader hand-over): each order is expired by one of them.
 func (b *Backend) sweepExpired(ctx context.Context, now time.Time, limit int) (int, error) {
-	rows, err := b.db.QueryContext(ctx, `SELECT sale_id, id FROM orders WHERE status = ? AND expires_at <= ?
-		ORDER BY expires_at LIMIT ?`, string(flashgate.OrderConfirmed), now.UTC(), limit)
+	sales, bySale, err := mysql.DueOrders(ctx, b.db, now, limit)
 	if err != nil {
-		return 0, fmt.Errorf("sweep: %w", err)
-	}
-	bySale := map[string][]uint64{}
-	var sales []string
-	for rows.Next() {
-		var sale string
-		var id uint64
-		if err := rows.Scan(&sale, &id); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("sweep: %w", err)
-		}
-		if _, ok := bySale[sale]; !ok {
-			sales = append(sales, sale)
-		}
-		bySale[sale] = append(bySale[sale], id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("sweep: %w", err)
 	}
 	// One chunk's Redis restock runs while the next chunk's transaction does

@@ -16,6 +16,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // Reconcile (DESIGN.md §8, invariant 3 of §2) brings Redis back in line with
@@ -352,19 +353,9 @@ func (l *ledgerRead) fingerprint() string {
 // nothing.
 func (b *Backend) fixStock(ctx context.Context, sale string, onlyMissing bool, staleAfter time.Duration) (changes []lua.StockChange, restocked int, skipped string, err error) {
 	// The stream first, MySQL after: an order acked in between is a row below.
-	var msgs map[uint64]flashgate.Order
-	if onlyMissing {
-		if msgs, err = b.streamOrders(ctx, sale); err != nil {
-			return nil, restocked, "", err
-		}
-	} else {
-		n, err := b.streamCount(ctx, sale)
-		if err != nil {
-			return nil, restocked, "", err
-		}
-		if n > 0 {
-			return nil, restocked, fmt.Sprintf("%d order messages of the sale are in the stream", n), nil
-		}
+	msgs, skipped, err := b.stockInFlight(ctx, sale, onlyMissing)
+	if err != nil || skipped != "" {
+		return nil, 0, skipped, err
 	}
 	// Canceled orders whose restock never ran get it now (the bulk of them,
 	// before the lock; those of the last moments again under it).
@@ -380,30 +371,85 @@ func (b *Backend) fixStock(ctx context.Context, sale string, onlyMissing bool, s
 		return nil, restocked, "", fmt.Errorf("stock of %s: %w", sale, err)
 	}
 	defer tx.Rollback()
-	// The sale row lock: no batch, cancel or expiry of the sale moves sold until
-	// the stock is set.
-	var one int
-	if err := tx.QueryRowContext(ctx, `SELECT 1 FROM sales WHERE id = ? FOR UPDATE`, sale).Scan(&one); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, restocked, "", fmt.Errorf("sale %s: %w", sale, errSaleNotFound)
-		}
-		return nil, restocked, "", fmt.Errorf("stock of %s: lock: %w", sale, err)
+	row, n, err := b.lockStock(ctx, tx, sale, since)
+	if restocked += n; err != nil {
+		return nil, restocked, "", err
+	}
+	k := lua.KeysFor(sale, row.RegionNames())
+	p, err := b.stockPlan(ctx, tx, k, msgs, staleAfter)
+	if err != nil {
+		return nil, restocked, "", err
+	}
+	if why := p.busy(staleAfter); !onlyMissing && why != "" {
+		return nil, restocked, why, nil
+	}
+	changes, err = b.scripts.ResetStock(ctx, b.rc, k, onlyMissing, p.plans(row.Remaining()))
+	if errors.Is(err, lua.ErrReservationsChanged) {
+		return nil, restocked, "the reservations changed meanwhile", nil
+	}
+	if err != nil {
+		return nil, restocked, "", err
+	}
+	if err := tx.Commit(); err != nil {
+		// The stock is set; the lock was only a lock.
+		b.log.Warn("releasing the sale row lock", "sale", sale, "err", err)
+	}
+	b.stockChanged(sale, changes, onlyMissing)
+	return changes, restocked, "", nil
+}
+
+// stockInFlight reads the sale's orders in the stream: all of them when only
+// missing keys are set (they count as in flight), or, for the full repair,
+// why it must wait (any message in the stream).
+func (b *Backend) stockInFlight(ctx context.Context, sale string, onlyMissing bool) (map[uint64]flashgate.Order, string, error) {
+	if onlyMissing {
+		msgs, err := b.streamOrders(ctx, sale)
+		return msgs, "", err
+	}
+	n, err := b.streamCount(ctx, sale)
+	if err != nil || n == 0 {
+		return nil, "", err
+	}
+	return nil, fmt.Sprintf("%d order messages of the sale are in the stream", n), nil
+}
+
+// lockStock takes the sale row lock (no batch, cancel or expiry of the sale
+// moves sold until the stock is set), restocks the orders canceled since
+// since, and reads the sale under the lock. It answers the sale and how many
+// orders it restocked.
+func (b *Backend) lockStock(ctx context.Context, tx *sql.Tx, sale string, since time.Time) (*saleRow, int, error) {
+	found, err := mysql.LockSale(ctx, tx, sale)
+	if err != nil {
+		return nil, 0, fmt.Errorf("stock of %s: lock: %w", sale, err)
+	}
+	if !found {
+		return nil, 0, fmt.Errorf("sale %s: %w", sale, errSaleNotFound)
 	}
 	// Under the lock no cancel commits: once these have had their restock, no
 	// late one can add units on top of the stock set below (the restocked set
 	// makes every later restock of an order a no-op).
 	n, err := b.restockCanceled(ctx, sale, since)
-	if restocked += n; err != nil {
-		return nil, restocked, "", err
+	if err != nil {
+		return nil, n, err
 	}
 	row, err := loadSale(ctx, tx, sale)
-	if err != nil {
-		return nil, restocked, "", err
-	}
-	k := lua.KeysFor(sale, row.RegionNames())
+	return row, n, err
+}
+
+// stockPlan is what the stock of each region must account for besides
+// MySQL's remaining: the units reserved in Redis, and the units MySQL's
+// count is off by (in flight, or counted in sold and still reserved).
+type stockPlan struct {
+	reserved, extra map[string]int64
+	// young counts reservations younger than staleAfter; decided those MySQL
+	// has a row of (awaiting the write-back).
+	young, decided int
+}
+
+func (b *Backend) stockPlan(ctx context.Context, tx *sql.Tx, k *lua.Keys, msgs map[uint64]flashgate.Order, staleAfter time.Duration) (*stockPlan, error) {
 	resv, err := lua.Reservations(ctx, b.rc, k)
 	if err != nil {
-		return nil, restocked, "", err
+		return nil, err
 	}
 	ids := make([]uint64, 0, len(resv)+len(msgs))
 	for id := range resv {
@@ -416,22 +462,20 @@ func (b *Backend) fixStock(ctx context.Context, sale string, onlyMissing bool, s
 	}
 	rows, err := orderRows(ctx, tx, ids)
 	if err != nil {
-		return nil, restocked, "", err
+		return nil, err
 	}
-
-	reserved, extra := map[string]int64{}, map[string]int64{}
-	young, decided := 0, 0
+	p := &stockPlan{reserved: map[string]int64{}, extra: map[string]int64{}}
 	cutoff := time.Now().Add(-staleAfter).UnixMilli()
 	for id, rec := range resv {
-		reserved[rec.Region] += rec.Quantity
+		p.reserved[rec.Region] += rec.Quantity
 		if rec.CreatedAt.UnixMilli() > cutoff {
-			young++
+			p.young++
 		}
 		if st, ok := rows[id]; ok {
-			decided++
+			p.decided++
 			if st.status == flashgate.OrderConfirmed || st.status == flashgate.OrderPaid {
 				// Counted in sold and still reserved until its write-back.
-				extra[rec.Region] -= rec.Quantity
+				p.extra[rec.Region] -= rec.Quantity
 			}
 		}
 	}
@@ -442,32 +486,33 @@ func (b *Backend) fixStock(ctx context.Context, sale string, onlyMissing bool, s
 		if _, ok := rows[id]; ok {
 			continue
 		}
-		extra[m.Region] += m.Quantity // in flight, unknown to Redis
+		p.extra[m.Region] += m.Quantity // in flight, unknown to Redis
 	}
-	if !onlyMissing {
-		switch {
-		case young > 0:
-			return nil, restocked, fmt.Sprintf("%d reservations are younger than %v", young, staleAfter), nil
-		case decided > 0:
-			return nil, restocked, fmt.Sprintf("%d reservations await the write-back of MySQL's decision", decided), nil
-		}
+	return p, nil
+}
+
+// busy answers why the full repair must wait ("" when it need not).
+func (p *stockPlan) busy(staleAfter time.Duration) string {
+	switch {
+	case p.young > 0:
+		return fmt.Sprintf("%d reservations are younger than %v", p.young, staleAfter)
+	case p.decided > 0:
+		return fmt.Sprintf("%d reservations await the write-back of MySQL's decision", p.decided)
 	}
-	avail := row.Remaining()
+	return ""
+}
+
+func (p *stockPlan) plans(avail map[string]int64) []lua.StockPlan {
 	plans := make([]lua.StockPlan, 0, len(avail))
 	for _, r := range sortedKeys(avail) {
-		plans = append(plans, lua.StockPlan{Region: r, Avail: avail[r], Extra: extra[r], Reserved: reserved[r]})
+		plans = append(plans, lua.StockPlan{Region: r, Avail: avail[r], Extra: p.extra[r], Reserved: p.reserved[r]})
 	}
-	changes, err = b.scripts.ResetStock(ctx, b.rc, k, onlyMissing, plans)
-	if errors.Is(err, lua.ErrReservationsChanged) {
-		return nil, restocked, "the reservations changed meanwhile", nil
-	}
-	if err != nil {
-		return nil, restocked, "", err
-	}
-	if err := tx.Commit(); err != nil {
-		// The stock is set; the lock was only a lock.
-		b.log.Warn("releasing the sale row lock", "sale", sale, "err", err)
-	}
+	return plans
+}
+
+// stockChanged counts and logs the stock set from MySQL, and tells gateways
+// of the regions that got units back.
+func (b *Backend) stockChanged(sale string, changes []lua.StockChange, onlyMissing bool) {
 	for _, c := range changes {
 		if c.After == nil {
 			continue
@@ -479,7 +524,6 @@ func (b *Backend) fixStock(ctx context.Context, sale string, onlyMissing bool, s
 			b.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: c.Region})
 		}
 	}
-	return changes, restocked, "", nil
 }
 
 func ptrString(p *int64) string {
@@ -569,29 +613,13 @@ func (b *Backend) staleReservations(ctx context.Context, l *ledgerRead, staleAft
 
 // orderRows reads the status and reason of those of ids MySQL has.
 func orderRows(ctx context.Context, q queryer, ids []uint64) (map[uint64]settlement, error) {
-	res := make(map[uint64]settlement, len(ids))
-	for part := range slices.Chunk(ids, sqlChunk) {
-		args := make([]any, len(part))
-		for i, id := range part {
-			args[i] = id
-		}
-		rows, err := q.QueryContext(ctx, `SELECT id, status, reason FROM orders WHERE id IN (`+placeholders(len(part))+`)`, args...)
-		if err != nil {
-			return nil, fmt.Errorf("order rows: %w", err)
-		}
-		for rows.Next() {
-			var id uint64
-			var st, reason string
-			if err := rows.Scan(&id, &st, &reason); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("order rows: %w", err)
-			}
-			res[id] = settlement{status: flashgate.OrderStatus(st), reason: reason, existed: true}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("order rows: %w", err)
-		}
+	states, err := mysql.OrderStates(ctx, q, ids)
+	if err != nil {
+		return nil, fmt.Errorf("order rows: %w", err)
+	}
+	res := make(map[uint64]settlement, len(states))
+	for id, st := range states {
+		res[id] = settlement{status: st.Status, reason: st.Reason, existed: true}
 	}
 	return res, nil
 }
@@ -657,7 +685,7 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 	if err != nil {
 		return nil, err
 	}
-	tx, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	tx, err := mysql.BeginSnapshot(ctx, b.db)
 	if err != nil {
 		return nil, err
 	}
@@ -715,7 +743,7 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 		// limit charges are left out: the rebuilt counters hold MySQL's only,
 		// and MySQL's guard judges the order when it lands.
 		r := m
-		r.Status, r.Reason, r.Charges = flashgate.OrderProcessing, "", ""
+		r.Status, r.Reason, r.Charges = lua.StatusProcessing, "", ""
 		sid := strconv.FormatUint(id, 10)
 		cmds = append(cmds,
 			b.rc.B().Hsetnx().Key(k.Resv).Field(sid).Value(lua.EncodeResv(&r)).Build(),
@@ -754,7 +782,7 @@ func (b *Backend) reconcileLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		ids, err := recentSaleIDs(ctx, b.db, time.Now().UTC().Add(-reconcileRecent))
+		ids, err := mysql.RecentSaleIDs(ctx, b.db, time.Now().UTC().Add(-reconcileRecent))
 		if err != nil {
 			if ctx.Err() == nil {
 				b.log.Warn("reconcile: listing sales", "err", err)
@@ -793,22 +821,4 @@ func (b *Backend) reconcileLoop(ctx context.Context) {
 			}
 		}
 	}
-}
-
-// recentSaleIDs lists the sales that end after since (closed ones too).
-func recentSaleIDs(ctx context.Context, db *sql.DB, since time.Time) ([]string, error) {
-	rows, err := db.QueryContext(ctx, `SELECT id FROM sales WHERE ends_at > ? ORDER BY starts_at`, since)
-	if err != nil {
-		return nil, fmt.Errorf("recent sales: %w", err)
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("recent sales: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
 }

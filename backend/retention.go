@@ -2,16 +2,15 @@ package backend
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // Retention (docs/retention.md). Redis holds what admission needs; once a sale
@@ -89,7 +88,7 @@ func (b *Backend) retireSales(ctx context.Context, now time.Time) (RetireReport,
 	var errs []error
 	after, afterID := time.Unix(0, 0).UTC(), ""
 	for {
-		ids, last, lastID, err := retireCandidates(ctx, b.db, cutoff, after, afterID)
+		ids, last, lastID, err := mysql.RetireCandidates(ctx, b.db, cutoff, after, afterID, retirePage)
 		if err != nil {
 			return rep, errors.Join(append(errs, err)...)
 		}
@@ -122,40 +121,13 @@ func (b *Backend) retireSales(ctx context.Context, now time.Time) (RetireReport,
 	return rep, errors.Join(errs...)
 }
 
-// retireCandidates pages through the sales not yet retired whose end (ends_at,
-// or closed_at when it closed earlier) is at or before cutoff, in (ends_at, id)
-// order after (after, afterID). A sale closed before closed_at existed counts
-// from its last update.
-func retireCandidates(ctx context.Context, db *sql.DB, cutoff, after time.Time, afterID string) (ids []string, last time.Time, lastID string, err error) {
-	rows, err := db.QueryContext(ctx, `SELECT id, ends_at FROM sales
-		WHERE retired_at IS NULL
-		  AND (ends_at <= ? OR closed_at <= ? OR (closed = 1 AND closed_at IS NULL AND updated_at <= ?))
-		  AND (ends_at > ? OR (ends_at = ? AND id > ?))
-		ORDER BY ends_at, id LIMIT ?`, cutoff, cutoff, cutoff, after, after, afterID, retirePage)
-	if err != nil {
-		return nil, last, "", fmt.Errorf("retention: candidates: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := rows.Scan(&lastID, &last); err != nil {
-			return nil, last, "", fmt.Errorf("retention: candidates: %w", err)
-		}
-		ids = append(ids, lastID)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, last, "", fmt.Errorf("retention: candidates: %w", err)
-	}
-	return ids, last, lastID, nil
-}
-
 // unsettled answers why the sale cannot leave Redis yet ("" when it can).
 func (b *Backend) unsettled(ctx context.Context, id string) (string, error) {
 	// An unpaid order, even past its deadline: the sweeper will cancel it and
 	// restock its units into Redis. (pending: written by nothing today, but
 	// not final either.)
-	var open int64
-	if err := b.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders WHERE sale_id = ? AND status IN (?, ?)`,
-		id, string(flashgate.OrderConfirmed), string(flashgate.OrderPending)).Scan(&open); err != nil {
+	open, err := mysql.UnpaidOrders(ctx, b.db, id)
+	if err != nil {
 		return "", fmt.Errorf("retention %s: orders: %w", id, err)
 	}
 	if open > 0 {
@@ -193,8 +165,7 @@ func (b *Backend) retire(ctx context.Context, id string, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("retention: %w", err)
 	}
-	if _, err := b.db.ExecContext(ctx, `UPDATE sales SET retired_at = ? WHERE id = ? AND retired_at IS NULL`,
-		now.UTC(), id); err != nil {
+	if err := mysql.MarkRetired(ctx, b.db, id, now); err != nil {
 		return fmt.Errorf("retention %s: %w", id, err)
 	}
 	b.log.Debug("sale retired from redis", "sale", id, "keys", keys)
@@ -220,17 +191,5 @@ func (b *Backend) retired(ctx context.Context, sale string) bool {
 
 // saleRetired reports when the sale left Redis for good (nil: it has not).
 func saleRetired(ctx context.Context, q queryer, id string) (*time.Time, error) {
-	var at sql.NullTime
-	err := q.QueryRowContext(ctx, `SELECT retired_at FROM sales WHERE id = ?`, id).Scan(&at)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("sale %s: %w", id, errSaleNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("sale %s: %w", id, err)
-	}
-	if !at.Valid {
-		return nil, nil
-	}
-	t := at.Time.UTC()
-	return &t, nil
+	return mysql.SaleRetired(ctx, q, id)
 }

@@ -8,16 +8,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	driver "github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 func TestStalled(t *testing.T) {
@@ -25,19 +25,19 @@ func TestStalled(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{&mysql.MySQLError{Number: 1205}, true},
-		{&mysql.MySQLError{Number: 1213}, true},
-		{&mysql.MySQLError{Number: 1040}, true},
-		{&mysql.MySQLError{Number: 1290}, true},
-		{&mysql.MySQLError{Number: 1792}, true},
-		{&mysql.MySQLError{Number: 1836}, true},
-		{&mysql.MySQLError{Number: 1969}, true},
-		{&mysql.MySQLError{Number: 3024}, true},
-		{fmt.Errorf("batch of s: %w", &mysql.MySQLError{Number: 1205}), true},
+		{&driver.MySQLError{Number: 1205}, true},
+		{&driver.MySQLError{Number: 1213}, true},
+		{&driver.MySQLError{Number: 1040}, true},
+		{&driver.MySQLError{Number: 1290}, true},
+		{&driver.MySQLError{Number: 1792}, true},
+		{&driver.MySQLError{Number: 1836}, true},
+		{&driver.MySQLError{Number: 1969}, true},
+		{&driver.MySQLError{Number: 3024}, true},
+		{fmt.Errorf("batch of s: %w", &driver.MySQLError{Number: 1205}), true},
 		{fmt.Errorf("batch of s: %w", context.DeadlineExceeded), true},
-		{mysql.ErrInvalidConn, true},
-		{&mysql.MySQLError{Number: 1292}, false}, // a value that fits no column: the order's fault
-		{&mysql.MySQLError{Number: 1406}, false},
+		{driver.ErrInvalidConn, true},
+		{&driver.MySQLError{Number: 1292}, false}, // a value that fits no column: the order's fault
+		{&driver.MySQLError{Number: 1406}, false},
 		{errors.New("something else"), false},
 		{nil, false},
 	} {
@@ -111,12 +111,12 @@ func startOn(t *testing.T, dsn string, cfgFn func(*config.Config)) *started {
 	if cfgFn != nil {
 		cfgFn(&cfg)
 	}
-	db, err := audit.OpenDB(dsn)
+	db, err := mysql.OpenDB(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if err := Migrate(ctx(t), db); err != nil {
+	if err := mysql.Migrate(ctx(t), db); err != nil {
 		t.Fatal(err)
 	}
 	rc := testenv.Redis(t, cfg.Redis.Addrs)

@@ -17,6 +17,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 const (
@@ -66,7 +67,7 @@ func newWarmer(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *slog.Lo
 }
 
 // warmLockKey carries the sale's hash tag, so it lives on the sale's shard.
-func warmLockKey(sale string) string { return "fg:{s:" + sale + "}:warming" }
+func warmLockKey(sale string) string { return lua.KeysFor(sale, nil).Warming }
 
 // warm makes sale known to Redis if its meta is missing, and answers whether it
 // did. Under a short Redis lock (so backends warming the same sale at once do
@@ -163,11 +164,6 @@ func (w *warmer) rebuildUsers(ctx context.Context, q queryer, k *lua.Keys) error
 	if err := w.rc.Do(ctx, w.rc.B().Del().Key(k.Users).Build()).Error(); err != nil {
 		return err
 	}
-	rows, err := q.QueryContext(ctx, `SELECT user_id, units FROM user_purchases WHERE sale_id = ? AND units > 0`, k.Sale)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
 	var fields []string
 	flush := func() error {
 		if len(fields) == 0 {
@@ -180,20 +176,14 @@ func (w *warmer) rebuildUsers(ctx context.Context, q queryer, k *lua.Keys) error
 		fields = fields[:0]
 		return w.rc.Do(ctx, cmd.Build()).Error()
 	}
-	for rows.Next() {
-		var user string
-		var units int64
-		if err := rows.Scan(&user, &units); err != nil {
-			return err
-		}
+	err := mysql.EachBuyer(ctx, q, k.Sale, func(user string, units int64) error {
 		fields = append(fields, user, strconv.FormatInt(units, 10))
 		if len(fields) == 2*usersChunk {
-			if err := flush(); err != nil {
-				return err
-			}
+			return flush()
 		}
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	return flush()
@@ -211,12 +201,6 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 	if err != nil {
 		return err
 	}
-	rows, err := w.db.QueryContext(ctx, `SELECT lim, window_id, subject, used FROM limit_usage
-		WHERE sale_id = ? AND used > 0 ORDER BY window_id`, k.Sale)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
 	now := time.Now()
 	window, key := "", ""
 	var fields []string
@@ -242,13 +226,7 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 		}
 		return nil
 	}
-	for rows.Next() {
-		var lim int
-		var win, subject string
-		var used int64
-		if err := rows.Scan(&lim, &win, &subject, &used); err != nil {
-			return err
-		}
+	err = mysql.EachLimitUsage(ctx, w.db, k.Sale, func(lim int, win, subject string, used int64) error {
 		if win != window || len(fields) == 2*usersChunk {
 			if err := flush(); err != nil {
 				return err
@@ -256,11 +234,12 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 			window, key = win, k.Limit(win)
 		}
 		if end := flashgate.WindowEnd(win, loc); !end.IsZero() && !end.After(now) {
-			continue // the window is over: nothing to count in it
+			return nil // the window is over: nothing to count in it
 		}
 		fields = append(fields, flashgate.Charge{Limit: lim, Subject: subject}.Field(), strconv.FormatInt(used, 10))
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	return flush()
@@ -272,12 +251,6 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 // HSETNX: a record Redis holds was written back after the loss, by a batch or
 // a pay or cancel, and is at least as new as this read.
 func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
-	rows, err := w.db.QueryContext(ctx, `SELECT id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''),
-		created_at, expires_at, charges FROM orders WHERE sale_id = ?`, k.Sale)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
 	var cmds rueidis.Commands
 	flush := func() error {
 		for _, r := range w.rc.DoMulti(ctx, cmds...) {
@@ -288,26 +261,18 @@ func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
 		cmds = cmds[:0]
 		return nil
 	}
-	for rows.Next() {
-		var id uint64
-		var r flashgate.Order
-		var st string
-		if err := rows.Scan(&id, &r.UserID, &r.Quantity, &r.Region, &st, &r.Reason, &r.IdemKey, &r.CreatedAt, &r.ExpiresAt, &r.Charges); err != nil {
-			return err
-		}
-		r.Status = flashgate.OrderStatus(st)
-		sid := strconv.FormatUint(id, 10)
-		cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(lua.EncodeRecord(&r)).Build())
-		if r.IdemKey != "" {
-			cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Idem).Field(r.UserID+"|"+r.IdemKey).Value(sid).Build())
+	err := mysql.EachOrder(ctx, w.db, k.Sale, func(o flashgate.Order) error {
+		sid := strconv.FormatUint(o.ID, 10)
+		cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(lua.EncodeRecord(&o)).Build())
+		if o.IdemKey != "" {
+			cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Idem).Field(o.UserID+"|"+o.IdemKey).Value(sid).Build())
 		}
 		if len(cmds) >= 2*usersChunk {
-			if err := flush(); err != nil {
-				return err
-			}
+			return flush()
 		}
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	return flush()
@@ -320,11 +285,11 @@ func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
 // publish lands or fails within the gateways' publish timeout. A sale with
 // no order anywhere (a new one) is warmed at once.
 func (b *Backend) lossGrace(ctx context.Context, sale string) (time.Duration, error) {
-	var found int
-	if err := b.db.QueryRowContext(ctx, `SELECT EXISTS(SELECT 1 FROM orders WHERE sale_id = ?)`, sale).Scan(&found); err != nil {
+	found, err := mysql.HasOrders(ctx, b.db, sale)
+	if err != nil {
 		return 0, err
 	}
-	if found == 0 {
+	if !found {
 		n, err := b.streamCount(ctx, sale)
 		if err != nil {
 			return 0, err
@@ -390,7 +355,7 @@ func (w *warmer) stop(ctx context.Context) {
 // Redis does not know. A failure is logged, not fatal: a gateway that meets the
 // sale cold asks again.
 func (b *Backend) warmOpenSales(ctx context.Context) {
-	ids, err := openSaleIDs(ctx, b.db, time.Now().UTC())
+	ids, err := mysql.OpenSaleIDs(ctx, b.db, time.Now().UTC())
 	if err != nil {
 		b.log.Error("listing sales to warm", "err", err)
 		return

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // reasonUnknownRegion fails an order whose region the sale does not have (or a
@@ -88,11 +88,7 @@ type saleShape struct {
 }
 
 // usageKey is one row of limit_usage of a sale.
-type usageKey struct {
-	lim     int
-	window  string
-	subject string
-}
+type usageKey = mysql.UsageKey
 
 // charges works out what the order counts against the sale's limits, from
 // the order's own facts (user, phone, device, ip, address hash, creation
@@ -263,34 +259,22 @@ func (w *orderWriter) write(ctx context.Context, sale string, orders []flashgate
 }
 
 func beginRC(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
-	return db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	return mysql.Begin(ctx, db)
 }
 
 // existing reads which orders MySQL has already: their status and reason.
 func existing(ctx context.Context, tx *sql.Tx, orders []flashgate.Order) (map[uint64]settlement, error) {
+	ids := make([]uint64, len(orders))
+	for i, o := range orders {
+		ids[i] = o.ID
+	}
+	states, err := mysql.OrderStates(ctx, tx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("existing orders: %w", err)
+	}
 	res := make(map[uint64]settlement, len(orders))
-	for part := range slices.Chunk(orders, sqlChunk) {
-		args := make([]any, len(part))
-		for i, o := range part {
-			args[i] = o.ID
-		}
-		rows, err := tx.QueryContext(ctx, `SELECT id, status, reason FROM orders WHERE id IN (`+placeholders(len(part))+`)`, args...)
-		if err != nil {
-			return nil, fmt.Errorf("existing orders: %w", err)
-		}
-		for rows.Next() {
-			var id uint64
-			var st, reason string
-			if err := rows.Scan(&id, &st, &reason); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("existing orders: %w", err)
-			}
-			res[id] = settlement{status: flashgate.OrderStatus(st), reason: reason, existed: true}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("existing orders: %w", err)
-		}
+	for id, st := range states {
+		res[id] = settlement{status: st.Status, reason: st.Reason, existed: true}
 	}
 	return res, nil
 }
@@ -302,45 +286,25 @@ func existing(ctx context.Context, tx *sql.Tx, orders []flashgate.Order) (map[ui
 // concurrent batches (the loser's insert fails with a duplicate key and its
 // transaction runs again, finding the winner here).
 func duplicates(ctx context.Context, tx *sql.Tx, sale string, todo []flashgate.Order, res map[uint64]settlement) error {
-	type key struct{ user, idem string }
-	holder := map[key]uint64{}
-	var users, idems []any
+	var keys []mysql.IdemKey
 	for _, o := range todo {
 		if o.IdemKey != "" {
-			users, idems = append(users, o.UserID), append(idems, o.IdemKey)
+			keys = append(keys, mysql.IdemKey{User: o.UserID, Idem: o.IdemKey})
 		}
 	}
-	if len(users) == 0 {
+	if len(keys) == 0 {
 		return nil
 	}
-	for i := 0; i < len(users); i += sqlChunk {
-		j := min(i+sqlChunk, len(users))
-		args := append(append([]any{sale}, users[i:j]...), idems[i:j]...)
-		rows, err := tx.QueryContext(ctx, `SELECT id, user_id, idem_key FROM orders WHERE sale_id = ?
-			AND user_id IN (`+placeholders(j-i)+`) AND idem_key IN (`+placeholders(j-i)+`)`, args...)
-		if err != nil {
-			return fmt.Errorf("batch of %s: idempotency keys: %w", sale, err)
-		}
-		for rows.Next() {
-			var id uint64
-			var k key
-			if err := rows.Scan(&id, &k.user, &k.idem); err != nil {
-				rows.Close()
-				return fmt.Errorf("batch of %s: idempotency keys: %w", sale, err)
-			}
-			holder[k] = id
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("batch of %s: idempotency keys: %w", sale, err)
-		}
+	holder, err := mysql.KeyHolders(ctx, tx, sale, keys)
+	if err != nil {
+		return fmt.Errorf("batch of %s: idempotency keys: %w", sale, err)
 	}
 	// todo is oldest first: the first of the batch to claim a key holds it.
 	for _, o := range todo {
 		if o.IdemKey == "" {
 			continue
 		}
-		k := key{o.UserID, o.IdemKey}
+		k := mysql.IdemKey{User: o.UserID, Idem: o.IdemKey}
 		first, held := holder[k]
 		switch {
 		case !held:
@@ -372,6 +336,38 @@ func fresh(orders []flashgate.Order, res map[uint64]settlement) []flashgate.Orde
 	return out
 }
 
+// batchTotals is what a batch adds to each counter.
+type batchTotals struct {
+	units   int64
+	regions map[string]int64
+	users   map[string]int64
+	usage   map[usageKey]int64
+}
+
+// totals sums the batch's orders per counter; false when an order does not
+// fit the sale (region, charges): the fallback then fails it alone.
+func totals(shape *saleShape, orders []flashgate.Order) (batchTotals, bool) {
+	t := batchTotals{regions: map[string]int64{}, users: map[string]int64{}, usage: map[usageKey]int64{}}
+	for _, o := range orders {
+		if !shape.fits(o.Region) {
+			return t, false
+		}
+		cs, ok := shape.charges(o)
+		if !ok {
+			return t, false
+		}
+		for _, c := range cs {
+			t.usage[usageKey{Lim: c.Limit, Window: c.Window, Subject: c.Subject}] += c.Inc
+		}
+		t.units += o.Quantity
+		if o.Region != "" {
+			t.regions[o.Region] += o.Quantity
+		}
+		t.users[o.UserID] += o.Quantity
+	}
+	return t, true
+}
+
 // fastPath admits the whole batch with one guard per counter: the sale row, each
 // region row, each user row. ok is false (and nothing is committed) when any
 // guard refuses: the fallback then decides order by order.
@@ -398,98 +394,14 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	if err := duplicates(ctx, tx, sale, todo, res); err != nil {
 		return nil, false, err
 	}
-	var units int64
-	regions := map[string]int64{}
-	users := map[string]int64{}
-	usage := map[usageKey]int64{}
-	for _, o := range fresh(todo, res) {
-		if !shape.fits(o.Region) {
-			return nil, false, nil
-		}
-		cs, ok := shape.charges(o)
-		if !ok {
-			return nil, false, nil
-		}
-		for _, c := range cs {
-			usage[usageKey{c.Limit, c.Window, c.Subject}] += c.Inc
-		}
-		units += o.Quantity
-		if o.Region != "" {
-			regions[o.Region] += o.Quantity
-		}
-		users[o.UserID] += o.Quantity
+	t, ok := totals(shape, fresh(todo, res))
+	if !ok {
+		return nil, false, nil
 	}
 	now := w.now().UTC()
-
-	// The sale guard; it also takes the sale row lock, which serialises every
-	// batch of this sale across all backends.
-	r, err := tx.ExecContext(ctx, `UPDATE sales SET sold = sold + ?, updated_at = ?
-		WHERE id = ? AND closed = 0 AND sold + ? <= total`, units, now, sale, units)
-	if ok, err := changed(r, err); !ok || err != nil {
+	if ok, err := w.guardBatch(ctx, tx, sale, shape, t, now); !ok || err != nil {
 		return nil, false, err
 	}
-	for _, region := range sortedKeys(regions) {
-		n := regions[region]
-		r, err := tx.ExecContext(ctx, `UPDATE sale_regions SET sold = sold + ?
-			WHERE sale_id = ? AND region = ? AND sold + ? <= total`, n, sale, region, n)
-		if ok, err := changed(r, err); !ok || err != nil {
-			return nil, false, err
-		}
-	}
-
-	// The user guard: every buyer's units in MySQL plus this batch's within the limit.
-	names := sortedKeys(users)
-	for part := range slices.Chunk(names, sqlChunk) {
-		args := make([]any, 0, len(part)+1)
-		args = append(args, sale)
-		for _, u := range part {
-			args = append(args, u)
-		}
-		rows, err := tx.QueryContext(ctx, `SELECT user_id, units FROM user_purchases
-			WHERE sale_id = ? AND user_id IN (`+placeholders(len(part))+`) FOR UPDATE`, args...)
-		if err != nil {
-			return nil, false, fmt.Errorf("batch of %s: users: %w", sale, err)
-		}
-		over := false
-		for rows.Next() {
-			var u string
-			var held int64
-			if err := rows.Scan(&u, &held); err != nil {
-				rows.Close()
-				return nil, false, fmt.Errorf("batch of %s: users: %w", sale, err)
-			}
-			if held+users[u] > shape.limit {
-				over = true
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, false, fmt.Errorf("batch of %s: users: %w", sale, err)
-		}
-		if over {
-			return nil, false, nil
-		}
-	}
-	for _, n := range users {
-		if n > shape.limit {
-			return nil, false, nil // a buyer new to MySQL, over the limit within this batch
-		}
-	}
-	for part := range slices.Chunk(names, sqlChunk) {
-		args := make([]any, 0, 3*len(part))
-		for _, u := range part {
-			args = append(args, sale, u, users[u])
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO user_purchases (sale_id, user_id, units) VALUES `+
-			rowsOf(len(part), 3)+` ON DUPLICATE KEY UPDATE units = units + VALUES(units)`, args...); err != nil {
-			return nil, false, fmt.Errorf("batch of %s: users: %w", sale, err)
-		}
-	}
-
-	if ok, err := w.chargeBatch(ctx, tx, sale, shape, usage); !ok || err != nil {
-		return nil, false, err
-	}
-
 	for _, o := range todo {
 		if _, dup := res[o.ID]; !dup {
 			res[o.ID] = settlement{status: flashgate.OrderConfirmed}
@@ -504,68 +416,66 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	return res, true, nil
 }
 
+// guardBatch runs the batch's guards in the lock order every writer keeps:
+// the sale row (which serialises every batch of this sale across all
+// backends), its regions, its buyers, its limit counters. false when one
+// refuses.
+func (w *orderWriter) guardBatch(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, t batchTotals, now time.Time) (bool, error) {
+	if ok, err := mysql.GuardSold(ctx, tx, sale, t.units, now, true); !ok || err != nil {
+		return false, err
+	}
+	for _, region := range sortedKeys(t.regions) {
+		if ok, err := mysql.GuardRegion(ctx, tx, sale, region, t.regions[region]); !ok || err != nil {
+			return false, err
+		}
+	}
+	if ok, err := guardBuyers(ctx, tx, sale, shape.limit, t.users); !ok || err != nil {
+		return false, err
+	}
+	return w.chargeBatch(ctx, tx, sale, shape, t.usage)
+}
+
+// guardBuyers is the user guard: every buyer's units in MySQL plus this
+// batch's within the limit.
+func guardBuyers(ctx context.Context, tx *sql.Tx, sale string, limit int64, users map[string]int64) (bool, error) {
+	held, err := mysql.LockBuyers(ctx, tx, sale, sortedKeys(users))
+	if err != nil {
+		return false, fmt.Errorf("batch of %s: users: %w", sale, err)
+	}
+	for u, n := range users {
+		if held[u]+n > limit {
+			return false, nil // a buyer new to MySQL counts from zero
+		}
+	}
+	if err := mysql.AddBuyerUnits(ctx, tx, sale, users); err != nil {
+		return false, fmt.Errorf("batch of %s: users: %w", sale, err)
+	}
+	return true, nil
+}
+
 // chargeBatch adds a batch's usage to limit_usage and checks every row it
-// touched against its limit, under those rows' locks (the sale row lock,
-// taken first, already serialises the sale's batches); false when any is
-// over, and the caller rolls back.
+// touched against its limit; false when any is over, and the caller rolls
+// back.
 func (w *orderWriter) chargeBatch(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, usage map[usageKey]int64) (bool, error) {
 	if len(usage) == 0 {
 		return true, nil
 	}
 	for k, n := range usage {
-		if n > shape.limits[k.lim].Max {
+		if n > shape.limits[k.Lim].Max {
 			return false, nil
 		}
 	}
-	keys := sortedUsage(usage)
-	for part := range slices.Chunk(keys, sqlChunk) {
-		args := make([]any, 0, 6*len(part))
-		for _, k := range part {
-			args = append(args, sale, k.lim, k.window, k.subject, string(shape.limits[k.lim].Dimension), usage[k])
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO limit_usage (sale_id, lim, window_id, subject, dimension, used)
-			VALUES `+rowsOf(len(part), 6)+` ON DUPLICATE KEY UPDATE used = used + VALUES(used)`, args...); err != nil {
-			return false, fmt.Errorf("batch of %s: limits: %w", sale, err)
-		}
-		var over int
-		q := strings.Builder{}
-		args = args[:0]
-		args = append(args, sale)
-		for i, k := range part {
-			if i > 0 {
-				q.WriteString(" OR ")
-			}
-			q.WriteString("(lim = ? AND window_id = ? AND subject = ? AND used > ?)")
-			args = append(args, k.lim, k.window, k.subject, shape.limits[k.lim].Max)
-		}
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM limit_usage WHERE sale_id = ? AND (`+q.String()+`)`,
-			args...).Scan(&over); err != nil {
-			return false, fmt.Errorf("batch of %s: limits: %w", sale, err)
-		}
-		if over > 0 {
-			return false, nil
-		}
+	keys := mysql.SortedUsage(usage)
+	rows := make([]mysql.Usage, len(keys))
+	for i, k := range keys {
+		l := shape.limits[k.Lim]
+		rows[i] = mysql.Usage{UsageKey: k, Dimension: l.Dimension, Inc: usage[k], Max: l.Max}
 	}
-	return true, nil
-}
-
-// sortedUsage lists usage's rows in one order for every writer, so that two
-// never lock them crosswise.
-func sortedUsage(usage map[usageKey]int64) []usageKey {
-	keys := make([]usageKey, 0, len(usage))
-	for k := range usage {
-		keys = append(keys, k)
+	ok, err := mysql.ChargeBatch(ctx, tx, sale, rows)
+	if err != nil {
+		return false, fmt.Errorf("batch of %s: limits: %w", sale, err)
 	}
-	slices.SortFunc(keys, func(a, b usageKey) int {
-		if a.lim != b.lim {
-			return a.lim - b.lim
-		}
-		if c := strings.Compare(a.window, b.window); c != 0 {
-			return c
-		}
-		return strings.Compare(a.subject, b.subject)
-	})
-	return keys
+	return ok, nil
 }
 
 // fallback decides order by order, oldest first, under the sale row lock: each
@@ -577,13 +487,8 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		return nil, fmt.Errorf("batch of %s: %w", sale, err)
 	}
 	defer tx.Rollback()
-	var limit int64
-	var closed bool
-	err = tx.QueryRowContext(ctx, `SELECT per_user_limit, closed FROM sales WHERE id = ? FOR UPDATE`, sale).Scan(&limit, &closed)
-	known := true
-	if errors.Is(err, sql.ErrNoRows) {
-		known = false
-	} else if err != nil {
+	limit, closed, known, err := mysql.LockSaleLimit(ctx, tx, sale)
+	if err != nil {
 		return nil, fmt.Errorf("batch of %s: lock sale: %w", sale, err)
 	}
 	if known && shape == nil {
@@ -601,75 +506,18 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		return nil, err
 	}
 	now := w.now().UTC()
-	fail := func(o flashgate.Order, reason string) {
-		res[o.ID] = settlement{status: flashgate.OrderFailed, reason: reason}
-	}
-	// guard runs one guard statement; false means it refused (0 rows changed).
-	guard := func(query string, args ...any) (bool, error) {
-		r, err := tx.ExecContext(ctx, query, args...)
-		return changed(r, err)
-	}
 	for _, o := range todo {
 		if _, dup := res[o.ID]; dup {
 			continue
 		}
-		switch {
-		case !known || shape == nil:
-			fail(o, flashgate.ReasonUnknownSale)
-			continue
-		case closed:
-			fail(o, flashgate.ReasonSaleClosed)
-			continue
-		case !shape.fits(o.Region):
-			fail(o, reasonUnknownRegion)
-			continue
-		}
-		if _, err := tx.ExecContext(ctx, `SAVEPOINT fg_order`); err != nil {
-			return nil, fmt.Errorf("batch of %s: %w", sale, err)
-		}
-		reason := ""
-		if _, err := tx.ExecContext(ctx, `INSERT IGNORE INTO user_purchases (sale_id, user_id, units) VALUES (?, ?, 0)`,
-			sale, o.UserID); err != nil {
-			return nil, fmt.Errorf("batch of %s: user %s: %w", sale, o.UserID, err)
-		}
-		ok, err := guard(`UPDATE user_purchases SET units = units + ?
-			WHERE sale_id = ? AND user_id = ? AND units + ? <= ?`, o.Quantity, sale, o.UserID, o.Quantity, limit)
-		if err != nil {
-			return nil, fmt.Errorf("batch of %s: user %s: %w", sale, o.UserID, err)
-		}
-		if !ok {
-			reason = flashgate.ReasonLimitReached
-		}
+		reason := refusal(known && shape != nil, closed, shape, o)
 		if reason == "" {
-			if reason, err = w.chargeOne(ctx, tx, sale, shape, o); err != nil {
+			if reason, err = w.guardOne(ctx, tx, sale, shape, limit, o, now); err != nil {
 				return nil, err
 			}
 		}
-		if reason == "" && o.Region != "" {
-			ok, err := guard(`UPDATE sale_regions SET sold = sold + ?
-				WHERE sale_id = ? AND region = ? AND sold + ? <= total`, o.Quantity, sale, o.Region, o.Quantity)
-			if err != nil {
-				return nil, fmt.Errorf("batch of %s: region %s: %w", sale, o.Region, err)
-			}
-			if !ok {
-				reason = flashgate.ReasonSoldOut
-			}
-		}
-		if reason == "" {
-			ok, err := guard(`UPDATE sales SET sold = sold + ?, updated_at = ?
-				WHERE id = ? AND sold + ? <= total`, o.Quantity, now, sale, o.Quantity)
-			if err != nil {
-				return nil, fmt.Errorf("batch of %s: sale guard: %w", sale, err)
-			}
-			if !ok {
-				reason = flashgate.ReasonSoldOut
-			}
-		}
 		if reason != "" {
-			if _, err := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT fg_order`); err != nil {
-				return nil, fmt.Errorf("batch of %s: %w", sale, err)
-			}
-			fail(o, reason)
+			res[o.ID] = settlement{status: flashgate.OrderFailed, reason: reason}
 			continue
 		}
 		res[o.ID] = settlement{status: flashgate.OrderConfirmed}
@@ -681,6 +529,64 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		return nil, fmt.Errorf("batch of %s: commit: %w", sale, err)
 	}
 	return res, nil
+}
+
+// refusal is why an order fails before any guard runs ("" if it may try).
+func refusal(known, closed bool, shape *saleShape, o flashgate.Order) string {
+	switch {
+	case !known:
+		return flashgate.ReasonUnknownSale
+	case closed:
+		return flashgate.ReasonSaleClosed
+	case !shape.fits(o.Region):
+		return reasonUnknownRegion
+	}
+	return ""
+}
+
+// guardOne runs one order's guards (user, limits, region, sale) after a
+// savepoint; on a refusal it rolls back to the savepoint and answers why.
+func (w *orderWriter) guardOne(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, limit int64, o flashgate.Order, now time.Time) (string, error) {
+	if err := mysql.Savepoint(ctx, tx); err != nil {
+		return "", fmt.Errorf("batch of %s: %w", sale, err)
+	}
+	reason := ""
+	ok, err := mysql.GuardBuyer(ctx, tx, sale, o.UserID, o.Quantity, limit)
+	if err != nil {
+		return "", fmt.Errorf("batch of %s: user %s: %w", sale, o.UserID, err)
+	}
+	if !ok {
+		reason = flashgate.ReasonLimitReached
+	}
+	if reason == "" {
+		if reason, err = w.chargeOne(ctx, tx, sale, shape, o); err != nil {
+			return "", err
+		}
+	}
+	if reason == "" && o.Region != "" {
+		ok, err := mysql.GuardRegion(ctx, tx, sale, o.Region, o.Quantity)
+		if err != nil {
+			return "", fmt.Errorf("batch of %s: region %s: %w", sale, o.Region, err)
+		}
+		if !ok {
+			reason = flashgate.ReasonSoldOut
+		}
+	}
+	if reason == "" {
+		ok, err := mysql.GuardSold(ctx, tx, sale, o.Quantity, now, false)
+		if err != nil {
+			return "", fmt.Errorf("batch of %s: sale guard: %w", sale, err)
+		}
+		if !ok {
+			reason = flashgate.ReasonSoldOut
+		}
+	}
+	if reason != "" {
+		if err := mysql.RollbackOrder(ctx, tx); err != nil {
+			return "", fmt.Errorf("batch of %s: %w", sale, err)
+		}
+	}
+	return reason, nil
 }
 
 // chargeOne counts one order against each limit it is charged to, each under
@@ -695,14 +601,9 @@ func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, sh
 	}
 	for _, c := range cs {
 		l := shape.limits[c.Limit]
-		if _, err := tx.ExecContext(ctx, `INSERT IGNORE INTO limit_usage (sale_id, lim, window_id, subject, dimension, used)
-			VALUES (?, ?, ?, ?, ?, 0)`, sale, c.Limit, c.Window, c.Subject, string(l.Dimension)); err != nil {
-			return "", fmt.Errorf("batch of %s: limit %d: %w", sale, c.Limit, err)
-		}
-		r, err := tx.ExecContext(ctx, `UPDATE limit_usage SET used = used + ?
-			WHERE sale_id = ? AND lim = ? AND window_id = ? AND subject = ? AND used + ? <= ?`,
-			c.Inc, sale, c.Limit, c.Window, c.Subject, c.Inc, l.Max)
-		if ok, err := changed(r, err); err != nil {
+		ok, err := mysql.GuardLimit(ctx, tx, sale, mysql.Usage{UsageKey: usageKey{Lim: c.Limit, Window: c.Window, Subject: c.Subject},
+			Dimension: l.Dimension, Inc: c.Inc, Max: l.Max})
+		if err != nil {
 			return "", fmt.Errorf("batch of %s: limit %d: %w", sale, c.Limit, err)
 		} else if !ok {
 			return flashgate.LimitReason(l.Dimension), nil
@@ -713,23 +614,16 @@ func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, sh
 
 // insertOrders writes the rows of orders with the status res gives each.
 func insertOrders(ctx context.Context, tx *sql.Tx, orders []flashgate.Order, res map[uint64]settlement, now time.Time) error {
-	for part := range slices.Chunk(orders, sqlChunk) {
-		args := make([]any, 0, 12*len(part))
-		for _, o := range part {
-			s := res[o.ID]
-			var idem any
-			if o.IdemKey != "" && s.reason != flashgate.ReasonDuplicate {
-				idem = o.IdemKey // a duplicate's row leaves the key to the order that holds it
-			}
-			args = append(args, o.ID, o.SaleID, o.UserID, o.Quantity, o.Region, string(s.status), s.reason, idem,
-				o.CreatedAt.UTC(), o.ExpiresAt.UTC(), now, o.Charges)
+	rows := make([]flashgate.Order, len(orders))
+	for i, o := range orders {
+		s := res[o.ID]
+		o.Status, o.Reason = s.status, s.reason
+		if s.reason == flashgate.ReasonDuplicate {
+			o.IdemKey = "" // a duplicate's row leaves the key to the order that holds it
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
-			idem_key, created_at, expires_at, updated_at, charges) VALUES `+rowsOf(len(part), 12), args...); err != nil {
-			return fmt.Errorf("insert orders: %w", err)
-		}
+		rows[i] = o
 	}
-	return nil
+	return mysql.InsertOrders(ctx, tx, rows, now)
 }
 
 // writeBack tells Redis what MySQL decided: confirmed (and already settled)
@@ -793,26 +687,6 @@ func regionKeys(sale, region string) *lua.Keys {
 		return lua.KeysFor(sale, nil)
 	}
 	return lua.KeysFor(sale, []string{region})
-}
-
-// changed turns a guard UPDATE's result into "did it pass". Every guard adds at
-// least one unit, so a matched row is always a changed row.
-func changed(r sql.Result, err error) (bool, error) {
-	if err != nil {
-		return false, err
-	}
-	n, err := r.RowsAffected()
-	return n > 0, err
-}
-
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
-}
-
-// rowsOf is "(?,?),(?,?)" for n rows of cols columns.
-func rowsOf(n, cols int) string {
-	row := "(" + placeholders(cols) + "),"
-	return strings.TrimSuffix(strings.Repeat(row, n), ",")
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -29,6 +29,7 @@ import (
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/loadgen"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 var binary string
@@ -168,6 +169,7 @@ func (st *stack) newProc(name string, args, extra []string) *proc {
 		"FLASHGATE_REDIS_ADDRS="+st.redis.Addr,
 		"FLASHGATE_NATS_URL="+st.nats.URL(),
 		"FLASHGATE_MYSQL_DSN="+st.maria.DSN(),
+		"FLASHGATE_MYSQL_AUTO_MIGRATE=true",
 		"FLASHGATE_JWT_SECRET="+st.cfg.Auth.JWTSecret,
 		"FLASHGATE_ADMIN_TOKEN="+st.cfg.Admin.Token,
 		"FLASHGATE_BACKEND_ACK_WAIT=2s",
@@ -283,7 +285,7 @@ func (st *stack) flood(sale string, users, requests int, fault func()) (int64, [
 // that full recovery (from now, if no fault was marked).
 func (st *stack) settle(sale string, accepted []uint64) (audit.Report, time.Duration) {
 	st.t.Helper()
-	db, err := audit.OpenDB(st.cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(st.cfg.MySQL.DSN)
 	if err != nil {
 		st.t.Fatal(err)
 	}

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // The scenarios where each buyer's own answers matter, not only the totals:
@@ -155,7 +155,7 @@ func acceptedOf(groups [][]*buyer) []uint64 {
 // ordersByUser is each user's orders of sale in MySQL by status.
 func (st *stack) ordersByUser(sale string) map[string]map[string]int {
 	st.t.Helper()
-	db, err := audit.OpenDB(st.cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(st.cfg.MySQL.DSN)
 	if err != nil {
 		st.t.Fatal(err)
 	}

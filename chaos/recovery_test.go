@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flashgate/flashgate/audit"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // The scenarios that need the backend's recovery work: reconcile republishing
@@ -54,7 +54,7 @@ func init() {
 			s := st.createSale(unpaid+2000, 1)
 			// 10,000 orders nobody pays; they all expire within a second or so.
 			_, first := st.flood(s.ID, unpaid, unpaid, nil)
-			db, err := audit.OpenDB(st.cfg.MySQL.DSN)
+			db, err := mysql.OpenDB(st.cfg.MySQL.DSN)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -192,6 +192,11 @@ type NATS struct {
 type MySQL struct {
 	DSN          string `yaml:"dsn"`
 	MaxOpenConns int    `yaml:"max_open_conns"`
+	// AutoMigrate lets the backend apply pending schema migrations at start
+	// (docs/storage.md). Off, a backend finding an older schema refuses to
+	// start and asks for `flashgate migrate up`: in production a schema change
+	// is a step someone takes, not a side effect of a deploy.
+	AutoMigrate bool `yaml:"auto_migrate"`
 }
 
 // Orders sets the order life cycle.

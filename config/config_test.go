@@ -460,6 +460,7 @@ func TestEnvironRoundTrip(t *testing.T) {
 	want.Redis.Username, want.Redis.Password = "flashgate_gateway", "r-pass"
 	want.NATS.User, want.NATS.Password = "gateway", "n-pass"
 	want.MySQL.DSN = "flashgate_app:m-pass@tcp(127.0.0.1:13306)/flashgate"
+	want.MySQL.AutoMigrate = true // what the stack hands its backend (FLASHGATE_MYSQL_AUTO_MIGRATE)
 	want.Auth.Keys = []Key{{Kid: "k2", Secret: "s2: with, [yaml] chars"}, {Kid: "ed", PublicKeyFile: "/a b.pem"}}
 	want.Auth.SigningKid = "k2"
 	want.Auth.MaxTokenTTL = time.Hour
@@ -474,12 +475,24 @@ func TestEnvironRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The names the stack's var/secrets.env writes are the ones Environ writes.
-	for _, k := range []string{"FLASHGATE_REDIS_USERNAME", "FLASHGATE_REDIS_PASSWORD", "FLASHGATE_NATS_USER", "FLASHGATE_NATS_PASSWORD", "FLASHGATE_MYSQL_DSN"} {
+	for _, k := range []string{"FLASHGATE_REDIS_USERNAME", "FLASHGATE_REDIS_PASSWORD", "FLASHGATE_NATS_USER", "FLASHGATE_NATS_PASSWORD", "FLASHGATE_MYSQL_DSN", "FLASHGATE_MYSQL_AUTO_MIGRATE"} {
 		if env[k] == "" {
 			t.Errorf("Environ has no %s", k)
 		}
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// A backend migrates by itself only when told to: by default a schema change
+// is an operator's step (`flashgate migrate up`).
+func TestAutoMigrateOffByDefault(t *testing.T) {
+	if Default().MySQL.AutoMigrate {
+		t.Error("mysql.auto_migrate defaults to on")
+	}
+	c := Default()
+	if err := Parse([]byte("mysql:\n  auto_migrate: true\n"), &c); err != nil || !c.MySQL.AutoMigrate {
+		t.Errorf("auto_migrate: true read as %t (%v)", c.MySQL.AutoMigrate, err)
 	}
 }

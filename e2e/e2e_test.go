@@ -26,6 +26,7 @@ import (
 	"github.com/flashgate/flashgate/gateway"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/loadgen"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 var binary string // bin/flashgate built for the tests that run it as a process
@@ -145,7 +146,7 @@ func newSale(total, perUser int64) *flashgate.Sale {
 // then returns the audit. The wait is for liveness only; nothing is timed.
 func drain(t *testing.T, cfg config.Config, sale string, accepted []uint64) audit.Report {
 	t.Helper()
-	db, err := audit.OpenDB(cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(cfg.MySQL.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +317,7 @@ func TestBackendKilledMidStream(t *testing.T) {
 	s := newSale(1500, 1)
 	createSale(t, cfg, admin, s)
 	awaitSale(t, gw, s.ID)
-	db, err := audit.OpenDB(cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(cfg.MySQL.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}

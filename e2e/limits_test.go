@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/loadgen"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // Purchase limits and regional stock through the gateway and the backend
@@ -144,7 +144,7 @@ func TestLimitsThroughTheGateway(t *testing.T) {
 	if len(accepted) != 5 || rep.Orders != 5 || rep.OverLimitSubjects != 0 || rep.LiveUnits != 6 {
 		t.Fatalf("audit: %+v (accepted %d)", rep, len(accepted))
 	}
-	db, err := audit.OpenDB(cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(cfg.MySQL.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestRegionsSellOutIndependently(t *testing.T) {
 	}
 	rep := drain(t, cfg, s.ID, append(accepted, lateID(t, cfg, s.ID, "late-bj")))
 	assertInvariants(t, rep)
-	db, err := audit.OpenDB(cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(cfg.MySQL.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func regionSold(t *testing.T, db *sql.DB, sale, region string) int64 {
 // it is there), so the audit counts it among the accepted.
 func lateID(t *testing.T, cfg config.Config, sale, user string) uint64 {
 	t.Helper()
-	db, err := audit.OpenDB(cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(cfg.MySQL.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/flashgate/flashgate/backend"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // TestFailedAdmissionsBoundedWork fails thousands of admissions at once: the
@@ -122,7 +123,7 @@ func TestFailedAdmissionsBoundedWork(t *testing.T) {
 // drainTry audits the sale once (no accepted ids to look for).
 func drainTry(t *testing.T, cfg config.Config, sale string) audit.Report {
 	t.Helper()
-	db, err := audit.OpenDB(cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(cfg.MySQL.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -460,7 +460,7 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order)
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
 		g.enqueueRelease(releaseJob{s: s, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
 		unavailable(ctx, "order queue unavailable")
-	case rel.Claimed || (rel.Status != "" && rel.Status != "released"):
+	case rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased):
 		accepted(ctx, m.ID, flashgate.OrderPending)
 	default:
 		if rel.Released {
@@ -492,10 +492,10 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 		return
 	}
 	switch rec.Status {
-	case flashgate.OrderReleased:
+	case lua.StatusReleased:
 		unavailable(ctx, "order queue unavailable")
 		return
-	case flashgate.OrderPending:
+	case lua.StatusPending:
 		m := rec
 		m.FactsFromCharges(s.spec.Limits)
 		if err := g.send(s, &m); err != nil {
@@ -562,7 +562,7 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 		g.orderFromBackend(ctx, s, claims.Subject, id)
 		return
 	}
-	if rec.UserID != claims.Subject || rec.Status == flashgate.OrderReleased {
+	if rec.UserID != claims.Subject || rec.Status == lua.StatusReleased {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
@@ -629,7 +629,7 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 	cancel()
 	// Another user's order, or one that never existed, is answered here. An
 	// order Redis does not know (it lost its data) goes on: MySQL decides.
-	if err == nil && known && (rec.UserID != claims.Subject || rec.Status == flashgate.OrderReleased) {
+	if err == nil && known && (rec.UserID != claims.Subject || rec.Status == lua.StatusReleased) {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}

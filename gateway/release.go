@@ -80,7 +80,7 @@ func (g *Gateway) releaseUntilAnswered(ctx context.Context, s *sale, id uint64, 
 		rel, err := g.scripts.Release(rctx, g.rc, s.keys, id, region, charges, lua.ReleaseGateway, reason)
 		cancel()
 		if err == nil {
-			if rel.Claimed || (rel.Status != "" && rel.Status != "released") {
+			if rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased) {
 				// Redis was away for longer than the request could wait, and the
 				// message got through meanwhile: its buyer was told 503, yet the
 				// order goes on. Rare (Redis and NATS failing together); loud.

@@ -1,7 +1,7 @@
 -- admit: decide one purchase atomically on the sale's shard.
 -- KEYS: 1 meta, 2 stock (the region's, or the sale's), 3 users, 4 resv, 5 orders, 6 idem,
---       then 6+j: the counter hash of charge j's window (fg:{s:<sale>}:lim:<window>)
---       (all under the sale's hash tag {s:<sale>}).
+--       then 6+j: the counter hash of charge j's window (Keys.Limit)
+--       (all under the sale's hash tag: keys.go).
 -- ARGV: 1 user, 2 quantity, 3 order id, 4 now (ms), 5 idempotency key ('' = none),
 --       6 region ('' = none), 7 payment deadline (ms),
 --       8 the order's charges as flashgate.EncodeCharges wrote them ('' or absent = none),
@@ -89,7 +89,7 @@ stock = tonumber(stock)
 if stock < qty then
   return {'sold_out', tostring(stock)}
 end
--- An order id is used once. Ids are unique by construction (DESIGN.md §6); if
+-- An order id is used once. Ids are unique by construction (package orderid); if
 -- two ever met, overwriting the first reservation would lose its unit.
 if redis.call('HEXISTS', KEYS[5], id) == 1 then
   return {'duplicate_id'}

@@ -2,9 +2,10 @@
 -- whose publish "failed" (but got through) can no longer release them.
 -- KEYS: 1 orders
 -- ARGV: order ids
--- Returns one status per id: 'ok' (claimed now or before), 'released' (the gateway
--- released it: drop the message), 'unknown' (Redis has no record, e.g. it lost its
--- data: MySQL's guard decides).
+-- Returns one status per id:
+--   'ok'        claimed now or before
+--   'released'  the gateway released it: drop the message
+--   'unknown'   Redis has no record (e.g. it lost its data): MySQL's guard decides
 local out = {}
 for i, id in ipairs(ARGV) do
   local ord = redis.call('HGET', KEYS[1], id)

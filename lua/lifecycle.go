@@ -23,11 +23,6 @@ var restockSrc string
 // beside its binding rather than in Scripts.
 var restockScript = rueidis.NewLuaScript(restockSrc)
 
-// Restocked is the key of the set of orders whose units restock.lua has settled.
-// It is what makes a restock happen once: an order's record can be rewritten
-// from MySQL by a late confirm, the set cannot.
-func (k *Keys) Restocked() string { return "fg:{s:" + k.Sale + "}:restocked" }
-
 // RestockOutcome is what restock did for one order.
 type RestockOutcome uint8
 
@@ -43,11 +38,12 @@ const (
 	RestockUnknown
 )
 
-var restockNames = [...]string{"", "restocked", "already", "unknown"}
+// restockWire is the word restock.lua returns for each RestockOutcome.
+var restockWire = [...]string{Restocked: "restocked", RestockAlready: "already", RestockUnknown: "unknown"}
 
 func (o RestockOutcome) String() string {
-	if int(o) < len(restockNames) {
-		return restockNames[o]
+	if int(o) < len(restockWire) {
+		return restockWire[o]
 	}
 	return "restock(" + strconv.Itoa(int(o)) + ")"
 }
@@ -120,14 +116,7 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 	}
 	out := make([]RestockOutcome, len(words))
 	for i, w := range words {
-		switch w {
-		case "restocked":
-			out[i] = Restocked
-		case "already":
-			out[i] = RestockAlready
-		case "unknown":
-			out[i] = RestockUnknown
-		default:
+		if out[i] = fromWire[RestockOutcome](restockWire[:], w); out[i] == 0 {
 			return nil, fmt.Errorf("restock %s: unexpected reply %q", k.Sale, w)
 		}
 	}

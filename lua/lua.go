@@ -1,8 +1,8 @@
 // Package lua owns the Redis side of admission: the key layout of a sale, the Lua
 // scripts in this folder (embedded, loaded once, called with EVALSHA) and their Go
-// bindings. Every key one call touches carries the sale's hash tag {s:<sale>}, so one
+// bindings. Every key one call touches carries the sale's hash tag (keys.go), so one
 // script on one shard decides it atomically, on a single Redis and on Redis Cluster
-// alike (DESIGN.md §5).
+// alike.
 package lua
 
 import (
@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,86 +34,6 @@ var (
 	//go:embed warm.lua
 	warmSrc string
 )
-
-// SalesIndex is the set of every sale id Redis holds (see LiveIndex for the
-// ones gateways read).
-const SalesIndex = "fg:sales"
-
-// Keys are the Redis keys of one sale. Build them once per sale (KeysFor), not
-// per request.
-type Keys struct {
-	Sale   string
-	Meta   string
-	Users  string
-	Resv   string
-	Orders string
-	Idem   string
-	prefix string
-	stock  string
-	region map[string]string
-}
-
-// KeysFor returns the keys of sale, with a stock key for each region.
-func KeysFor(sale string, regions []string) *Keys {
-	p := "fg:{s:" + sale + "}:"
-	k := &Keys{
-		Sale:   sale,
-		Meta:   p + "meta",
-		Users:  p + "users",
-		Resv:   p + "resv",
-		Orders: p + "orders",
-		Idem:   p + "idem",
-		prefix: p,
-		stock:  p + "stock",
-		region: make(map[string]string, len(regions)),
-	}
-	for _, r := range regions {
-		k.region[r] = p + "stock:" + r
-	}
-	return k
-}
-
-// Stock is the stock key of region ("" for a sale without regions), and false
-// for a region the sale does not have.
-func (k *Keys) Stock(region string) (string, bool) {
-	if region == "" {
-		return k.stock, len(k.region) == 0
-	}
-	key, ok := k.region[region]
-	return key, ok
-}
-
-// Limit is the counter hash of a purchase-limit window ("sale", "d20261122",
-// "m202611"): field "<limit>/<subject>" → units or orders counted.
-func (k *Keys) Limit(window string) string { return k.prefix + "lim:" + window }
-
-// windowKeys lists the distinct windows of encoded charges with their counter
-// hashes, for the scripts that undo them.
-func (k *Keys) windowKeys(charges string) (windows, keys []string, err error) {
-	cs, err := flashgate.ParseCharges(charges)
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, c := range cs {
-		if !slices.Contains(windows, c.Window) {
-			windows = append(windows, c.Window)
-			keys = append(keys, k.Limit(c.Window))
-		}
-	}
-	return windows, keys, nil
-}
-
-// StockKeys lists every stock key of the sale, with the region each belongs to.
-func (k *Keys) StockKeys() (regions, keys []string) {
-	if len(k.region) == 0 {
-		return []string{""}, []string{k.stock}
-	}
-	for r, key := range k.region {
-		regions = append(regions, r)
-		keys = append(keys, key)
-	}
-	return regions, keys
-}
 
 // Scripts holds the loaded scripts. rueidis runs each with EVALSHA and falls
 // back to EVAL on NOSCRIPT (a restarted or new shard).
@@ -155,13 +74,28 @@ const (
 	DuplicateID
 )
 
-var outcomeNames = [...]string{"", "ok", "replay", "not_warmed", "not_started", "ended", "bad_quantity", "limit_reached", "sold_out", "duplicate_id"}
+// admitWire is the word admit.lua returns for each Outcome (TestScriptOutcomes
+// holds this table and the script to each other).
+var admitWire = [...]string{Admitted: "ok", Replayed: "replay", NotWarmed: "not_warmed", NotStarted: "not_started",
+	Ended: "ended", BadQuantity: "bad_quantity", LimitReached: "limit_reached", SoldOut: "sold_out", DuplicateID: "duplicate_id"}
 
 func (o Outcome) String() string {
-	if int(o) < len(outcomeNames) {
-		return outcomeNames[o]
+	if int(o) < len(admitWire) {
+		return admitWire[o]
 	}
 	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// fromWire finds word in a script's table of outcome words (index 0 is no
+// outcome); 0 for a word the table lacks. A scan, not a map: the tables are
+// short, and the admission reply is parsed on the hot path without allocating.
+func fromWire[T ~uint8](table []string, word string) T {
+	for i := 1; i < len(table); i++ {
+		if table[i] == word {
+			return T(i)
+		}
+	}
+	return 0
 }
 
 // AdmitArgs is one purchase to decide.
@@ -253,26 +187,19 @@ func parseAdmission(res []rueidis.RedisMessage) (Admission, error) {
 		n, _ := strconv.ParseInt(v, 10, 64)
 		return n
 	}
-	var a Admission
-	switch code {
-	case "ok":
-		a.Outcome, a.OrderID, a.Remaining = Admitted, uint64(arg(1)), arg(2)
-	case "replay":
-		a.Outcome, a.OrderID = Replayed, uint64(arg(1))
-	case "not_warmed":
-		a.Outcome = NotWarmed
-	case "not_started":
-		a.Outcome, a.Wait = NotStarted, time.Duration(arg(1))*time.Millisecond
-	case "ended":
-		a.Outcome = Ended
-	case "bad_quantity":
-		a.Outcome = BadQuantity
-	case "limit_reached":
-		a.Outcome, a.Held, a.Limit = LimitReached, arg(1), int(arg(2))-1
-	case "sold_out":
-		a.Outcome, a.Remaining = SoldOut, arg(1)
-	case "duplicate_id":
-		a.Outcome = DuplicateID
+	a := Admission{Outcome: fromWire[Outcome](admitWire[:], code)}
+	switch a.Outcome {
+	case Admitted:
+		a.OrderID, a.Remaining = uint64(arg(1)), arg(2)
+	case Replayed:
+		a.OrderID = uint64(arg(1))
+	case NotStarted:
+		a.Wait = time.Duration(arg(1)) * time.Millisecond
+	case LimitReached:
+		a.Held, a.Limit = arg(1), int(arg(2))-1
+	case SoldOut:
+		a.Remaining = arg(1)
+	case NotWarmed, Ended, BadQuantity, DuplicateID:
 	default:
 		return a, fmt.Errorf("admit: unexpected reply %q", code)
 	}
@@ -285,13 +212,48 @@ const (
 	ReleaseBackend = "backend" // MySQL refused the order: it ends failed
 )
 
+// ReleaseOutcome is what release.lua did.
+type ReleaseOutcome uint8
+
+const (
+	// ReleaseDone: the units went back now.
+	ReleaseDone ReleaseOutcome = iota + 1
+	// ReleaseClaimed: gateway mode, and the backend had claimed the order.
+	ReleaseClaimed
+	// ReleaseAlready: the order was settled or released before (its status
+	// comes with it).
+	ReleaseAlready
+	// ReleaseUnknown: Redis has no record of the order.
+	ReleaseUnknown
+)
+
+// releaseWire is the word release.lua returns for each ReleaseOutcome.
+var releaseWire = [...]string{ReleaseDone: "released", ReleaseClaimed: "claimed", ReleaseAlready: "already", ReleaseUnknown: "unknown"}
+
+func (o ReleaseOutcome) String() string {
+	if int(o) < len(releaseWire) {
+		return releaseWire[o]
+	}
+	return "release(" + strconv.Itoa(int(o)) + ")"
+}
+
+// The statuses the scripts write into an order's record beside MySQL's:
+// admit writes pending, claim.lua processing, release.lua (gateway mode)
+// released. Processing and released are Redis-only (MySQL never holds them).
+const (
+	StatusPending    = flashgate.OrderPending
+	StatusProcessing = flashgate.OrderProcessing
+	StatusReleased   = flashgate.OrderReleased
+)
+
 // ReleaseResult is what release did.
 type ReleaseResult struct {
-	Released  bool   // units went back now
-	Claimed   bool   // gateway mode: the backend already took the order
-	Status    string // the order's status when nothing was released
-	Remaining int64  // after a release: units in the stock key
-	Unknown   bool   // Redis has no record of the order
+	Outcome   ReleaseOutcome
+	Released  bool                  // units went back now
+	Claimed   bool                  // gateway mode: the backend already took the order
+	Status    flashgate.OrderStatus // the order's status when nothing was released
+	Remaining int64                 // after a release: units in the stock key
+	Unknown   bool                  // Redis has no record of the order
 }
 
 // Release undoes one admission, exactly once: its stock, its buyer's counter
@@ -314,17 +276,18 @@ func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderI
 		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
 	}
 	code, _ := res[0].ToString()
-	var r ReleaseResult
-	switch code {
-	case "released":
+	r := ReleaseResult{Outcome: fromWire[ReleaseOutcome](releaseWire[:], code)}
+	switch r.Outcome {
+	case ReleaseDone:
 		r.Released = true
 		v, _ := res[1].ToString()
 		r.Remaining, _ = strconv.ParseInt(v, 10, 64)
-	case "claimed":
+	case ReleaseClaimed:
 		r.Claimed = true
-	case "already":
-		r.Status, _ = res[1].ToString()
-	case "unknown":
+	case ReleaseAlready:
+		st, _ := res[1].ToString()
+		r.Status = flashgate.OrderStatus(st)
+	case ReleaseUnknown:
 		r.Unknown = true
 	default:
 		return r, fmt.Errorf("release: unexpected reply %q", code)
@@ -332,15 +295,22 @@ func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderI
 	return r, nil
 }
 
-// Claim statuses.
+// ClaimStatus is what claim.lua answers for one order; its value is the
+// script's word.
+type ClaimStatus string
+
 const (
-	ClaimOK       = "ok"
-	ClaimReleased = "released"
-	ClaimUnknown  = "unknown"
+	// ClaimOK: the backend holds the order (claimed now or before).
+	ClaimOK ClaimStatus = "ok"
+	// ClaimReleased: the gateway released it: the message is to be dropped.
+	ClaimReleased ClaimStatus = "released"
+	// ClaimUnknown: Redis has no record of it (it lost its data): MySQL's guard
+	// decides.
+	ClaimUnknown ClaimStatus = "unknown"
 )
 
 // Claim marks orders as taken by the backend; it answers one claim status per id.
-func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []uint64) ([]string, error) {
+func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []uint64) ([]ClaimStatus, error) {
 	args := make([]string, len(ids))
 	for i, id := range ids {
 		args[i] = strconv.FormatUint(id, 10)
@@ -352,7 +322,15 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 	if len(out) != len(ids) {
 		return nil, fmt.Errorf("claim %s: %d answers for %d orders", k.Sale, len(out), len(ids))
 	}
-	return out, nil
+	st := make([]ClaimStatus, len(out))
+	for i, w := range out {
+		switch st[i] = ClaimStatus(w); st[i] {
+		case ClaimOK, ClaimReleased, ClaimUnknown:
+		default:
+			return nil, fmt.Errorf("claim %s: unexpected reply %q", k.Sale, w)
+		}
+	}
+	return st, nil
 }
 
 // Confirm ends the reservations of settled orders and writes their status
@@ -369,6 +347,14 @@ func (s *Scripts) Confirm(ctx context.Context, c rueidis.Client, k *Keys, orders
 	}
 	return n, nil
 }
+
+// warmReply is what warm.lua answers.
+type warmReply int64
+
+const (
+	warmAlready warmReply = 0 // the sale was warm: nothing written
+	warmDone    warmReply = 1 // it warmed the sale now
+)
 
 // Warm makes sale known to Redis with the given units left per stock key
 // (region "" for a sale without regions). It answers false when the sale was
@@ -390,7 +376,7 @@ func (s *Scripts) Warm(ctx context.Context, c rueidis.Client, sale *flashgate.Sa
 	if err := indexSale(ctx, c, sale); err != nil {
 		return false, fmt.Errorf("warm %s: index: %w", sale.ID, err)
 	}
-	return n == 1, nil
+	return warmReply(n) == warmDone, nil
 }
 
 func metaFields(s *flashgate.Sale) []string {
@@ -509,10 +495,25 @@ func Remaining(ctx context.Context, c rueidis.Client, k *Keys) (map[string]int64
 	return out, nil
 }
 
-// IdemKnown reports whether user has used idempotency key before on this sale
-// (a read, no script): after a sell-out only a replay needs the admission.
+// IdemKnown reports whether a purchase with this idempotency key may be a
+// replay that the admission must answer (two reads, no script): after a
+// sell-out only a replay needs the admission. A sale that is not warmed
+// counts as known: Redis may have lost the key with the rest of its data, and
+// the warm brings it back before it writes meta, so the admission answers
+// not_warmed (503) until then instead of a sold-out that forgets the order.
 func IdemKnown(ctx context.Context, c rueidis.Client, k *Keys, user, key string) (bool, error) {
-	return c.Do(ctx, c.B().Hexists().Key(k.Idem).Field(user+"|"+key).Build()).AsBool()
+	rs := c.DoMulti(ctx,
+		c.B().Hexists().Key(k.Idem).Field(user+"|"+key).Build(),
+		c.B().Exists().Key(k.Meta).Build())
+	known, err := rs[0].AsBool()
+	if err != nil {
+		return false, err
+	}
+	warm, err := rs[1].AsBool()
+	if err != nil {
+		return false, err
+	}
+	return known || !warm, nil
 }
 
 // Order reads one order's record; ok is false when Redis has none.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -200,7 +201,7 @@ func (s *sale) release(id uint64, region, mode, reason string) lua.ReleaseResult
 	return r
 }
 
-func (s *sale) claim(ids ...uint64) []string {
+func (s *sale) claim(ids ...uint64) []lua.ClaimStatus {
 	s.t.Helper()
 	out, err := scripts.Claim(ctx(s.t), s.c, s.k, ids)
 	if err != nil {
@@ -370,6 +371,30 @@ func TestReplayed(t *testing.T) {
 		}
 		if res, _ := s.admit(lua.AdmitArgs{User: "alice", IdemKey: "key"}); res.Outcome != lua.Replayed || res.OrderID != id {
 			t.Fatalf("replay after close = %+v", res)
+		}
+	})
+}
+
+// TestIdemKnown: the read that lets a keyed purchase past a sold-out mark
+// says "known" for a key used before and for a sale Redis has lost (it may
+// have lost the key too: the admission then answers not_warmed, never a
+// sold-out that forgets the first order), and "unknown" only for a new key on
+// a warm sale.
+func TestIdemKnown(t *testing.T) {
+	eachTarget(t, func(t *testing.T, c rueidis.Client) {
+		s := newSale(t, c, nil)
+		s.mustAdmit(lua.AdmitArgs{User: "alice", Quantity: 1, IdemKey: "key"})
+		for _, tc := range []struct {
+			user, key string
+			want      bool
+		}{{"alice", "key", true}, {"alice", "other", false}, {"bob", "key", false}} {
+			if got, err := lua.IdemKnown(ctx(t), c, s.k, tc.user, tc.key); err != nil || got != tc.want {
+				t.Fatalf("warm sale, %s/%s: known %v (%v), want %v", tc.user, tc.key, got, err, tc.want)
+			}
+		}
+		cold := lua.KeysFor(testenv.ID("cold"), nil)
+		if got, err := lua.IdemKnown(ctx(t), c, cold, "alice", "new"); err != nil || !got {
+			t.Fatalf("cold sale: known %v (%v), want true (the admission decides)", got, err)
 		}
 	})
 }
@@ -735,10 +760,10 @@ func TestClaim(t *testing.T) {
 		a2, _ := s.mustAdmit(lua.AdmitArgs{User: "u2"})
 		s.release(a2, "", lua.ReleaseGateway, flashgate.ReasonPublishFailed)
 		missing := nextID()
-		want := []string{lua.ClaimOK, lua.ClaimReleased, lua.ClaimUnknown}
+		want := []lua.ClaimStatus{lua.ClaimOK, lua.ClaimReleased, lua.ClaimUnknown}
 		for i := 0; i < 2; i++ { // idempotent
 			got := s.claim(a1, a2, missing)
-			if strings.Join(got, ",") != strings.Join(want, ",") {
+			if !slices.Equal(got, want) {
 				t.Fatalf("claim #%d = %v, want %v", i, got, want)
 			}
 			if rec, _ := s.order(a1); rec != record("processing", args1) {

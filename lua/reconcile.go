@@ -41,6 +41,14 @@ type StockChange struct {
 	After *int64 `json:"after"`
 }
 
+// resetReply is the first word of reconcile.lua's answer.
+type resetReply string
+
+const (
+	resetOK      resetReply = "ok"      // the keys were set as planned
+	resetChanged resetReply = "changed" // the reservations moved: nothing was written
+)
+
 // ErrReservationsChanged means the reservations moved between the caller's
 // read and the script: nothing was written.
 var ErrReservationsChanged = errors.New("reservations changed")
@@ -74,11 +82,11 @@ func (s *Scripts) ResetStock(ctx context.Context, c rueidis.Client, k *Keys, onl
 	if err != nil {
 		return nil, fmt.Errorf("reset stock %s: %w", k.Sale, err)
 	}
-	if len(res) > 0 && res[0] == "changed" && len(res) == 4 {
+	if len(res) > 0 && resetReply(res[0]) == resetChanged && len(res) == 4 {
 		return nil, fmt.Errorf("reset stock %s: region %q: %w (expected %s reserved, found %s)",
 			k.Sale, res[1], ErrReservationsChanged, res[2], res[3])
 	}
-	if len(res) != 1+2*len(plans) || res[0] != "ok" {
+	if len(res) != 1+2*len(plans) || resetReply(res[0]) != resetOK {
 		return nil, fmt.Errorf("reset stock %s: unexpected reply %q", k.Sale, res)
 	}
 	out := make([]StockChange, len(plans))

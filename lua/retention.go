@@ -18,10 +18,6 @@ import (
 // backend leader removes a sale that is over and settled from both, with every
 // key of its hash tag (Retire).
 
-// LiveIndex is the sorted set of the sales Redis holds, scored by ends_at in
-// unix milliseconds.
-const LiveIndex = "fg:sales:live"
-
 // indexSale records sale in both indexes. The two keys live outside any sale's
 // hash tag (on a Cluster, on their own slots), so they are written apart from
 // the sale's keys, after them: an index entry without keys reads as "not
@@ -117,20 +113,13 @@ func BackfillLive(ctx context.Context, c rueidis.Client) (int, error) {
 // backfillChunk bounds the sales of one round trip of BackfillLive.
 const backfillChunk = 500
 
-// AllKeys lists every key sale may have in Redis: those of KeysFor, the
-// restock ledger, the warm lock, and the limit counters of every window an
-// admission between the sale's start and end can have charged (a day either
-// side for clocks). A key added to a sale's layout must be added here, or
-// retention leaves it behind.
+// AllKeys lists every key sale may have in Redis: every key of its layout
+// (KeysFor: a key added there is listed here by construction), and the limit
+// counters of every window an admission between the sale's start and end can
+// have charged (a day either side for clocks).
 func AllKeys(sale *flashgate.Sale) []string {
 	k := KeysFor(sale.ID, sale.RegionNames())
-	keys := []string{k.Meta, k.Users, k.Resv, k.Orders, k.Idem, k.Restocked(), k.prefix + "warming", k.stock}
-	_, stock := k.StockKeys()
-	for _, s := range stock {
-		if s != k.stock {
-			keys = append(keys, s)
-		}
-	}
+	keys := k.perSale()
 	if len(sale.Limits) == 0 {
 		return keys
 	}

@@ -148,15 +148,17 @@ func startNginx(t testing.TB, o opts) *edge {
 		e.addr = freeAddr(t)
 		e.base = "http://" + e.addr
 		conf := render(t, "nginx.conf", map[string]string{
-			"NGINX_LISTEN":           e.addr,
-			"NGINX_UPSTREAM_SERVERS": strings.Join(servers, "\n"),
-			"NGINX_RATE":             strconv.Itoa(o.rate),
-			"NGINX_BURST":            strconv.Itoa(o.burst),
-			"NGINX_CONN":             strconv.Itoa(o.conn),
-			"NGINX_READ_TIMEOUT":     o.readTimeout,
-			"NGINX_HTML":             html,
-			"NGINX_LOG_DIR":          e.dir,
-			"NGINX_PID":              filepath.Join(e.dir, "nginx.pid"),
+			"NGINX_LISTEN":             e.addr,
+			"NGINX_UPSTREAM_SERVERS":   strings.Join(servers, "\n"),
+			"NGINX_RATE":               strconv.Itoa(o.rate),
+			"NGINX_BURST":              strconv.Itoa(o.burst),
+			"NGINX_CONN":               strconv.Itoa(o.conn),
+			"NGINX_READ_TIMEOUT":       o.readTimeout,
+			"NGINX_HTML":               html,
+			"NGINX_LOG_DIR":            e.dir,
+			"NGINX_PID":                filepath.Join(e.dir, "nginx.pid"),
+			"NGINX_RLIMIT_NOFILE":      "4096",
+			"NGINX_WORKER_CONNECTIONS": "2016",
 		})
 		if err := os.WriteFile(filepath.Join(e.dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
 			t.Fatal(err)

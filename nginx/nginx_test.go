@@ -38,7 +38,8 @@ func TestConfigTest(t *testing.T) {
 	}{
 		{"defaults", nil, []string{
 			"listen 127.0.0.1:8000 ", "rate=20r/s;", "burst=40 nodelay;", "limit_conn per_ip_conn 32;",
-			"server 127.0.0.1:8080 max_fails=3 fail_timeout=5s;", "proxy_read_timeout 5s;"}},
+			"server 127.0.0.1:8080 max_fails=3 fail_timeout=5s;", "proxy_read_timeout 5s;",
+			"worker_rlimit_nofile ", "worker_connections ", "limit_conn per_ip_body 8;"}},
 		{"overrides", []string{"NGINX_RATE=7", "NGINX_BURST=3", "NGINX_CONN=9", "NGINX_READ_TIMEOUT=2s",
 			"NGINX_GATEWAYS=127.0.0.1:9001,127.0.0.1:9002"}, []string{
 			"rate=7r/s;", "burst=3 nodelay;", "limit_conn per_ip_conn 9;", "proxy_read_timeout 2s;",
@@ -416,7 +417,7 @@ func TestLimits(t *testing.T) {
 	}
 
 	res, body := rawRequest(t, e.addr, "GET /v1/sales/"+g.sale.ID+" HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("y", 9000)+"\r\n\r\n")
-	if res.StatusCode != 400 || res.Header.Get("Content-Type") != "application/json" || !strings.Contains(string(body), `"code":"invalid_request"`) {
+	if res.StatusCode != 431 || res.Header.Get("Content-Type") != "application/json" || !strings.Contains(string(body), `"code":"invalid_request"`) {
 		t.Fatalf("oversized header: %d %q %s", res.StatusCode, res.Header.Get("Content-Type"), body)
 	}
 }

@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/flashgate/flashgate/lua"
 )
 
-// KeyPrefix names the lease keys: fg:node:<n>.
-const KeyPrefix = "fg:node:"
+// KeyPrefix names the lease keys (lua.NodeLease): KeyPrefix + "<n>".
+const KeyPrefix = lua.NodeLeasePrefix
 
 // ErrNoNode means every node id is leased by someone else.
 var ErrNoNode = errors.New("orderid: no free node id")
@@ -52,7 +54,7 @@ func Acquire(ctx context.Context, c rueidis.Client, ttl time.Duration) (*Lease, 
 	start := int(b[0])<<8 | int(b[1])
 	for i := 0; i <= MaxNode; i++ {
 		n := (start + i) & MaxNode
-		key := KeyPrefix + strconv.Itoa(n)
+		key := lua.NodeLease(n)
 		sent := time.Now()
 		err := c.Do(ctx, c.B().Set().Key(key).Value(token).Nx().PxMilliseconds(ttl.Milliseconds()).Build()).Error()
 		if rueidis.IsRedisNil(err) {

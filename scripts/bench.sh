@@ -17,8 +17,9 @@
 #                   mark; then refusals_audit: the sale audited again (nothing oversold)
 #   p99_half_peak   `flashgate bench --create --rate <half the purchases rate>`: the 202s' p99
 #                   (HDR histogram, from each request's due time) and the send lag, audited
-#   backend_ingest  `flashgate bench-ingest`: a backend writing a pre-filled stream (orders/s), audited
-#   rss_10k         `flashgate bench-conns`: the bench gateway's RSS holding 10,000 idle
+#   backend_ingest  `flashgate-bench-ingest` (bench/ingest): a backend writing a pre-filled stream
+#                   (orders/s), audited
+#   rss_10k         `flashgate-bench-conns` (bench/conns): the bench gateway's RSS holding 10,000 idle
 #                   connections, after all of the above
 # Every HTTP load uses the same load tool, users, concurrency and duration. bench/report then
 # writes bench/results.json and the generated section of BENCHMARKS.md, and prints one line per
@@ -67,6 +68,8 @@ CONFIG="${STACK_CONFIG:-configs/flashgate.yaml}"
 GO="${GO:-go}"
 BIN="$ROOT/bin/flashgate"
 REPORT="$ROOT/bin/bench-report"
+INGEST_BIN="$ROOT/bin/flashgate-bench-ingest"
+CONNS_BIN="$ROOT/bin/flashgate-bench-conns"
 STACK="$ROOT/scripts/stack.sh"
 OUT="$ROOT/var/bench"
 PROF="$OUT/profiles"
@@ -256,8 +259,10 @@ next() {
 
 say "settings: duration $DURATION, concurrency $CONC, users $USERS, ingest orders $INGEST_ORDERS, conns $CONNS, profile $PROFILE; $(nproc) cores, load average $LOAD_START"
 
-say "building bin/flashgate and bin/bench-report"
+say "building bin/flashgate, bin/flashgate-bench-ingest, bin/flashgate-bench-conns and bin/bench-report"
 "$GO" build -o "$BIN" ./cmd/flashgate || die "go build ./cmd/flashgate failed"
+"$GO" build -o "$INGEST_BIN" ./bench/ingest || die "go build ./bench/ingest failed"
+"$GO" build -o "$CONNS_BIN" ./bench/conns || die "go build ./bench/conns failed"
 "$GO" build -o "$REPORT" ./bench/report || die "go build ./bench/report failed"
 
 # ---------------------------------------------------------------------------------------------
@@ -464,17 +469,17 @@ else
 fi
 
 # 3d. the backend's ingestion from a pre-filled stream (its own backend process, database, stream)
-next "backend_ingest: bin/flashgate bench-ingest --orders $INGEST_ORDERS, audited"
+next "backend_ingest: bin/flashgate-bench-ingest --orders $INGEST_ORDERS, audited"
 ING_ARGS=()
 [[ "$PROFILE" == 1 ]] && ING_ARGS=(--profile "$PROF")
-run backend_ingest "$BIN" bench-ingest --config "$CONFIG" --orders "$INGEST_ORDERS" "${ING_ARGS[@]}" \
+run backend_ingest "$INGEST_BIN" --config "$CONFIG" --backend-bin "$BIN" --orders "$INGEST_ORDERS" "${ING_ARGS[@]}" \
 	--json "$OUT/backend_ingest.json" || FAILED=1
 show backend_ingest
 
 # 3e. the bench gateway's resident memory holding 10,000 idle connections
-next "rss_10k: bin/flashgate bench-conns --conns $CONNS on the bench gateway"
+next "rss_10k: bin/flashgate-bench-conns --conns $CONNS on the bench gateway"
 if ((GW_OK)); then
-	run rss_10k "$BIN" bench-conns --config "$CONFIG" --pid-file "$GW_PIDFILE" --target "$GW_URL" --sale "$SALE_R" \
+	run rss_10k "$CONNS_BIN" --config "$CONFIG" --pid-file "$GW_PIDFILE" --target "$GW_URL" --sale "$SALE_R" \
 		--conns "$CONNS" --json "$OUT/rss_10k.json" || FAILED=1
 	show rss_10k
 else

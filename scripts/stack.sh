@@ -318,6 +318,8 @@ role_env() {
 		"FLASHGATE_REDIS_USERNAME=$ru" "FLASHGATE_REDIS_PASSWORD=$rp" \
 		"FLASHGATE_NATS_USER=$nu" "FLASHGATE_NATS_PASSWORD=$np" \
 		"FLASHGATE_MYSQL_DSN=$(mysql_dsn "$mu" "$mp")"
+	# The local stack's backend brings the schema up to date itself (docs/storage.md).
+	if [[ "$1" == backend ]]; then printf '%s\n' "FLASHGATE_MYSQL_AUTO_MIGRATE=true"; fi
 	# Where this stack is, when it is not on the default ports (the config file names those).
 	if ((OFFSET)); then
 		printf '%s\n' "FLASHGATE_REDIS_ADDRS=127.0.0.1:$REDIS_PORT" "FLASHGATE_NATS_URL=nats://127.0.0.1:$NATS_PORT" \
@@ -583,7 +585,8 @@ mysql_cli_nopass() { mariadb --no-defaults -h127.0.0.1 -P"$MYSQL_PORT" -uroot --
 mysql_ok() { mysql_cli -e 'select 1' >/dev/null 2>&1 || mysql_cli_nopass -e 'select 1' >/dev/null 2>&1; }
 
 # mysql_users: root's password, then a user per role (idempotent; a changed password is applied).
-# The backend runs the migrations at start, so it may create and alter tables of flashgate (not
+# The backend runs the migrations at start (mysql.auto_migrate), so it may create and alter tables
+# of flashgate and keep goose's version table (insert, delete) (not
 # drop them); the admin (operator, tests) has every right on flashgate* and on the tests'
 # fgtest_* databases, and may create and drop those.
 mysql_users() {
@@ -676,7 +679,17 @@ mysql_down() {
 
 NGINX_PID="$RUN/nginx.pid"
 # shellcheck disable=SC2016 # literal ${...}: the names envsubst may substitute
-NGINX_VARS='${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID}'
+NGINX_VARS='${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS}'
+
+# nginx_nofile: the open-file limit nginx's workers set themselves (worker_rlimit_nofile): our
+# hard limit, at most 65535 (more buys nothing on one machine's ports).
+nginx_nofile() {
+	local hard
+	hard="$(ulimit -Hn)"
+	[[ "$hard" == unlimited ]] && hard=65535
+	((hard > 65535)) && hard=65535
+	echo "$hard"
+}
 
 # nginx_render OUT: render the template into OUT (atomically).
 nginx_render() {
@@ -693,8 +706,13 @@ nginx_render() {
 		servers+="        server $gw max_fails=3 fail_timeout=5s;"$'\n'
 	done
 	[[ -n "$servers" ]] || die "NGINX_GATEWAYS is empty"
+	# A proxied request holds two descriptors; 64 are left for listeners, logs and cache files.
+	local nofile wconns
+	nofile="$(nginx_nofile)"
+	wconns=$(((nofile - 64) / 2))
+	((wconns >= 256)) || die "the open-file hard limit ($nofile) is too low for nginx: raise ulimit -Hn"
 	mkdir -p "$(dirname "$out")"
-	NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_UPSTREAM_SERVERS="${servers%$'\n'}" \
+	NGINX_RLIMIT_NOFILE="$nofile" NGINX_WORKER_CONNECTIONS="$wconns" NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_UPSTREAM_SERVERS="${servers%$'\n'}" \
 		NGINX_RATE="$rate" NGINX_BURST="$burst" NGINX_CONN="$conn" NGINX_READ_TIMEOUT="$rt" \
 		NGINX_HTML="$ROOT/nginx/html" NGINX_LOG_DIR="$LOG" NGINX_PID="$NGINX_PID" \
 		envsubst "$NGINX_VARS" <"$NGINX_TEMPLATE" >"$out.tmp.$$" || die "cannot render $NGINX_TEMPLATE"
@@ -706,13 +724,10 @@ nginx_args() {
 	local a=(-p "$NGINX_PREFIX" -c "$NGINX_CONF" -e "$LOG/nginx-error.log")
 	# Workers run as the invoking user: the checkout may sit under a 0700 home directory that
 	# "nobody" cannot read (the static page would then be a 403).
-	local g="" hard
-	[[ "$(id -u)" == 0 ]] && g="user root root;"
-	hard="$(ulimit -Hn)"
-	[[ "$hard" == unlimited ]] && hard=65535
-	((hard > 65535)) && hard=65535
-	g+=" worker_rlimit_nofile $hard;"
-	a+=(-g "$g")
+	# (worker_rlimit_nofile is in the rendered config: worker_connections is sized from it.)
+	if [[ "$(id -u)" == 0 ]]; then
+		a+=(-g "user root root;")
+	fi
 	printf '%s\n' "${a[@]}"
 }
 nginx_prep() {

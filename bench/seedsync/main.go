@@ -41,13 +41,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	driver "github.com/go-sql-driver/mysql"
 	"github.com/valyala/fasthttp"
 
 	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // DefaultDB is the database the seeds' tables live in.
@@ -69,7 +69,7 @@ func defaultDSN() string {
 	if dsn == "" {
 		dsn = config.Default().MySQL.DSN
 	}
-	cfg, err := mysql.ParseDSN(dsn)
+	cfg, err := driver.ParseDSN(dsn)
 	if err != nil {
 		return "root@tcp(127.0.0.1:13306)/" + DefaultDB
 	}
@@ -85,7 +85,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	dsn := fs.String("dsn", defaultDSN(), "MySQL `DSN`; its database is created if missing")
 	sale := fs.String("sale", "", "sale `id` to reset at start (with --stock) or to --report")
 	stock := fs.Int64("stock", -1, "with --sale: set the sale's stock to `N` and delete its orders")
-	maxOpen := fs.Int("max-open-conns", def.MySQL.MaxOpenConns, "MySQL connection pool size (the product's mysql.max_open_conns by default)")
+	maxOpen := fs.Int("max-open-conns", def.MySQL.MaxOpenConns, "MySQL connection pool size (the product's driver.max_open_conns by default)")
 	tokenCache := fs.Int("token-cache", def.Gateway.TokenCacheSize, "verified JWTs remembered, as the gateway's gateway.token_cache_size")
 	report := fs.Bool("report", false, "print the --sale's stock and orders as one JSON line and exit")
 	del := fs.Bool("delete", false, "delete the --sale's stock row and orders and exit")
@@ -163,10 +163,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	return srv.HTTP.ShutdownWithContext(sctx)
 }
 
-// Open connects to dsn the way flashgate's processes do (audit.OpenDB), after
+// Open connects to dsn the way flashgate's processes do (mysql.OpenDB), after
 // creating its database and the seeds' tables if they are missing.
 func Open(ctx context.Context, dsn string, maxOpen int) (*sql.DB, error) {
-	cfg, err := mysql.ParseDSN(dsn)
+	cfg, err := driver.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
@@ -184,7 +184,7 @@ func Open(ctx context.Context, dsn string, maxOpen int) (*sql.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql %s: create database %s: %w", cfg.Addr, cfg.DBName, err)
 	}
-	db, err := audit.OpenDB(cfg.FormatDSN())
+	db, err := mysql.OpenDB(cfg.FormatDSN())
 	if err != nil {
 		return nil, err
 	}
@@ -472,7 +472,7 @@ func Buy(ctx context.Context, db *sql.DB, sale, user string, now time.Time) (int
 	res, err = tx.ExecContext(ctx,
 		"INSERT INTO seckill_orders (sale_id, user_id, quantity, created_at) VALUES (?, ?, 1, ?)", sale, user, now.UTC())
 	if err != nil {
-		var me *mysql.MySQLError
+		var me *driver.MySQLError
 		if errors.As(err, &me) && me.Number == errDuplicateKey {
 			return 0, AlreadyBought, nil
 		}

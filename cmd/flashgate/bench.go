@@ -3,23 +3,17 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
-	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
-	"sort"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/adminapi"
 	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/config"
@@ -101,7 +95,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		if *perOrder == 0 {
 			*perOrder = o.quantity
 		}
-		s := newSale(o.sale, "flashgate "+o.label, *total, *perUser, *perOrder, 9900, time.Now())
+		s := loadgen.NewSale(o.sale, "flashgate "+o.label, *total, *perUser, *perOrder, 9900, time.Now())
 		if o.region != "" {
 			s.Regions = map[string]int64{o.region: *total}
 		}
@@ -132,22 +126,12 @@ func demoCmd(args []string, stdout, stderr io.Writer) error {
 	if len(pos) > 0 {
 		return c.usageError("demo takes no arguments")
 	}
-	o.create = newSale(o.sale, "flashgate demo", 1000, 1, 1, 9900, time.Now())
+	o.create = loadgen.NewSale(o.sale, "flashgate demo", 1000, 1, 1, 9900, time.Now())
 	cfg, err := c.config()
 	if err != nil {
 		return err
 	}
 	return runBench(cfg, o, stdout, stderr)
-}
-
-// newSale is a sale that starts now and lasts an hour.
-func newSale(id, title string, total, perUser, perOrder, price int64, now time.Time) *flashgate.Sale {
-	start := now.Truncate(time.Second)
-	return &flashgate.Sale{
-		ID: id, Title: title, PriceCents: price, Total: total,
-		StartsAt: start, EndsAt: start.Add(time.Hour),
-		PerUserLimit: perUser, PerOrderMax: perOrder,
-	}
 }
 
 func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error {
@@ -157,14 +141,14 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 	}
 	ctx := context.Background()
 	if o.create != nil {
-		if _, err := newAdmin(cfg).createSale(ctx, o.create); err != nil {
+		if _, err := adminapi.New(cfg).CreateSale(ctx, o.create); err != nil {
 			return fmt.Errorf("create sale %s: %w", o.create.ID, err)
 		}
 		fmt.Fprintf(stderr, "%s: created sale %s\n", o.label, o.create.ID)
-		awaitActive(ctx, o.target, o.sale, 15*time.Second, stderr)
+		loadgen.AwaitActive(ctx, o.target, o.sale, 15*time.Second, stderr)
 	}
 	// Tokens are minted before the clock starts; they outlive the run.
-	tokens, err := mintTokens(secret, kid, o.users, max(time.Hour, o.duration+10*time.Minute))
+	tokens, err := loadgen.MintTokens(secret, kid, o.users, max(time.Hour, o.duration+10*time.Minute))
 	if err != nil {
 		return err
 	}
@@ -194,12 +178,12 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 
 	fmt.Fprintf(stderr, "%s: waiting up to %s for the backend to write %d accepted orders\n",
 		o.label, o.drainTimeout, len(res.Accepted))
-	rep, waited, drained, err := awaitDrain(ctx, cfg, o.sale, res.Accepted, o.drainTimeout)
+	rep, waited, drained, err := loadgen.AwaitDrain(ctx, cfg, o.sale, res.Accepted, o.drainTimeout)
 	if err != nil {
 		return err
 	}
-	writeAudit(stdout, rep, len(res.Accepted), waited, drained)
-	fmt.Fprintln(stdout, summaryLine(o.label, rep, res.BadOrderIDs))
+	loadgen.WriteAudit(stdout, rep, len(res.Accepted), waited, drained)
+	fmt.Fprintln(stdout, loadgen.SummaryLine(o.label, rep, res.BadOrderIDs))
 	ok := rep.OK() && res.BadOrderIDs == 0
 	out.Audit = &benchAudit{Report: rep, OK: ok, Drained: drained, DrainS: waited.Seconds()}
 	if err := writeJSON(o.jsonPath, out); err != nil {
@@ -258,134 +242,4 @@ func stopRule(o benchOptions) string {
 		return "requests for " + o.duration.String()
 	}
 	return strconv.FormatInt(o.requests, 10) + " requests"
-}
-
-// awaitActive waits until the target's public API shows the new sale active,
-// so that the first requests do not race the sale's way to the gateways. A
-// sale that does not show up in time is reported, and the load runs anyway.
-func awaitActive(ctx context.Context, target, sale string, timeout time.Duration, stderr io.Writer) {
-	u := strings.TrimSuffix(target, "/") + "/v1/sales/" + url.PathEscape(sale)
-	hc := &http.Client{Timeout: 2 * time.Second}
-	deadline := time.Now().Add(timeout)
-	last := "no answer"
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-		if err != nil {
-			fmt.Fprintf(stderr, "warning: %v\n", err)
-			return
-		}
-		if resp, err := hc.Do(req); err != nil {
-			last = err.Error()
-		} else {
-			var info struct {
-				State string `json:"state"`
-			}
-			err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info)
-			resp.Body.Close()
-			switch {
-			case resp.StatusCode == http.StatusOK && info.State == string(flashgate.SaleActive):
-				return
-			case err != nil:
-				last = fmt.Sprintf("%d, %v", resp.StatusCode, err)
-			default:
-				last = fmt.Sprintf("%d, state %q", resp.StatusCode, info.State)
-			}
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(stderr, "warning: sale %s not active at %s after %s (%s); running anyway\n", sale, u, timeout, last)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// awaitDrain audits the sale every 200 ms until every accepted order has its
-// row in MySQL and Redis holds no reservation, or until timeout; then the last
-// audit stands, with whatever it found lost.
-func awaitDrain(ctx context.Context, cfg config.Config, sale string, accepted []uint64, timeout time.Duration) (rep audit.Report, waited time.Duration, drained bool, err error) {
-	db, err := audit.OpenDB(cfg.MySQL.DSN)
-	if err != nil {
-		return rep, 0, false, fmt.Errorf("mysql: %w", err)
-	}
-	defer db.Close()
-	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cfg.Redis.Addrs, Username: cfg.Redis.Username, Password: cfg.Redis.Password, DisableCache: true})
-	if err != nil {
-		return rep, 0, false, fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
-	}
-	defer rc.Close()
-
-	start := time.Now()
-	deadline := start.Add(timeout)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		rep, err = audit.Check(cctx, db, rc, sale, accepted)
-		cancel()
-		if err == nil && rep.Lost == 0 && rep.RedisReserved == 0 {
-			// Drained. The report that saw it read MySQL and Redis at different
-			// moments, maybe across the last batch: audit the system at rest.
-			waited := time.Since(start)
-			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			rep, err = audit.Check(cctx, db, rc, sale, accepted)
-			cancel()
-			return rep, waited, err == nil, err
-		}
-		if errors.Is(err, audit.ErrSaleNotFound) {
-			return rep, time.Since(start), false, err
-		}
-		if !time.Now().Before(deadline) {
-			return rep, time.Since(start), false, err
-		}
-		select {
-		case <-ctx.Done():
-			return rep, time.Since(start), false, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
-// writeAudit prints the audit in a few aligned lines.
-func writeAudit(w io.Writer, r audit.Report, accepted int, waited time.Duration, drained bool) {
-	fmt.Fprintf(w, "%-10s sale %s: total %d, sold in MySQL %d, live units %d, distinct buyers %d\n",
-		"audit", r.SaleID, r.Total, r.Sold, r.LiveUnits, r.DistinctBuyers)
-	statuses := make([]string, 0, len(r.ByStatus))
-	for s := range r.ByStatus {
-		statuses = append(statuses, s)
-	}
-	sort.Strings(statuses)
-	parts := make([]string, len(statuses))
-	for i, s := range statuses {
-		parts[i] = fmt.Sprintf("%s %d", s, r.ByStatus[s])
-	}
-	fmt.Fprintf(w, "%-10s %d (%s)\n", "orders", r.Orders, strings.Join(parts, ", "))
-	ledger := "ledger holds"
-	if !r.LedgerHolds {
-		ledger = fmt.Sprintf("ledger off by %d", r.LedgerDiff)
-	}
-	fmt.Fprintf(w, "%-10s remaining %d, reserved %d; %s (remaining + reserved + sold = total)\n",
-		"redis", r.RedisRemaining, r.RedisReserved, ledger)
-	fmt.Fprintf(w, "%-10s oversold %d, over-limit users %d, lost %d of %d accepted, duplicated %d\n",
-		"checks", r.Oversold, r.OverLimitUsers, r.Lost, accepted, r.Duplicated)
-	if drained {
-		fmt.Fprintf(w, "%-10s in %.1fs\n", "drained", waited.Seconds())
-	} else {
-		fmt.Fprintf(w, "%-10s NOT drained after %.1fs: checked as it stands\n", "drained", waited.Seconds())
-	}
-}
-
-// summaryLine is the bench's last line. When all is well it has exactly the
-// shape `demo: sold 1000/1000, orders 1000, oversold 0, over-limit users 0,
-// lost 0`; whatever else went wrong is appended.
-func summaryLine(label string, r audit.Report, badOrderIDs int64) string {
-	s := fmt.Sprintf("%s: sold %d/%d, orders %d, oversold %d, over-limit users %d, lost %d",
-		label, r.LiveUnits, r.Total, r.Orders, r.Oversold, r.OverLimitUsers, r.Lost)
-	if r.Duplicated != 0 {
-		s += fmt.Sprintf(", duplicated %d", r.Duplicated)
-	}
-	if !r.LedgerHolds {
-		s += fmt.Sprintf(", ledger off by %d", r.LedgerDiff)
-	}
-	if badOrderIDs != 0 {
-		s += fmt.Sprintf(", 202s without order id %d", badOrderIDs)
-	}
-	return s
 }

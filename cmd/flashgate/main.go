@@ -4,10 +4,12 @@
 // DESIGN.md §2 afterwards, and the demo `make demo` runs.
 //
 // main only wires: flags and configuration in, the packages named for each
-// job do the work.
+// job do the work. The benchmark harnesses are not commands of the product:
+// they are programs of their own under bench/ (docs/bench-tools.md).
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,9 +36,8 @@ tools
   sale show ID               print a sale's ledger
   sale close ID              stop selling now
   sale reconcile ID          repair and report a sale's ledger
+  migrate up | status        apply the pending schema migrations | list them, applied or pending
   bench --sale ID ...        fire purchase requests, then audit the invariants
-  bench-ingest [--orders N]  time a backend writing N pre-filled orders into MySQL, then audit
-  bench-conns --pid PID      hold 10,000 idle keep-alive connections to a gateway, report its RSS
   demo                       create a sale and bench it (what 'make demo' runs)
   help                       this text
 
@@ -77,12 +78,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return tokenCmd(args, stdout, stderr)
 	case "sale":
 		return saleCmd(args, stdout, stderr)
+	case "migrate":
+		return runMigrate(context.Background(), args, stdout, stderr)
 	case "bench":
 		return benchCmd(args, stdout, stderr)
-	case "bench-ingest":
-		return benchIngestCmd(args, stdout, stderr)
-	case "bench-conns":
-		return benchConnsCmd(args, stdout, stderr)
 	case "demo":
 		return demoCmd(args, stdout, stderr)
 	case "help", "-h", "-help", "--help":

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/adminapi"
 )
 
 const saleUsage = `usage: flashgate sale <create|show|close|reconcile> ...
@@ -91,7 +91,7 @@ func saleCreateCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	body, err := newAdmin(cfg).createSale(context.Background(), &sale)
+	body, err := adminapi.New(cfg).CreateSale(context.Background(), &sale)
 	if err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func saleActionCmd(action string, args []string, stdout, stderr io.Writer) error
 	if action != "show" {
 		method, path = http.MethodPost, path+"/"+action
 	}
-	body, err := newAdmin(cfg).do(context.Background(), method, path, nil)
+	body, err := adminapi.New(cfg).Do(context.Background(), method, path, nil)
 	if err != nil {
 		return err
 	}
@@ -166,85 +166,6 @@ func parseTime(s string, now time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%q is not RFC 3339, now, or an offset like +30s", s)
 	}
 	return t, nil
-}
-
-// admin is a client of the backend's admin API (DESIGN.md §4).
-type admin struct {
-	base, token string
-	hc          *http.Client
-}
-
-func newAdmin(cfg config.Config) *admin {
-	return &admin{
-		base:  strings.TrimSuffix(cfg.Admin.URL, "/"),
-		token: cfg.Admin.Token,
-		hc:    &http.Client{Timeout: 2 * time.Minute},
-	}
-}
-
-// apiError is a non-2xx answer: DESIGN.md §3's {"code","message"}.
-type apiError struct {
-	Status  int
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	hint    string
-}
-
-func (e *apiError) Error() string {
-	s := fmt.Sprintf("%d %s", e.Status, http.StatusText(e.Status))
-	if e.Code != "" {
-		s += ": " + e.Code
-	}
-	if e.Message != "" {
-		s += ": " + e.Message
-	}
-	return s + e.hint
-}
-
-func (a *admin) createSale(ctx context.Context, s *flashgate.Sale) ([]byte, error) {
-	return a.do(ctx, http.MethodPost, "/admin/v1/sales", s)
-}
-
-// do calls the admin API and returns the body of a 2xx answer.
-func (a *admin) do(ctx context.Context, method, path string, in any) ([]byte, error) {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return nil, err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, a.base+path, body)
-	if err != nil {
-		return nil, fmt.Errorf("admin API: %w", err)
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if a.token != "" {
-		req.Header.Set("Authorization", "Bearer "+a.token)
-	}
-	resp, err := a.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("admin API (is the backend up?): %w", err)
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return nil, fmt.Errorf("admin API %s %s: %w", method, path, err)
-	}
-	if resp.StatusCode/100 == 2 {
-		return out, nil
-	}
-	e := &apiError{Status: resp.StatusCode}
-	if json.Unmarshal(out, e) != nil || e.Code == "" {
-		e.Message = strings.TrimSpace(string(out))
-	}
-	if resp.StatusCode == http.StatusUnauthorized && a.token == "" {
-		e.hint = " (no admin token: set FLASHGATE_ADMIN_TOKEN or admin.token)"
-	}
-	return nil, fmt.Errorf("admin API %s %s: %w", method, path, e)
 }
 
 // writePretty prints JSON indented, anything else as it came.

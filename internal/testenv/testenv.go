@@ -150,6 +150,8 @@ func Config(t testing.TB) config.Config {
 	c.NATS.CommandSubject = id + ".cmd.orders"
 	c.NATS.Consumer = id + "-backend"
 	c.MySQL.DSN = MySQL(t)
+	// Each test's database starts empty: its backend builds the schema.
+	c.MySQL.AutoMigrate = true
 	// Rate limits are off: a test that is not about them would trip them (a
 	// replay storm by one user, thousands of buyers from one address). The
 	// tests of the limits turn them on.

@@ -4,4 +4,9 @@
 -- second order into a failed row with no key (idem_key NULL, reason duplicate_idempotency_key)
 -- and gives its units back; this key is what guarantees it, across backends and batches.
 -- NULL (no key) repeats freely.
+
+-- +goose Up
 ALTER TABLE orders ADD UNIQUE KEY orders_sale_user_idem (sale_id, user_id, idem_key);
+
+-- +goose Down
+ALTER TABLE orders DROP KEY orders_sale_user_idem;

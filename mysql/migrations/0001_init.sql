@@ -1,7 +1,8 @@
--- 0001: the ledger of DESIGN.md §8. MySQL is the source of truth: every unit sold is counted
+-- 0001: the ledger. MySQL is the source of truth: every unit sold is counted
 -- in sales.sold (and sale_regions.sold, user_purchases.units) by the same transaction that
 -- inserts its order, under the guard UPDATE ... WHERE sold + n <= total.
 
+-- +goose Up
 CREATE TABLE sales (
   id             VARCHAR(64)  NOT NULL,
   title          VARCHAR(200) NOT NULL,
@@ -54,3 +55,9 @@ CREATE TABLE orders (
   KEY orders_sale_status (sale_id, status),
   KEY orders_sale_user (sale_id, user_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- +goose Down
+DROP TABLE orders;
+DROP TABLE user_purchases;
+DROP TABLE sale_regions;
+DROP TABLE sales;

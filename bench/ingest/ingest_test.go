@@ -16,17 +16,18 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flashgate/flashgate/bench/internal/cli"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 )
 
-// buildFlashgate builds this command into a temporary directory: bench-ingest
-// runs the backend as a process of its own.
+// buildFlashgate builds the flashgate command into a temporary directory:
+// bench-ingest runs the backend as a process of its own.
 func buildFlashgate(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "flashgate")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/flashgate/flashgate/cmd/flashgate").CombinedOutput(); err != nil {
 		t.Fatalf("build flashgate: %v\n%s", err, out)
 	}
 	return bin
@@ -106,7 +107,7 @@ func TestBenchIngest(t *testing.T) {
 
 func TestBenchIngestFlags(t *testing.T) {
 	var out, errOut bytes.Buffer
-	var code exitCode
+	var code cli.ExitCode
 	for _, args := range [][]string{
 		{"--orders", "0"},
 		{"--fill-concurrency", "0"},
@@ -114,9 +115,23 @@ func TestBenchIngestFlags(t *testing.T) {
 		{"extra"},
 	} {
 		errOut.Reset()
-		err := run(append([]string{"bench-ingest", "--config", ""}, args...), &out, &errOut)
-		if !errors.As(err, &code) || code != 2 || !strings.Contains(errOut.String(), "usage: flashgate bench-ingest") {
+		err := run(append([]string{"--config", ""}, args...), &out, &errOut)
+		if !errors.As(err, &code) || code != 2 || !strings.Contains(errOut.String(), "usage: flashgate-bench-ingest") {
 			t.Errorf("%q: %v %q", args, err, errOut.String())
 		}
+	}
+}
+
+func TestMetricValue(t *testing.T) {
+	text := []byte("# HELP x\nflashgate_backend_batch_duration_seconds_bucket{le=\"+Inf\"} 51\n" +
+		"flashgate_backend_batch_duration_seconds_sum 1.3707\nflashgate_backend_batch_duration_seconds_count 51\n")
+	if v, ok := metricValue(text, "flashgate_backend_batch_duration_seconds_sum"); !ok || v != 1.3707 {
+		t.Fatalf("sum %v %v", v, ok)
+	}
+	if v, ok := metricValue(text, "flashgate_backend_batch_duration_seconds_count"); !ok || v != 51 {
+		t.Fatalf("count %v %v", v, ok)
+	}
+	if _, ok := metricValue(text, "flashgate_backend_batch_duration_seconds"); ok {
+		t.Fatal("found a sample that is not there")
 	}
 }

@@ -21,16 +21,20 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	driver "github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/adminapi"
 	"github.com/flashgate/flashgate/audit"
+	"github.com/flashgate/flashgate/bench/internal/cli"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/loadgen"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 	"github.com/flashgate/flashgate/orderid"
 )
 
@@ -49,12 +53,12 @@ type ingestOptions struct {
 	profileFor   time.Duration // CPU profile length, from the backend's start
 }
 
-func benchIngestCmd(args []string, stdout, stderr io.Writer) error {
-	c := newCommand("bench-ingest", "[--orders N] [--json FILE]", stderr)
+func run(args []string, stdout, stderr io.Writer) error {
+	c := cli.NewCommand(programName, "[--orders N] [--json FILE]", stderr)
 	o := ingestOptions{}
 	c.IntVar(&o.orders, "orders", 100000, "orders to pre-fill the stream with, one unit each for a distinct user, then ingest")
 	c.IntVar(&o.fillConc, "fill-concurrency", 64, "admissions and publishes in flight while filling the stream")
-	c.StringVar(&o.backendBin, "backend-bin", "", "flashgate `binary` to run the backend from (default: this one)")
+	c.StringVar(&o.backendBin, "backend-bin", "", "flashgate `binary` to run the backend from (default: flashgate beside this program, else on the PATH)")
 	c.StringVar(&o.logPath, "backend-log", "", "append the backend's log to this `file` (default var/log/bench-ingest-backend.log, or one in the temp directory)")
 	c.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up when the backend has not written every order by then")
 	c.DurationVar(&o.drainTimeout, "drain-timeout", 60*time.Second, "how long to wait for Redis to settle after the last row, before the audit")
@@ -62,30 +66,30 @@ func benchIngestCmd(args []string, stdout, stderr io.Writer) error {
 	c.StringVar(&o.jsonPath, "json", "", "also write the result as JSON to this `file`")
 	c.StringVar(&o.profileDir, "profile", "", "save the ingesting backend's pprof profiles in this `directory`: backend-cpu.pprof (the first --profile-seconds) and backend-allocs.pprof (at the end)")
 	profileSecs := c.Int("profile-seconds", 5, "length of the CPU profile, in seconds")
-	pos, err := c.parse(args)
+	pos, err := c.ParseAll(args)
 	if err != nil {
 		return err
 	}
 	switch {
 	case len(pos) > 0:
-		return c.usageError("unexpected arguments %q", pos)
+		return c.UsageError("unexpected arguments %q", pos)
 	case o.orders < 1 || int64(o.orders) > flashgate.MaxSaleUnits:
-		return c.usageError("--orders must be 1..%d", flashgate.MaxSaleUnits)
+		return c.UsageError("--orders must be 1..%d", flashgate.MaxSaleUnits)
 	case o.fillConc < 1:
-		return c.usageError("--fill-concurrency must be at least 1")
+		return c.UsageError("--fill-concurrency must be at least 1")
 	case o.timeout <= 0 || o.drainTimeout <= 0:
-		return c.usageError("--timeout and --drain-timeout must be positive")
+		return c.UsageError("--timeout and --drain-timeout must be positive")
 	case o.profileDir != "" && *profileSecs < 1:
-		return c.usageError("--profile-seconds must be at least 1")
+		return c.UsageError("--profile-seconds must be at least 1")
 	}
 	o.profileFor = time.Duration(*profileSecs) * time.Second
 	if o.backendBin == "" {
-		if o.backendBin, err = os.Executable(); err != nil {
-			return fmt.Errorf("bench-ingest: cannot find this binary (give --backend-bin): %w", err)
+		if o.backendBin, err = findFlashgate(); err != nil {
+			return fmt.Errorf("bench-ingest: %w (give --backend-bin)", err)
 		}
 	}
-	o.configPath = c.configPath
-	cfg, err := c.config()
+	o.configPath = c.ConfigPath
+	cfg, err := c.Config()
 	if err != nil {
 		return err
 	}
@@ -161,7 +165,7 @@ func runIngest(ctx context.Context, base config.Config, o ingestOptions, stdout,
 	}
 	err = p.awaitReady(ctx, "http://"+r.cfg.Backend.AdminListen+"/readyz", 60*time.Second)
 	if err == nil {
-		_, err = newAdmin(r.cfg).createSale(ctx, r.sale)
+		_, err = adminapi.New(r.cfg).CreateSale(ctx, r.sale)
 	}
 	if serr := p.stop(30 * time.Second); err == nil {
 		err = serr
@@ -183,7 +187,7 @@ func runIngest(ctx context.Context, base config.Config, o ingestOptions, stdout,
 		o.orders, fill.Seconds(), float64(o.orders)/fill.Seconds())
 
 	// 3. The backend starts and writes them: time it from the outside.
-	db, err := audit.OpenDB(r.cfg.MySQL.DSN)
+	db, err := mysql.OpenDB(r.cfg.MySQL.DSN)
 	if err != nil {
 		return fmt.Errorf("mysql: %w", err)
 	}
@@ -229,24 +233,24 @@ func runIngest(ctx context.Context, base config.Config, o ingestOptions, stdout,
 	}
 
 	// 4. The audit, as bench runs it.
-	rep, waited, drained, err := awaitDrain(ctx, r.cfg, r.sale.ID, accepted, o.drainTimeout)
+	rep, waited, drained, err := loadgen.AwaitDrain(ctx, r.cfg, r.sale.ID, accepted, o.drainTimeout)
 	if err != nil {
 		return err
 	}
-	writeAudit(stdout, rep, len(accepted), waited, drained)
+	loadgen.WriteAudit(stdout, rep, len(accepted), waited, drained)
 	confirmed := rep.ByStatus[string(flashgate.OrderConfirmed)]
 	res.Audit = rep
 	res.AuditOK = rep.OK() && drained && confirmed == int64(o.orders)
-	line := summaryLine("ingest", rep, 0)
+	line := loadgen.SummaryLine("ingest", rep, 0)
 	if confirmed != int64(o.orders) {
 		line += fmt.Sprintf(", confirmed %d of %d", confirmed, o.orders)
 	}
 	fmt.Fprintln(stdout, line)
-	if err := writeJSON(o.jsonPath, res); err != nil {
+	if err := cli.WriteJSON(o.jsonPath, res); err != nil {
 		return err
 	}
 	if !res.AuditOK {
-		return exitCode(1)
+		return cli.ExitCode(1)
 	}
 	return nil
 }
@@ -265,12 +269,14 @@ func newIngestRun(base config.Config, o ingestOptions, stderr io.Writer) (*inges
 	cfg.NATS.EventSubject = "flashgate.ingest." + id + ".events"
 	cfg.NATS.CommandSubject = "flashgate.ingest." + id + ".cmd"
 	cfg.NATS.Consumer = "flashgate-ingest-" + id
-	dsn, err := mysql.ParseDSN(base.MySQL.DSN)
+	dsn, err := driver.ParseDSN(base.MySQL.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
 	dsn.DBName = "flashgate_ingest_" + id
 	cfg.MySQL.DSN = dsn.FormatDSN()
+	// The run's database is new: its backend builds the schema.
+	cfg.MySQL.AutoMigrate = true
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -282,7 +288,7 @@ func newIngestRun(base config.Config, o ingestOptions, stderr io.Writer) (*inges
 	r := &ingestRun{o: o, cfg: cfg, stderr: stderr}
 	r.env = append(os.Environ(), config.Environ(cfg)...)
 	// A day, so that neither the fill nor a slow ingestion outlives the sale.
-	r.sale = newSale("ingest-"+id, "flashgate ingest", int64(o.orders), 1, 1, 9900, time.Now())
+	r.sale = loadgen.NewSale("ingest-"+id, "flashgate ingest", int64(o.orders), 1, 1, 9900, time.Now())
 	r.sale.EndsAt = r.sale.StartsAt.Add(24 * time.Hour)
 
 	path := o.logPath
@@ -310,7 +316,7 @@ func freePort() (int, error) {
 
 // mysqlServer opens the run's MySQL server without selecting a database.
 func (r *ingestRun) mysqlServer() (*sql.DB, error) {
-	dsn, err := mysql.ParseDSN(r.cfg.MySQL.DSN)
+	dsn, err := driver.ParseDSN(r.cfg.MySQL.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
@@ -319,7 +325,7 @@ func (r *ingestRun) mysqlServer() (*sql.DB, error) {
 }
 
 func (r *ingestRun) dbName() string {
-	dsn, _ := mysql.ParseDSN(r.cfg.MySQL.DSN)
+	dsn, _ := driver.ParseDSN(r.cfg.MySQL.DSN)
 	return dsn.DBName
 }
 
@@ -331,7 +337,7 @@ func (r *ingestRun) createDatabase(ctx context.Context) error {
 	defer db.Close()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := db.ExecContext(cctx, "CREATE DATABASE `"+r.dbName()+"`"); err != nil {
+	if err := mysql.CreateDatabase(cctx, db, r.dbName()); err != nil {
 		return fmt.Errorf("mysql: create database %s: %w", r.dbName(), err)
 	}
 	return nil
@@ -387,7 +393,7 @@ func (r *ingestRun) fill(ctx context.Context) ([]uint64, error) {
 				}
 				id := lease.Next()
 				now := time.Now()
-				m := flashgate.Order{ID: id, SaleID: r.sale.ID, UserID: benchUser(int(i)), Quantity: 1,
+				m := flashgate.Order{ID: id, SaleID: r.sale.ID, UserID: loadgen.User(int(i)), Quantity: 1,
 					CreatedAt: now, ExpiresAt: now.Add(payFor)}
 				actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				adm, err := scripts.Admit(actx, rc, keys, lua.AdmitArgs{User: m.UserID, Quantity: 1, OrderID: id, Now: now, PayBy: now.Add(payFor)})
@@ -536,11 +542,11 @@ func (r *ingestRun) watch(ctx context.Context, db *sql.DB, p *process, spawned t
 	deadline := spawned.Add(r.o.timeout)
 	var lastEmpty, first, lastCount time.Time
 	lastReport := time.Now()
-	query := func(q string, v *int64) (sent, back time.Time, err error) {
+	query := func(read func(context.Context, mysql.Querier, string) (int64, error), v *int64) (sent, back time.Time, err error) {
 		sent = time.Now()
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		err = db.QueryRowContext(qctx, q, r.sale.ID).Scan(v)
+		*v, err = read(qctx, db, r.sale.ID)
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		} else if err != nil {
@@ -548,10 +554,7 @@ func (r *ingestRun) watch(ctx context.Context, db *sql.DB, p *process, spawned t
 		}
 		return sent, time.Now(), err
 	}
-	const (
-		countRows = `SELECT COUNT(*) FROM orders WHERE sale_id = ?`
-		readSold  = `SELECT sold FROM sales WHERE id = ?`
-	)
+	countRows, readSold := mysql.SaleOrderCount, mysql.SaleSold
 	var rows, sold int64
 	for {
 		var back time.Time
@@ -627,7 +630,7 @@ func (r *ingestRun) cleanup(stderr io.Writer) {
 	if db, err := r.mysqlServer(); err != nil {
 		warn("mysql", err)
 	} else {
-		_, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+r.dbName()+"`")
+		err := mysql.DropDatabase(ctx, db, r.dbName())
 		warn("drop database "+r.dbName(), err)
 		db.Close()
 	}

@@ -4,6 +4,7 @@
 -- window and subject, the units (or orders) of live orders: the row the guard
 -- UPDATE ... WHERE used + n <= max runs on, in the transaction that inserts the order.
 
+-- +goose Up
 ALTER TABLE sales
   ADD COLUMN limits    TEXT        NULL,
   ADD COLUMN time_zone VARCHAR(64) NOT NULL DEFAULT 'UTC';
@@ -20,3 +21,8 @@ CREATE TABLE limit_usage (
   PRIMARY KEY (sale_id, lim, window_id, subject),
   CONSTRAINT limit_usage_used CHECK (used >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- +goose Down
+DROP TABLE limit_usage;
+ALTER TABLE orders DROP COLUMN charges;
+ALTER TABLE sales DROP COLUMN limits, DROP COLUMN time_zone;

@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/flashgate/flashgate/bench/internal/cli"
 )
 
 // connsOptions is one bench-conns run.
@@ -33,33 +35,33 @@ type connsOptions struct {
 	jsonPath string
 }
 
-func benchConnsCmd(args []string, stdout, stderr io.Writer) error {
-	c := newCommand("bench-conns", "--pid PID | --pid-file FILE [flags]", stderr)
+func run(args []string, stdout, stderr io.Writer) error {
+	c := cli.NewCommand(programName, "--pid PID | --pid-file FILE [flags]", stderr)
 	o := connsOptions{}
 	pidFile := c.String("pid-file", "", "read the gateway's pid from this `file` (e.g. var/run/gateway.pid)")
 	c.IntVar(&o.pid, "pid", 0, "the gateway's process id, whose resident memory is read from /proc")
-	c.StringVar(&o.target, "target", defaultTarget, "gateway `URL` (the gateway itself: nginx in front would hold the connections instead)")
+	c.StringVar(&o.target, "target", cli.DefaultTarget, "gateway `URL` (the gateway itself: nginx in front would hold the connections instead)")
 	c.StringVar(&o.sale, "sale", "bench-conns", "sale `id` each connection asks for once (GET /v1/sales/ID; an unknown one answers 404, which is an answer too)")
 	c.IntVar(&o.conns, "conns", 10000, "keep-alive connections to open and hold")
 	c.IntVar(&o.dialers, "dial-concurrency", 100, "connections being opened at once")
 	c.DurationVar(&o.settle, "settle", 2*time.Second, "wait this long with every connection idle before reading the gateway's memory")
 	c.DurationVar(&o.hold, "hold", 0, "keep holding the connections this long after the reading (to look at the gateway meanwhile)")
 	c.StringVar(&o.jsonPath, "json", "", "also write the result as JSON to this `file`")
-	pos, err := c.parse(args)
+	pos, err := c.ParseAll(args)
 	if err != nil {
 		return err
 	}
 	switch {
 	case len(pos) > 0:
-		return c.usageError("unexpected arguments %q", pos)
+		return c.UsageError("unexpected arguments %q", pos)
 	case o.pid != 0 && *pidFile != "":
-		return c.usageError("give --pid or --pid-file, not both")
+		return c.UsageError("give --pid or --pid-file, not both")
 	case o.pid == 0 && *pidFile == "":
-		return c.usageError("--pid or --pid-file is required")
+		return c.UsageError("--pid or --pid-file is required")
 	case o.conns < 1 || o.dialers < 1:
-		return c.usageError("--conns and --dial-concurrency must be at least 1")
+		return c.UsageError("--conns and --dial-concurrency must be at least 1")
 	case o.settle < 0 || o.hold < 0:
-		return c.usageError("--settle and --hold must not be negative")
+		return c.UsageError("--settle and --hold must not be negative")
 	}
 	if *pidFile != "" {
 		b, err := os.ReadFile(*pidFile)
@@ -71,9 +73,9 @@ func benchConnsCmd(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if o.pid < 1 {
-		return c.usageError("--pid must be a process id")
+		return c.UsageError("--pid must be a process id")
 	}
-	cfg, err := c.config()
+	cfg, err := c.Config()
 	if err != nil {
 		return err
 	}
@@ -93,11 +95,11 @@ func benchConnsCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	res.write(stdout)
-	if err := writeJSON(o.jsonPath, res); err != nil {
+	if err := cli.WriteJSON(o.jsonPath, res); err != nil {
 		return err
 	}
 	if res.Opened != o.conns || res.StillOpen != o.conns {
-		return exitCode(1)
+		return cli.ExitCode(1)
 	}
 	return nil
 }

@@ -1,0 +1,97 @@
+// Package adminapi is a client of the backend's admin API: the CLI's sale
+// commands, the load bench's --create and the ingest bench use it.
+package adminapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/config"
+)
+
+// Client is a client of the backend's admin API.
+type Client struct {
+	base, token string
+	hc          *http.Client
+}
+
+// New is a client of the admin API at admin.url, with admin.token.
+func New(cfg config.Config) *Client {
+	return &Client{
+		base:  strings.TrimSuffix(cfg.Admin.URL, "/"),
+		token: cfg.Admin.Token,
+		hc:    &http.Client{Timeout: 2 * time.Minute},
+	}
+}
+
+// APIError is a non-2xx answer: the API's {"code","message"}.
+type APIError struct {
+	Status  int
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	hint    string
+}
+
+func (e *APIError) Error() string {
+	s := fmt.Sprintf("%d %s", e.Status, http.StatusText(e.Status))
+	if e.Code != "" {
+		s += ": " + e.Code
+	}
+	if e.Message != "" {
+		s += ": " + e.Message
+	}
+	return s + e.hint
+}
+
+func (a *Client) CreateSale(ctx context.Context, s *flashgate.Sale) ([]byte, error) {
+	return a.Do(ctx, http.MethodPost, "/admin/v1/sales", s)
+}
+
+// Do calls the admin API and returns the body of a 2xx answer.
+func (a *Client) Do(ctx context.Context, method, path string, in any) ([]byte, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, body)
+	if err != nil {
+		return nil, fmt.Errorf("admin API: %w", err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if a.token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.token)
+	}
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("admin API (is the backend up?): %w", err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("admin API %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return out, nil
+	}
+	e := &APIError{Status: resp.StatusCode}
+	if json.Unmarshal(out, e) != nil || e.Code == "" {
+		e.Message = strings.TrimSpace(string(out))
+	}
+	if resp.StatusCode == http.StatusUnauthorized && a.token == "" {
+		e.hint = " (no admin token: set FLASHGATE_ADMIN_TOKEN or admin.token)"
+	}
+	return nil, fmt.Errorf("admin API %s %s: %w", method, path, e)
+}

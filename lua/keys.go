@@ -1,0 +1,164 @@
+package lua
+
+import (
+	"slices"
+	"strconv"
+
+	"github.com/flashgate/flashgate"
+)
+
+// The Redis key layout (docs/redis.md). Every key flashgate reads or writes in
+// Redis is spelled in this file and nowhere else: other packages, and the
+// scripts (which get their keys through KEYS), ask for them here. A test
+// (TestKeysSpelledOnlyHere) fails if the prefix or the hash tag turns up in
+// another non-test Go or Lua file.
+//
+// A sale's keys all carry its hash tag, {s:<sale>}: on a Redis Cluster they
+// hash to one slot, so one script on one shard decides a purchase atomically.
+// The global keys (indexes, node leases, the leader lock) carry no tag and
+// live on whatever slot they hash to; nothing touches them together with a
+// sale's keys in one call.
+
+const (
+	// keyPrefix starts every flashgate key but the leader lock (ACLs grant
+	// the gateway and backend users this pattern).
+	keyPrefix = "fg:"
+	// tagOpen and tagClose wrap a sale's id into its hash tag.
+	tagOpen, tagClose = "{s:", "}"
+)
+
+// SalesIndex is the set of every sale id Redis holds (see LiveIndex for the
+// ones gateways read).
+const SalesIndex = keyPrefix + "sales"
+
+// LiveIndex is the sorted set of the sales Redis holds, scored by ends_at in
+// unix milliseconds.
+const LiveIndex = keyPrefix + "sales:live"
+
+// NodeLeasePrefix names the order-id node leases: NodeLeasePrefix + "<n>",
+// each a string holding its owner's token, with a TTL its owner renews.
+const NodeLeasePrefix = keyPrefix + "node:"
+
+// NodeLease is the lease key of order-id node n.
+func NodeLease(n int) string { return NodeLeasePrefix + strconv.Itoa(n) }
+
+// LeaderLockPrefix is the prefix rueidislock names the backend leader lock
+// with: the key is LeaderLockPrefix + ":0:" + <lock name> (one key: majority 1).
+// It is outside "fg:" for history; the backend's ACL grants "flashgate:*".
+const LeaderLockPrefix = "flashgate:leader"
+
+// LeaderLock is the key rueidislock holds the lock named name in.
+func LeaderLock(name string) string { return LeaderLockPrefix + ":0:" + name }
+
+// SaleTag is the hash tag every key of sale carries.
+func SaleTag(sale string) string { return tagOpen + sale + tagClose }
+
+// Keys are the Redis keys of one sale. Build them once per sale (KeysFor), not
+// per request.
+type Keys struct {
+	Sale string
+	// Meta is a hash: the sale's spec and state (warm.lua writes it; its
+	// presence means the sale is warm).
+	Meta string
+	// Users is a hash: buyer → units held (per_user_limit).
+	Users string
+	// Resv is a hash: order id → reservation, while MySQL has not settled it.
+	Resv string
+	// Orders is a hash: order id → the order's record (Record.Value).
+	Orders string
+	// Idem is a hash: "<user>|<idempotency key>" → order id.
+	Idem string
+	// Warming is the backend's short lock while it warms the sale.
+	Warming   string
+	restocked string
+	prefix    string
+	stock     string
+	region    map[string]string
+	// fixed lists every key above (and the sale-wide stock key): retention
+	// deletes them all, so a key added to the layout through add is retired
+	// without anyone remembering to.
+	fixed []string
+}
+
+// KeysFor returns the keys of sale, with a stock key for each region.
+func KeysFor(sale string, regions []string) *Keys {
+	p := keyPrefix + SaleTag(sale) + ":"
+	k := &Keys{Sale: sale, prefix: p, region: make(map[string]string, len(regions)), fixed: make([]string, 0, 8)}
+	k.Meta = k.add("meta")
+	k.Users = k.add("users")
+	k.Resv = k.add("resv")
+	k.Orders = k.add("orders")
+	k.Idem = k.add("idem")
+	k.restocked = k.add("restocked")
+	k.Warming = k.add("warming")
+	k.stock = k.add("stock")
+	for _, r := range regions {
+		k.region[r] = k.stock + ":" + r
+	}
+	return k
+}
+
+// add names one key of the sale and records it for retention.
+func (k *Keys) add(name string) string {
+	key := k.prefix + name
+	k.fixed = append(k.fixed, key)
+	return key
+}
+
+// Restocked is the key of the set of orders whose units restock.lua has settled.
+// It is what makes a restock happen once: an order's record can be rewritten
+// from MySQL by a late confirm, the set cannot.
+func (k *Keys) Restocked() string { return k.restocked }
+
+// Stock is the stock key of region ("" for a sale without regions), and false
+// for a region the sale does not have.
+func (k *Keys) Stock(region string) (string, bool) {
+	if region == "" {
+		return k.stock, len(k.region) == 0
+	}
+	key, ok := k.region[region]
+	return key, ok
+}
+
+// Limit is the counter hash of a purchase-limit window ("sale", "d20261122",
+// "m202611"): field "<limit>/<subject>" → units or orders counted.
+func (k *Keys) Limit(window string) string { return k.prefix + "lim:" + window }
+
+// windowKeys lists the distinct windows of encoded charges with their counter
+// hashes, for the scripts that undo them.
+func (k *Keys) windowKeys(charges string) (windows, keys []string, err error) {
+	cs, err := flashgate.ParseCharges(charges)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, c := range cs {
+		if !slices.Contains(windows, c.Window) {
+			windows = append(windows, c.Window)
+			keys = append(keys, k.Limit(c.Window))
+		}
+	}
+	return windows, keys, nil
+}
+
+// StockKeys lists every stock key of the sale, with the region each belongs to.
+func (k *Keys) StockKeys() (regions, keys []string) {
+	if len(k.region) == 0 {
+		return []string{""}, []string{k.stock}
+	}
+	for r, key := range k.region {
+		regions = append(regions, r)
+		keys = append(keys, key)
+	}
+	return regions, keys
+}
+
+// perSale lists every key of the sale that is not a limit counter: the fixed
+// ones, then a stock key per region.
+func (k *Keys) perSale() []string {
+	keys := slices.Clone(k.fixed)
+	if len(k.region) > 0 {
+		_, stock := k.StockKeys()
+		keys = append(keys, stock...)
+	}
+	return keys
+}

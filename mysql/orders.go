@@ -1,0 +1,318 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/flashgate/flashgate"
+)
+
+// ErrNoOrder is an order MySQL has no row of.
+var ErrNoOrder = errors.New("no such order")
+
+// OrderState is MySQL's word on one order.
+type OrderState struct {
+	Status flashgate.OrderStatus
+	Reason string
+}
+
+const orderCols = `id, sale_id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''), created_at, expires_at, charges`
+
+// scanOrder reads one order as MySQL holds it: a flashgate.Order without
+// the buyer's facts (the row keeps the charges they made; FactsFromCharges
+// brings them back where they are needed).
+func scanOrder(row interface{ Scan(...any) error }) (flashgate.Order, error) {
+	var o flashgate.Order
+	var st string
+	err := row.Scan(&o.ID, &o.SaleID, &o.UserID, &o.Quantity, &o.Region, &st, &o.Reason, &o.IdemKey, &o.CreatedAt, &o.ExpiresAt, &o.Charges)
+	o.Status = flashgate.OrderStatus(st)
+	return o, err
+}
+
+// scanOrders calls fn for each order the query answers.
+func scanOrders(ctx context.Context, q Querier, fn func(flashgate.Order) error, query string, args ...any) error {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	return scanRows(rows, func() error {
+		o, err := scanOrder(rows)
+		if err != nil {
+			return err
+		}
+		return fn(o)
+	})
+}
+
+// Order reads one order of sale (no lock); ErrNoOrder when there is none.
+func Order(ctx context.Context, q Querier, sale string, id uint64) (flashgate.Order, error) {
+	o, err := scanOrder(q.QueryRowContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id = ? AND sale_id = ?`, id, sale))
+	if errors.Is(err, sql.ErrNoRows) {
+		return o, ErrNoOrder
+	}
+	return o, err
+}
+
+// LockOrder reads one order of sale and locks its row; ErrNoOrder when there
+// is none.
+func LockOrder(ctx context.Context, tx Querier, sale string, id uint64) (flashgate.Order, error) {
+	o, err := scanOrder(tx.QueryRowContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id = ? AND sale_id = ? FOR UPDATE`, id, sale))
+	if errors.Is(err, sql.ErrNoRows) {
+		return o, ErrNoOrder
+	}
+	if err != nil {
+		return o, fmt.Errorf("order %d: %w", id, err)
+	}
+	return o, nil
+}
+
+// MarkPaid records the payment of an order whose row the caller holds.
+func MarkPaid(ctx context.Context, tx Querier, id uint64, now time.Time) error {
+	_, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, updated_at = ? WHERE id = ?`,
+		string(flashgate.OrderPaid), now.UTC(), id)
+	return err
+}
+
+// LockExpired locks those of ids (orders of sale) still confirmed and past
+// their deadline at now.
+func LockExpired(ctx context.Context, tx Querier, sale string, ids []uint64, now time.Time) ([]flashgate.Order, error) {
+	args := make([]any, 0, len(ids)+3)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	args = append(args, sale, string(flashgate.OrderConfirmed), now.UTC())
+	var orders []flashgate.Order
+	err := scanOrders(ctx, tx, func(o flashgate.Order) error {
+		orders = append(orders, o)
+		return nil
+	}, `SELECT `+orderCols+` FROM orders WHERE id IN (`+placeholders(len(ids))+`)
+			AND sale_id = ? AND status = ? AND expires_at <= ? FOR UPDATE`, args...)
+	return orders, err
+}
+
+// DueOrders lists up to limit confirmed orders whose payment deadline is at
+// or before now, oldest deadline first, grouped by sale (sales in the order
+// their first order came).
+func DueOrders(ctx context.Context, db Querier, now time.Time, limit int) (sales []string, bySale map[string][]uint64, err error) {
+	rows, err := db.QueryContext(ctx, `SELECT sale_id, id FROM orders WHERE status = ? AND expires_at <= ?
+		ORDER BY expires_at LIMIT ?`, string(flashgate.OrderConfirmed), now.UTC(), limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	bySale = map[string][]uint64{}
+	err = scanRows(rows, func() error {
+		var sale string
+		var id uint64
+		if err := rows.Scan(&sale, &id); err != nil {
+			return err
+		}
+		if _, ok := bySale[sale]; !ok {
+			sales = append(sales, sale)
+		}
+		bySale[sale] = append(bySale[sale], id)
+		return nil
+	})
+	return sales, bySale, err
+}
+
+// EachCanceledSince calls fn for every order of sale canceled (or expired)
+// at or after since.
+func EachCanceledSince(ctx context.Context, db Querier, sale string, since time.Time, fn func(flashgate.Order) error) error {
+	return scanOrders(ctx, db, fn, `SELECT `+orderCols+` FROM orders WHERE sale_id = ? AND status = ? AND updated_at >= ?`,
+		sale, string(flashgate.OrderCanceled), since.UTC())
+}
+
+// EachOrder calls fn for every order of sale.
+func EachOrder(ctx context.Context, db Querier, sale string, fn func(flashgate.Order) error) error {
+	return scanOrders(ctx, db, fn, `SELECT `+orderCols+` FROM orders WHERE sale_id = ?`, sale)
+}
+
+// EachBuyer calls fn for every buyer of sale holding units, with the units.
+func EachBuyer(ctx context.Context, db Querier, sale string, fn func(user string, units int64) error) error {
+	rows, err := db.QueryContext(ctx, `SELECT user_id, units FROM user_purchases WHERE sale_id = ? AND units > 0`, sale)
+	if err != nil {
+		return err
+	}
+	return scanRows(rows, func() error {
+		var user string
+		var units int64
+		if err := rows.Scan(&user, &units); err != nil {
+			return err
+		}
+		return fn(user, units)
+	})
+}
+
+// EachLimitUsage calls fn for every purchase-limit counter of sale above
+// zero, window by window.
+func EachLimitUsage(ctx context.Context, db Querier, sale string, fn func(lim int, window, subject string, used int64) error) error {
+	rows, err := db.QueryContext(ctx, `SELECT lim, window_id, subject, used FROM limit_usage
+		WHERE sale_id = ? AND used > 0 ORDER BY window_id`, sale)
+	if err != nil {
+		return err
+	}
+	return scanRows(rows, func() error {
+		var lim int
+		var win, subject string
+		var used int64
+		if err := rows.Scan(&lim, &win, &subject, &used); err != nil {
+			return err
+		}
+		return fn(lim, win, subject, used)
+	})
+}
+
+// OrderStates reads which of ids MySQL has: their status and reason.
+func OrderStates(ctx context.Context, q Querier, ids []uint64) (map[uint64]OrderState, error) {
+	res := make(map[uint64]OrderState, len(ids))
+	for part := range slices.Chunk(ids, sqlChunk) {
+		args := make([]any, len(part))
+		for i, id := range part {
+			args[i] = id
+		}
+		rows, err := q.QueryContext(ctx, `SELECT id, status, reason FROM orders WHERE id IN (`+placeholders(len(part))+`)`, args...)
+		if err != nil {
+			return nil, err
+		}
+		err = scanRows(rows, func() error {
+			var id uint64
+			var st, reason string
+			err := rows.Scan(&id, &st, &reason)
+			res[id] = OrderState{Status: flashgate.OrderStatus(st), Reason: reason}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// IdemKey is an Idempotency-Key of one buyer.
+type IdemKey struct{ User, Idem string }
+
+// KeyHolders answers, for the keys given, the order of sale that holds each
+// (keys no order holds are absent).
+func KeyHolders(ctx context.Context, tx Querier, sale string, keys []IdemKey) (map[IdemKey]uint64, error) {
+	holder := map[IdemKey]uint64{}
+	for part := range slices.Chunk(keys, sqlChunk) {
+		args := make([]any, 0, 2*len(part)+1)
+		args = append(args, sale)
+		for _, k := range part {
+			args = append(args, k.User)
+		}
+		for _, k := range part {
+			args = append(args, k.Idem)
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT id, user_id, idem_key FROM orders WHERE sale_id = ?
+			AND user_id IN (`+placeholders(len(part))+`) AND idem_key IN (`+placeholders(len(part))+`)`, args...)
+		if err != nil {
+			return nil, err
+		}
+		err = scanRows(rows, func() error {
+			var id uint64
+			var k IdemKey
+			err := rows.Scan(&id, &k.User, &k.Idem)
+			holder[k] = id
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return holder, nil
+}
+
+// InsertOrders writes the rows of orders as they are (status, reason, key).
+func InsertOrders(ctx context.Context, tx Querier, orders []flashgate.Order, now time.Time) error {
+	for part := range slices.Chunk(orders, sqlChunk) {
+		args := make([]any, 0, 12*len(part))
+		for _, o := range part {
+			var idem any
+			if o.IdemKey != "" {
+				idem = o.IdemKey
+			}
+			args = append(args, o.ID, o.SaleID, o.UserID, o.Quantity, o.Region, string(o.Status), o.Reason, idem,
+				o.CreatedAt.UTC(), o.ExpiresAt.UTC(), now, o.Charges)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
+			idem_key, created_at, expires_at, updated_at, charges) VALUES `+rowsOf(len(part), 12), args...); err != nil {
+			return fmt.Errorf("insert orders: %w", err)
+		}
+	}
+	return nil
+}
+
+// InsertFailed writes o as failed (its status and reason as given), unless
+// MySQL has a row of it; true when it wrote it. Failed orders count nowhere:
+// no counter moves.
+func InsertFailed(ctx context.Context, db Querier, o flashgate.Order, now time.Time) (bool, error) {
+	var idem any
+	if o.IdemKey != "" {
+		idem = o.IdemKey
+	}
+	res, err := db.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
+		idem_key, created_at, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON DUPLICATE KEY UPDATE id = id`,
+		o.ID, o.SaleID, o.UserID, o.Quantity, o.Region, string(o.Status), o.Reason, idem, o.CreatedAt.UTC(), o.ExpiresAt.UTC(), now)
+	if err != nil {
+		return false, err
+	}
+	n, _ := res.RowsAffected() // 1: inserted; 0: the row was there
+	return n == 1, nil
+}
+
+// OrderStateOf reads one order's status and reason; ErrNoOrder when MySQL has
+// no row of it.
+func OrderStateOf(ctx context.Context, db Querier, id uint64) (OrderState, error) {
+	var st OrderState
+	var status string
+	err := db.QueryRowContext(ctx, `SELECT status, reason FROM orders WHERE id = ?`, id).Scan(&status, &st.Reason)
+	if errors.Is(err, sql.ErrNoRows) {
+		return st, ErrNoOrder
+	}
+	st.Status = flashgate.OrderStatus(status)
+	return st, err
+}
+
+// sortedKeys lists m's keys in order: every writer locks rows in one order,
+// so two never lock them crosswise.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// UsageKey is one row of limit_usage of a sale.
+type UsageKey struct {
+	Lim     int
+	Window  string
+	Subject string
+}
+
+// SortedUsage lists usage's rows in one order for every writer, so that two
+// never lock them crosswise.
+func SortedUsage(usage map[UsageKey]int64) []UsageKey {
+	keys := make([]UsageKey, 0, len(usage))
+	for k := range usage {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b UsageKey) int {
+		if a.Lim != b.Lim {
+			return a.Lim - b.Lim
+		}
+		if c := strings.Compare(a.Window, b.Window); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Subject, b.Subject)
+	})
+	return keys
+}

@@ -1,0 +1,315 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/flashgate/flashgate"
+)
+
+var (
+	// ErrSaleNotFound is a sale MySQL does not know.
+	ErrSaleNotFound = errors.New("sale not found")
+	// ErrSaleExists is a sale created twice.
+	ErrSaleExists = errors.New("sale exists")
+)
+
+// SaleRow is a sale as MySQL holds it: the spec and its counters.
+type SaleRow struct {
+	flashgate.Sale
+	Sold       int64
+	RegionSold map[string]int64
+}
+
+// Remaining is what Redis should hold when nothing is in flight: per region
+// total − sold, or total − sold for a sale without regions ("" key).
+func (s *SaleRow) Remaining() map[string]int64 {
+	if len(s.Regions) == 0 {
+		return map[string]int64{"": s.Total - s.Sold}
+	}
+	out := make(map[string]int64, len(s.Regions))
+	for r, total := range s.Regions {
+		out[r] = total - s.RegionSold[r]
+	}
+	return out
+}
+
+// InsertSale writes a new sale and its regions in one transaction.
+func InsertSale(ctx context.Context, db *sql.DB, s *flashgate.Sale, now time.Time) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var limits any
+	if len(s.Limits) > 0 {
+		b, err := json.Marshal(s.Limits)
+		if err != nil {
+			return fmt.Errorf("sale %s limits: %w", s.ID, err)
+		}
+		limits = string(b)
+	}
+	tz := s.TimeZone
+	if tz == "" {
+		tz = "UTC"
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO sales (id, title, price_cents, total, sold, starts_at, ends_at,
+		per_user_limit, per_order_max, limits, time_zone, closed, created_at, updated_at)
+		VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		s.ID, s.Title, s.PriceCents, s.Total, s.StartsAt, s.EndsAt, s.PerUserLimit, s.PerOrderMax, limits, tz, s.Closed, now, now)
+	if Errno(err) == ErDupEntry {
+		return fmt.Errorf("sale %s: %w", s.ID, ErrSaleExists)
+	}
+	if err != nil {
+		return fmt.Errorf("insert sale %s: %w", s.ID, err)
+	}
+	for _, r := range s.RegionNames() {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sale_regions (sale_id, region, total, sold) VALUES (?, ?, ?, 0)`,
+			s.ID, r, s.Regions[r]); err != nil {
+			return fmt.Errorf("insert sale %s region %s: %w", s.ID, r, err)
+		}
+	}
+	return tx.Commit()
+}
+
+// LoadSale reads a sale, its regions and its counters (no locks).
+func LoadSale(ctx context.Context, q Querier, id string) (*SaleRow, error) {
+	s := &SaleRow{}
+	var limits sql.NullString
+	err := q.QueryRowContext(ctx, `SELECT id, title, price_cents, total, sold, starts_at, ends_at,
+		per_user_limit, per_order_max, limits, time_zone, closed FROM sales WHERE id = ?`, id).
+		Scan(&s.ID, &s.Title, &s.PriceCents, &s.Total, &s.Sold, &s.StartsAt, &s.EndsAt,
+			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("sale %s: %w", id, ErrSaleNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load sale %s: %w", id, err)
+	}
+	if limits.Valid && limits.String != "" {
+		if err := json.Unmarshal([]byte(limits.String), &s.Limits); err != nil {
+			return nil, fmt.Errorf("load sale %s limits: %w", id, err)
+		}
+	}
+	rows, err := q.QueryContext(ctx, `SELECT region, total, sold FROM sale_regions WHERE sale_id = ?`, id)
+	if err != nil {
+		return nil, fmt.Errorf("load sale %s regions: %w", id, err)
+	}
+	err = scanRows(rows, func() error {
+		var r string
+		var total, sold int64
+		if err := rows.Scan(&r, &total, &sold); err != nil {
+			return err
+		}
+		if s.Regions == nil {
+			s.Regions, s.RegionSold = map[string]int64{}, map[string]int64{}
+		}
+		s.Regions[r], s.RegionSold[r] = total, sold
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load sale %s regions: %w", id, err)
+	}
+	return s, nil
+}
+
+// CloseSale marks a sale closed: from now on the guard refuses its orders.
+func CloseSale(ctx context.Context, db Querier, id string, now time.Time) error {
+	// closed_at keeps the first close: retention counts from it.
+	res, err := db.ExecContext(ctx, `UPDATE sales SET closed = 1, closed_at = COALESCE(closed_at, ?), updated_at = ? WHERE id = ?`, now, now, id)
+	if err != nil {
+		return fmt.Errorf("close sale %s: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		// Zero rows changed: no such sale, or closed already.
+		var one int
+		err := db.QueryRowContext(ctx, `SELECT 1 FROM sales WHERE id = ?`, id).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("sale %s: %w", id, ErrSaleNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("close sale %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// LockSale takes the sale row lock, which serialises every change to the
+// sale's counters across backends; false when MySQL has no such sale.
+func LockSale(ctx context.Context, tx Querier, id string) (bool, error) {
+	var one int
+	err := tx.QueryRowContext(ctx, `SELECT 1 FROM sales WHERE id = ? FOR UPDATE`, id).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// LockSaleLimit takes the sale row lock and reads what the order-by-order
+// guards need: the per-user limit and whether the sale is closed.
+func LockSaleLimit(ctx context.Context, tx Querier, id string) (limit int64, closed, found bool, err error) {
+	err = tx.QueryRowContext(ctx, `SELECT per_user_limit, closed FROM sales WHERE id = ? FOR UPDATE`, id).Scan(&limit, &closed)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, false, nil
+	}
+	return limit, closed, err == nil, err
+}
+
+// OpenSaleIDs lists the sales still selling or about to: not closed, not ended.
+func OpenSaleIDs(ctx context.Context, db Querier, now time.Time) ([]string, error) {
+	ids, err := saleIDs(ctx, db, `SELECT id FROM sales WHERE closed = 0 AND ends_at > ? ORDER BY starts_at`, now)
+	if err != nil {
+		return nil, fmt.Errorf("open sales: %w", err)
+	}
+	return ids, nil
+}
+
+// RecentSaleIDs lists the sales that end after since (closed ones too).
+func RecentSaleIDs(ctx context.Context, db Querier, since time.Time) ([]string, error) {
+	return saleIDs(ctx, db, `SELECT id FROM sales WHERE ends_at > ? ORDER BY starts_at`, since)
+}
+
+func saleIDs(ctx context.Context, db Querier, query string, at time.Time) ([]string, error) {
+	rows, err := db.QueryContext(ctx, query, at)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	err = scanRows(rows, func() error {
+		var id string
+		err := rows.Scan(&id)
+		ids = append(ids, id)
+		return err
+	})
+	return ids, err
+}
+
+// StatusCount is the orders and units of one status.
+type StatusCount struct {
+	Orders int64 `json:"orders"`
+	Units  int64 `json:"units"`
+}
+
+// OrdersByStatus counts a sale's orders and units per status.
+func OrdersByStatus(ctx context.Context, db Querier, id string) (map[string]StatusCount, error) {
+	rows, err := db.QueryContext(ctx, `SELECT status, COUNT(*), COALESCE(SUM(quantity), 0) FROM orders
+		WHERE sale_id = ? GROUP BY status`, id)
+	if err != nil {
+		return nil, fmt.Errorf("orders of %s: %w", id, err)
+	}
+	out := map[string]StatusCount{}
+	err = scanRows(rows, func() error {
+		var st string
+		var c StatusCount
+		err := rows.Scan(&st, &c.Orders, &c.Units)
+		out[st] = c
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("orders of %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// RetireCandidates pages through the sales not yet retired whose end
+// (ends_at, or closed_at when it closed earlier) is at or before cutoff, in
+// (ends_at, id) order after (after, afterID), page at a time. A sale closed
+// before closed_at existed counts from its last update.
+func RetireCandidates(ctx context.Context, db Querier, cutoff, after time.Time, afterID string, page int) (ids []string, last time.Time, lastID string, err error) {
+	rows, err := db.QueryContext(ctx, `SELECT id, ends_at FROM sales
+		WHERE retired_at IS NULL
+		  AND (ends_at <= ? OR closed_at <= ? OR (closed = 1 AND closed_at IS NULL AND updated_at <= ?))
+		  AND (ends_at > ? OR (ends_at = ? AND id > ?))
+		ORDER BY ends_at, id LIMIT ?`, cutoff, cutoff, cutoff, after, after, afterID, page)
+	if err != nil {
+		return nil, last, "", fmt.Errorf("retention: candidates: %w", err)
+	}
+	err = scanRows(rows, func() error {
+		err := rows.Scan(&lastID, &last)
+		ids = append(ids, lastID)
+		return err
+	})
+	if err != nil {
+		return nil, last, "", fmt.Errorf("retention: candidates: %w", err)
+	}
+	return ids, last, lastID, nil
+}
+
+// UnpaidOrders counts the sale's orders not final yet: confirmed (unpaid,
+// even past the deadline: the sweeper will cancel them) or pending.
+func UnpaidOrders(ctx context.Context, db Querier, id string) (int64, error) {
+	var open int64
+	err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders WHERE sale_id = ? AND status IN (?, ?)`,
+		id, string(flashgate.OrderConfirmed), string(flashgate.OrderPending)).Scan(&open)
+	return open, err
+}
+
+// MarkRetired records that the sale left Redis for good (the first time only).
+func MarkRetired(ctx context.Context, db Querier, id string, now time.Time) error {
+	_, err := db.ExecContext(ctx, `UPDATE sales SET retired_at = ? WHERE id = ? AND retired_at IS NULL`, now.UTC(), id)
+	return err
+}
+
+// SaleRetired reports when the sale left Redis for good (nil: it has not).
+func SaleRetired(ctx context.Context, q Querier, id string) (*time.Time, error) {
+	var at sql.NullTime
+	err := q.QueryRowContext(ctx, `SELECT retired_at FROM sales WHERE id = ?`, id).Scan(&at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("sale %s: %w", id, ErrSaleNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sale %s: %w", id, err)
+	}
+	if !at.Valid {
+		return nil, nil
+	}
+	t := at.Time.UTC()
+	return &t, nil
+}
+
+// HasOrders reports whether MySQL holds any order of the sale.
+func HasOrders(ctx context.Context, db Querier, sale string) (bool, error) {
+	var found bool
+	err := db.QueryRowContext(ctx, `SELECT EXISTS(SELECT 1 FROM orders WHERE sale_id = ?)`, sale).Scan(&found)
+	return found, err
+}
+
+// Probe reads a row of each table a sale's orders touch: an error means MySQL
+// (or one of its tables) cannot take the sale's writes now.
+func Probe(ctx context.Context, db Querier, sale string) error {
+	var n int64
+	return db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM orders WHERE id = 0)
+		+ (SELECT COUNT(*) FROM sales WHERE id = ?) + (SELECT COUNT(*) FROM sale_regions WHERE sale_id = ? AND region = '')
+		+ (SELECT COUNT(*) FROM user_purchases WHERE sale_id = ? AND user_id = '')`, sale, sale, sale).Scan(&n)
+}
+
+// SaleOrderCount counts the sale's order rows, whatever their status.
+func SaleOrderCount(ctx context.Context, db Querier, sale string) (int64, error) {
+	var n int64
+	err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders WHERE sale_id = ?`, sale).Scan(&n)
+	return n, err
+}
+
+// SaleSold reads the sale's sold counter.
+func SaleSold(ctx context.Context, db Querier, sale string) (int64, error) {
+	var n int64
+	err := db.QueryRowContext(ctx, `SELECT sold FROM sales WHERE id = ?`, sale).Scan(&n)
+	return n, err
+}
+
+// CreateDatabase creates a database of its own for a bench run (db is a
+// connection to the server, no database selected).
+func CreateDatabase(ctx context.Context, db Querier, name string) error {
+	_, err := db.ExecContext(ctx, "CREATE DATABASE `"+name+"`")
+	return err
+}
+
+// DropDatabase drops a bench run's database.
+func DropDatabase(ctx context.Context, db Querier, name string) error {
+	_, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`")
+	return err
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The hostile-client suite (`make hostile`): bench/hostile plays slowloris, silent connections,
+# slow bodies, pipelining, connection churn, request smuggling, oversized bodies and fd
+# exhaustion against the gateway's port (:8080) and nginx's (:8000) of the local stack, with a
+# probe beside each attack, and prints one line per attack and port, then its targets:
+#   target <name>: <figure> (goal <goal>) met|missed
+# It writes bench/hostile-results.json and the make hostile section of BENCHMARKS.md. See
+# docs/hostile.md.
+#
+# The stack: the infra is started if down (scripts/stack.sh infra-up) and left running; if the
+# backend, gateway or nginx is not running, `scripts/stack.sh up` starts them and the ones it
+# started are stopped again at the end (scripts/stack.sh apps-down). A stack that was running is
+# left running. The sale the probes read is created for the run and closed afterwards.
+#
+# Environment: HOSTILE_DURATION (12s: each attack), HOSTILE_ARGS (more flags for bench/hostile,
+# e.g. "--attacks smuggling,oversize --ports nginx"; `bin/hostile -h` lists them),
+# HOSTILE_STRICT=1 (exit 1 when a target is missed), STACK_CONFIG (configs/flashgate.yaml), GO.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin"
+
+DURATION="${HOSTILE_DURATION:-12s}"
+CONFIG="${STACK_CONFIG:-configs/flashgate.yaml}"
+GO="${GO:-go}"
+BIN="$ROOT/bin/flashgate"
+TOOL="$ROOT/bin/hostile"
+STACK="$ROOT/scripts/stack.sh"
+LOG="$ROOT/var/log"
+OUT="$ROOT/var/hostile"
+# Dev mode, as the Makefile sets it for the local stack (docs/security.md). The secrets are the
+# stack's (var/secrets.env, read once the stack is up) or the environment's.
+export FLASHGATE_DEV="${FLASHGATE_DEV:-1}"
+
+say() { printf 'hostile: %s\n' "$*" >&2; }
+die() {
+	printf 'hostile: ERROR: %s\n' "$1" >&2
+	if [[ -n "${2:-}" && -f "$2" ]]; then
+		printf -- '---- last 20 lines of %s ----\n' "$2" >&2
+		tail -n 20 "$2" >&2 || true
+	fi
+	exit 1
+}
+status_of() { "$STACK" status 2>/dev/null | awk -v p="$1" '$1 == p { print $2 }'; }
+
+[[ "$DURATION" =~ ^[1-9][0-9]*s$ ]] || die "HOSTILE_DURATION must be whole seconds such as 12s, not '$DURATION'"
+mkdir -p "$LOG" "$OUT"
+
+STARTED_APPS=()
+SALE=""
+cleanup() {
+	local rc=$?
+	if [[ -n "$SALE" ]]; then
+		"$BIN" sale close --config "$CONFIG" "$SALE" >>"$LOG/hostile.log" 2>&1 || true
+	fi
+	if ((${#STARTED_APPS[@]})); then
+		say "stopping what this run started: ${STARTED_APPS[*]}"
+		"$STACK" apps-down "${STARTED_APPS[@]}" >>"$LOG/hostile-stack.log" 2>&1 ||
+			say "scripts/stack.sh apps-down ${STARTED_APPS[*]} failed (see $LOG/hostile-stack.log)"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$GO" build -o "$BIN" ./cmd/flashgate || die "go build ./cmd/flashgate failed"
+"$GO" build -o "$TOOL" ./bench/hostile || die "go build ./bench/hostile failed"
+
+before=()
+for p in nginx gateway backend; do
+	[[ "$(status_of "$p")" == up ]] || before+=("$p")
+done
+if ((${#before[@]})); then
+	say "not running: ${before[*]}: scripts/stack.sh up (they are stopped again at the end)"
+	STARTED_APPS=("${before[@]}")
+	"$STACK" up >>"$LOG/hostile-stack.log" 2>&1 || die "scripts/stack.sh up failed" "$LOG/hostile-stack.log"
+else
+	"$STACK" infra-up >>"$LOG/hostile-stack.log" 2>&1 || die "scripts/stack.sh infra-up failed" "$LOG/hostile-stack.log"
+	say "the stack was running: left running"
+fi
+# The operator's credentials (docs/credentials.md): the CLI and the probes' tokens.
+# shellcheck disable=SC1091 # written by scripts/stack.sh
+. "$ROOT/var/secrets.env"
+
+SALE="hostile-$(date +%s)"
+"$BIN" sale create --config "$CONFIG" --id "$SALE" --total 1000000 --per-user-limit 1 --starts-at now --duration 1h \
+	>>"$LOG/hostile.log" 2>&1 || die "creating sale $SALE failed" "$LOG/hostile.log"
+say "sale $SALE created; gateway pid $(cat var/run/gateway.pid 2>/dev/null || echo ?), open-file limit $(awk '/Max open files/ {print $4}' "/proc/$(cat var/run/gateway.pid 2>/dev/null || echo self)/limits" 2>/dev/null || echo ?)"
+
+NOTE="commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+[[ -z "$(git status --porcelain --untracked-files=no -- . ':!BENCHMARKS.md' ':!bench/hostile-results.json' 2>/dev/null)" ]] || NOTE+=" with local changes"
+# shellcheck disable=SC2086 # HOSTILE_ARGS is a list of flags
+"$TOOL" --sale "$SALE" --duration "$DURATION" --note "$NOTE" ${HOSTILE_ARGS:-} | tee "$OUT/last.out"
+rc=${PIPESTATUS[0]}
+((rc == 0)) || exit "$rc"
+if [[ "${HOSTILE_STRICT:-}" == 1 ]] && grep -q '^target .* missed$' "$OUT/last.out"; then
+	exit 1
+fi
