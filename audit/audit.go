@@ -214,7 +214,7 @@ func RedisLedger(ctx context.Context, rc rueidis.Client, saleID string, regions 
 		return l, err
 	}
 	for _, rec := range resv {
-		l.Reserved += rec.Qty
+		l.Reserved += rec.Quantity
 	}
 	l.Reservations = int64(len(resv))
 	return l, nil

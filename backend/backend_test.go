@@ -59,9 +59,9 @@ func start(t *testing.T, redisAddrs []string, cfgFn func(*config.Config)) *start
 }
 
 // publish sends an order like a gateway: JetStream, Nats-Msg-Id = order id.
-func (s *started) publish(m bus.OrderMsg) {
+func (s *started) publish(m flashgate.Order) {
 	s.t.Helper()
-	if _, err := s.js.Publish(ctx(s.t), bus.OrderSubject(s.cfg.NATS, m.Sale), m.Append(nil),
+	if _, err := s.js.Publish(ctx(s.t), bus.OrderSubject(s.cfg.NATS, m.SaleID), bus.AppendOrder(nil, &m),
 		jetstream.WithMsgID(strconv.FormatUint(m.ID, 10))); err != nil {
 		s.t.Fatalf("publish: %v", err)
 	}
@@ -144,7 +144,7 @@ func TestEndToEnd(t *testing.T) {
 			}
 			// A duplicate publish inside the dedup window is dropped by JetStream;
 			// a redelivery would be a no-op anyway.
-			s.publish(bus.OrderMsg{ID: accepted[0], Sale: sale.ID, User: "u0", Qty: 1})
+			s.publish(flashgate.Order{ID: accepted[0], SaleID: sale.ID, UserID: "u0", Quantity: 1})
 
 			eventually(t, 10*time.Second, "6 confirmed rows", func() bool { return s.rows(sale.ID, "confirmed") == 6 })
 			eventually(t, 10*time.Second, "consumer drained (bad message terminated)", s.consumerIdle)
@@ -540,7 +540,7 @@ func TestTwoBackendsUnderLoad(t *testing.T) {
 				if got.Outcome != lua.Admitted {
 					continue
 				}
-				s.publish(bus.OrderMsg{ID: got.OrderID, Sale: sale.ID, User: user, Qty: 1, Created: now.UnixMilli(), Expires: a.PayBy.UnixMilli()})
+				s.publish(flashgate.Order{ID: got.OrderID, SaleID: sale.ID, UserID: user, Quantity: 1, CreatedAt: ms(now.UnixMilli()), ExpiresAt: ms(a.PayBy.UnixMilli())})
 				mu.Lock()
 				accepted = append(accepted, got.OrderID)
 				mu.Unlock()

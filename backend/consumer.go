@@ -129,7 +129,7 @@ func drain(batch jetstream.MessageBatch, into []jetstream.Msg) []jetstream.Msg {
 // entry is one message of a batch with its decoded order.
 type entry struct {
 	msg   jetstream.Msg
-	order bus.OrderMsg
+	order flashgate.Order
 }
 
 // handle writes one fetched batch, each sale's orders as one transaction (sales
@@ -147,7 +147,7 @@ func (b *Backend) handle(msgs []jetstream.Msg) bool {
 			b.unparseable(m, err)
 			continue
 		}
-		groups[o.Sale] = append(groups[o.Sale], entry{msg: m, order: o})
+		groups[o.SaleID] = append(groups[o.SaleID], entry{msg: m, order: o})
 	}
 	var wg sync.WaitGroup
 	var failed atomic.Bool
@@ -256,7 +256,7 @@ func (b *Backend) handleSale(sale string, es []entry) (done, stalledErr bool) {
 	ctx, cancel := context.WithTimeout(b.procCtx, timeout)
 	defer cancel()
 	began := time.Now()
-	orders := make([]bus.OrderMsg, len(es))
+	orders := make([]flashgate.Order, len(es))
 	for i, e := range es {
 		orders[i] = e.order
 	}

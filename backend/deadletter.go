@@ -107,7 +107,7 @@ func stalled(err error) bool { return mysql.Stalled(err) }
 // re-enqueued fresh (outage).
 func (b *Backend) retryLater(e entry, outage bool, cause error, limit time.Duration) {
 	n := deliveries(e.msg)
-	sale, id := e.order.Sale, e.order.ID
+	sale, id := e.order.SaleID, e.order.ID
 	if n < lastTry(b.cfg.Backend.MaxDeliver) || (outage && b.cfg.Backend.MaxDeliver <= 0) {
 		if err := e.msg.NakWithDelay(nakDelay(e.msg, limit)); err != nil {
 			b.log.Warn("nak", "sale", sale, "order", id, "err", err)
@@ -165,17 +165,17 @@ func (b *Backend) deadLetter(ctx context.Context, e entry, cause error) error {
 	id := strconv.FormatUint(o.ID, 10)
 	h := b.deadHeader(e.msg, bus.DeadPoison, cause)
 	h.Set(bus.HdrDeadOrder, id)
-	copyMsg := &nats.Msg{Subject: bus.DeadLetterSubject(b.cfg.NATS, bus.DeadPoison, o.Sale), Header: h, Data: e.msg.Data()}
+	copyMsg := &nats.Msg{Subject: bus.DeadLetterSubject(b.cfg.NATS, bus.DeadPoison, o.SaleID), Header: h, Data: e.msg.Data()}
 	if _, err := b.js.PublishMsg(ctx, copyMsg, jetstream.WithMsgID("dlq-"+id)); err != nil {
-		return fmt.Errorf("dead-letter %s/%d: publish: %w", o.Sale, o.ID, err)
+		return fmt.Errorf("dead-letter %s/%d: publish: %w", o.SaleID, o.ID, err)
 	}
 	st, inserted, err := failOrderRow(ctx, b.db, o, ReasonDeadLetter, time.Now().UTC())
 	if err != nil {
-		return fmt.Errorf("dead-letter %s/%d: %w", o.Sale, o.ID, err)
+		return fmt.Errorf("dead-letter %s/%d: %w", o.SaleID, o.ID, err)
 	}
 	if st.status == flashgate.OrderFailed {
 		if err := b.releaseFailed(ctx, o, st.reason); err != nil {
-			return fmt.Errorf("dead-letter %s/%d: %w", o.Sale, o.ID, err)
+			return fmt.Errorf("dead-letter %s/%d: %w", o.SaleID, o.ID, err)
 		}
 		if inserted {
 			b.metrics.Outcome(flashgate.OrderFailed, ReasonDeadLetter)
@@ -183,10 +183,10 @@ func (b *Backend) deadLetter(ctx context.Context, e entry, cause error) error {
 	} else {
 		// MySQL counted the order: only the write-back to Redis failed. Its
 		// reservation stays until reconcile writes MySQL's word back.
-		b.log.Warn("dead-lettered order is in MySQL already: left as it is", "sale", o.Sale, "order", o.ID, "status", st.status)
+		b.log.Warn("dead-lettered order is in MySQL already: left as it is", "sale", o.SaleID, "order", o.ID, "status", st.status)
 	}
 	if err := e.msg.Term(); err != nil {
-		return fmt.Errorf("dead-letter %s/%d: term: %w", o.Sale, o.ID, err)
+		return fmt.Errorf("dead-letter %s/%d: term: %w", o.SaleID, o.ID, err)
 	}
 	return nil
 }
@@ -195,26 +195,26 @@ func (b *Backend) deadLetter(ctx context.Context, e entry, cause error) error {
 // the region and charges of its reservation (the message's may be what made
 // it poison). A
 // Redis that does not know the order is told it failed, so the buyer sees why.
-func (b *Backend) releaseFailed(ctx context.Context, o bus.OrderMsg, reason string) error {
+func (b *Backend) releaseFailed(ctx context.Context, o flashgate.Order, reason string) error {
 	region, charges := o.Region, o.Charges
-	rec, ok, err := lua.Order(ctx, b.rc, lua.KeysFor(o.Sale, nil), o.ID)
+	rec, ok, err := lua.Order(ctx, b.rc, lua.KeysFor(o.SaleID, nil), o.ID)
 	if err != nil {
 		return err
 	}
 	if ok {
 		region, charges = rec.Region, rec.Charges
 	}
-	r, err := b.scripts.Release(ctx, b.rc, regionKeys(o.Sale, region), o.ID, region, charges, lua.ReleaseBackend, reason)
+	r, err := b.scripts.Release(ctx, b.rc, regionKeys(o.SaleID, region), o.ID, region, charges, lua.ReleaseBackend, reason)
 	if err != nil {
 		return err
 	}
 	if r.Released && b.writer.restocked != nil {
-		b.writer.restocked(o.Sale, region)
+		b.writer.restocked(o.SaleID, region)
 	}
 	if r.Unknown {
-		s := lua.Settled{ID: o.ID, Status: flashgate.OrderFailed, Record: lua.Record{Reason: reason, User: o.User,
-			Qty: o.Qty, Region: o.Region, Created: o.Created, Expires: o.Expires, Idem: o.Idem, Charges: o.Charges}}
-		if _, err := b.scripts.Confirm(ctx, b.rc, lua.KeysFor(o.Sale, nil), []lua.Settled{s}); err != nil {
+		failed := o
+		failed.Status, failed.Reason = flashgate.OrderFailed, reason
+		if _, err := b.scripts.Confirm(ctx, b.rc, lua.KeysFor(o.SaleID, nil), []flashgate.Order{failed}); err != nil {
 			return err
 		}
 	}
@@ -241,18 +241,19 @@ func rowTime(ms int64) time.Time {
 // failOrderRow writes o as failed with reason, if MySQL has no row of it, and
 // answers the row's status and reason (what MySQL decided, if it had the row)
 // and whether it wrote it. Failed orders count nowhere: no counter moves.
-func failOrderRow(ctx context.Context, db *sql.DB, o bus.OrderMsg, reason string, now time.Time) (settlement, bool, error) {
-	row := mysql.OrderRow{ID: o.ID, Sale: o.Sale, User: o.User, Qty: o.Qty, Region: o.Region, Status: flashgate.OrderFailed,
-		Reason: reason, Idem: o.Idem, Created: rowTime(o.Created), Expires: rowTime(o.Expires)}
+func failOrderRow(ctx context.Context, db *sql.DB, o flashgate.Order, reason string, now time.Time) (settlement, bool, error) {
+	row := o
+	row.Status, row.Reason = flashgate.OrderFailed, reason
+	row.CreatedAt, row.ExpiresAt = rowTime(o.CreatedAt.UnixMilli()), rowTime(o.ExpiresAt.UnixMilli())
 	inserted, err := mysql.InsertFailed(ctx, db, row, now)
 	if err != nil {
 		return settlement{}, false, fmt.Errorf("failed row: %w", err)
 	}
 	st, err := mysql.OrderStateOf(ctx, db, o.ID)
-	if errors.Is(err, mysql.ErrNoOrder) && o.Idem != "" {
+	if errors.Is(err, mysql.ErrNoOrder) && o.IdemKey != "" {
 		// Another order holds the Idempotency-Key (orders_sale_user_idem): this
 		// one's row goes without it.
-		o.Idem = ""
+		o.IdemKey = ""
 		return failOrderRow(ctx, db, o, reason, now)
 	}
 	if err != nil {
@@ -283,10 +284,10 @@ func (b *Backend) recycle(ctx context.Context, e entry) error {
 	// ack wait or so, not in a burst per recycle.
 	fresh.Header.Set(hdrOutageTries, strconv.FormatUint(priorTries(e.msg.Headers())+deliveries(e.msg), 10))
 	if _, err := b.js.PublishMsg(ctx, fresh, jetstream.WithMsgID(msgID)); err != nil {
-		return fmt.Errorf("recycle %s/%d: %w", e.order.Sale, e.order.ID, err)
+		return fmt.Errorf("recycle %s/%d: %w", e.order.SaleID, e.order.ID, err)
 	}
 	if err := e.msg.Term(); err != nil {
-		return fmt.Errorf("recycle %s/%d: term: %w", e.order.Sale, e.order.ID, err)
+		return fmt.Errorf("recycle %s/%d: term: %w", e.order.SaleID, e.order.ID, err)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
@@ -67,8 +68,8 @@ func TestPoisonOrderDeadLettered(t *testing.T) {
 	poison := admit(t, s.rc, k, "p", 1, "")
 	// A payment deadline in the year 12000 decodes fine but fits no DATETIME:
 	// MySQL refuses the insert (error 1292), every time.
-	poison.Expires = time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
-	var good []bus.OrderMsg
+	poison.ExpiresAt = ms(time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli())
+	var good []flashgate.Order
 	for i := range 20 {
 		good = append(good, admit(t, s.rc, k, "g"+strconv.Itoa(i), 1, ""))
 	}

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 )
@@ -26,7 +25,7 @@ func TestForgedChargesRefused(t *testing.T) {
 
 	// forge admits for sub with charges cs, and publishes what a gateway
 	// would, facts and all, with charges sent.
-	forge := func(sub flashgate.Subjects, cs, sent []flashgate.Charge) bus.OrderMsg {
+	forge := func(sub flashgate.Subjects, cs, sent []flashgate.Charge) flashgate.Order {
 		t.Helper()
 		now := time.Now()
 		a := lua.AdmitArgs{User: sub.User, Quantity: 1, OrderID: nextID.Add(1), Now: now, PayBy: now.Add(15 * time.Minute),
@@ -35,9 +34,9 @@ func TestForgedChargesRefused(t *testing.T) {
 		if err != nil || got.Outcome != lua.Admitted {
 			t.Fatalf("admit %+v: %+v, %v", sub, got, err)
 		}
-		m := bus.OrderMsg{ID: got.OrderID, Sale: sale.ID, User: sub.User, Qty: 1, Created: now.UnixMilli(),
-			Expires: a.PayBy.UnixMilli(), Charges: flashgate.EncodeCharges(sent),
-			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Addr: sub.Address}
+		m := flashgate.Order{ID: got.OrderID, SaleID: sale.ID, UserID: sub.User, Quantity: 1, CreatedAt: ms(now.UnixMilli()),
+			ExpiresAt: ms(a.PayBy.UnixMilli()), Charges: flashgate.EncodeCharges(sent),
+			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Address: sub.Address}
 		s.publish(m)
 		return m
 	}
@@ -64,7 +63,7 @@ func TestForgedChargesRefused(t *testing.T) {
 	eventually(t, 15*time.Second, "3 orders decided", func() bool {
 		return s.rows(sale.ID, "confirmed")+s.rows(sale.ID, "failed") == 3
 	})
-	for _, m := range []bus.OrderMsg{omitted, elsewhere} {
+	for _, m := range []flashgate.Order{omitted, elsewhere} {
 		if st, why, _ := s.order(m.ID); st != "failed" || why != flashgate.ReasonBadCharges {
 			t.Fatalf("forged order %d: %s/%s", m.ID, st, why)
 		}

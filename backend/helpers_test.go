@@ -13,7 +13,6 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/audit"
-	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
@@ -117,7 +116,7 @@ func init() { nextID.Store(uint64(time.Now().UnixNano()) >> 1) }
 
 // admit runs the admission script like a gateway and returns the message the
 // gateway would publish.
-func admit(t testing.TB, rc rueidis.Client, k *lua.Keys, user string, qty int64, region string) bus.OrderMsg {
+func admit(t testing.TB, rc rueidis.Client, k *lua.Keys, user string, qty int64, region string) flashgate.Order {
 	t.Helper()
 	now := time.Now()
 	a := lua.AdmitArgs{User: user, Quantity: qty, OrderID: nextID.Add(1), Now: now, Region: region, PayBy: now.Add(15 * time.Minute)}
@@ -128,11 +127,11 @@ func admit(t testing.TB, rc rueidis.Client, k *lua.Keys, user string, qty int64,
 	if got.Outcome != lua.Admitted {
 		t.Fatalf("admit %s x%d: %v", user, qty, got.Outcome)
 	}
-	return bus.OrderMsg{ID: got.OrderID, Sale: k.Sale, User: user, Qty: qty, Region: region,
-		Created: now.UnixMilli(), Expires: a.PayBy.UnixMilli()}
+	return flashgate.Order{ID: got.OrderID, SaleID: k.Sale, UserID: user, Quantity: qty, Region: region, Status: flashgate.OrderPending,
+		CreatedAt: ms(now.UnixMilli()), ExpiresAt: ms(a.PayBy.UnixMilli())}
 }
 
-func ids(msgs []bus.OrderMsg) []uint64 {
+func ids(msgs []flashgate.Order) []uint64 {
 	out := make([]uint64, len(msgs))
 	for i, m := range msgs {
 		out[i] = m.ID
@@ -140,7 +139,7 @@ func ids(msgs []bus.OrderMsg) []uint64 {
 	return out
 }
 
-func (e *env) process(sale string, msgs []bus.OrderMsg) []outcome {
+func (e *env) process(sale string, msgs []flashgate.Order) []outcome {
 	e.t.Helper()
 	out, err := e.w.process(ctx(e.t), sale, msgs)
 	if err != nil {
@@ -193,7 +192,7 @@ func redisStatus(t testing.TB, rc rueidis.Client, k *lua.Keys, id uint64) (strin
 	if err != nil || !ok {
 		t.Fatalf("redis order %d: ok=%v err=%v", id, ok, err)
 	}
-	return rec.Status, rec.Reason
+	return string(rec.Status), rec.Reason
 }
 
 func reservations(t testing.TB, rc rueidis.Client, k *lua.Keys) int {
@@ -242,3 +241,6 @@ func eventually(t testing.TB, within time.Duration, what string, cond func() boo
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// ms is a time as the orders stream carries it: Unix milliseconds, in UTC.
+func ms(v int64) time.Time { return time.UnixMilli(v).UTC() }

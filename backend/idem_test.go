@@ -9,13 +9,12 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 )
 
 // admitIdem admits like admit, with an Idempotency-Key.
-func admitIdem(t testing.TB, rc rueidis.Client, k *lua.Keys, user, idem string) bus.OrderMsg {
+func admitIdem(t testing.TB, rc rueidis.Client, k *lua.Keys, user, idem string) flashgate.Order {
 	t.Helper()
 	now := time.Now()
 	a := lua.AdmitArgs{User: user, Quantity: 1, OrderID: nextID.Add(1), Now: now, IdemKey: idem, PayBy: now.Add(15 * time.Minute)}
@@ -23,8 +22,8 @@ func admitIdem(t testing.TB, rc rueidis.Client, k *lua.Keys, user, idem string) 
 	if err != nil || got.Outcome != lua.Admitted {
 		t.Fatalf("admit %s/%s: %v %v", user, idem, got.Outcome, err)
 	}
-	return bus.OrderMsg{ID: got.OrderID, Sale: k.Sale, User: user, Qty: 1, Created: now.UnixMilli(),
-		Expires: a.PayBy.UnixMilli(), Idem: idem}
+	return flashgate.Order{ID: got.OrderID, SaleID: k.Sale, UserID: user, Quantity: 1, CreatedAt: ms(now.UnixMilli()),
+		ExpiresAt: ms(a.PayBy.UnixMilli()), IdemKey: idem}
 }
 
 // forgetIdem drops Redis's memory of user's Idempotency-Key idem, as a Redis
@@ -48,7 +47,7 @@ func TestDuplicateIdempotencyKey(t *testing.T) {
 	k := e.createSale(s)
 
 	first := admitIdem(t, e.rc, k, "u1", "k1")
-	if o := e.process(s.ID, []bus.OrderMsg{first}); o[0].Status != flashgate.OrderConfirmed {
+	if o := e.process(s.ID, []flashgate.Order{first}); o[0].Status != flashgate.OrderConfirmed {
 		t.Fatalf("first: %+v", o[0])
 	}
 	forgetIdem(t, e.rc, k, "u1", "k1")
@@ -56,7 +55,7 @@ func TestDuplicateIdempotencyKey(t *testing.T) {
 	if second.ID == first.ID {
 		t.Fatal("the admission replayed: Redis did not forget")
 	}
-	o := e.process(s.ID, []bus.OrderMsg{second})
+	o := e.process(s.ID, []flashgate.Order{second})
 	if o[0].Status != flashgate.OrderFailed || o[0].Reason != flashgate.ReasonDuplicate {
 		t.Errorf("second across batches: %+v, want failed %s", o[0], flashgate.ReasonDuplicate)
 	}
@@ -65,7 +64,7 @@ func TestDuplicateIdempotencyKey(t *testing.T) {
 	a := admitIdem(t, e.rc, k, "u2", "k2")
 	forgetIdem(t, e.rc, k, "u2", "k2")
 	b := admitIdem(t, e.rc, k, "u2", "k2")
-	out := e.process(s.ID, []bus.OrderMsg{b, a})
+	out := e.process(s.ID, []flashgate.Order{b, a})
 	if out[1].Status != flashgate.OrderConfirmed || out[0].Status != flashgate.OrderFailed || out[0].Reason != flashgate.ReasonDuplicate {
 		t.Errorf("one batch: newer %+v, older %+v; want the older confirmed, the newer a duplicate", out[0], out[1])
 	}
@@ -112,7 +111,7 @@ func TestRewarmRestoresOrdersAndKeys(t *testing.T) {
 	k := e.createSale(s)
 
 	written := admitIdem(t, e.rc, k, "u1", "k1")
-	e.process(s.ID, []bus.OrderMsg{written})
+	e.process(s.ID, []flashgate.Order{written})
 	inFlight := admitIdem(t, e.rc, k, "u2", "k2")
 	publishTo(t, r.js, e, inFlight)
 
@@ -124,18 +123,18 @@ func TestRewarmRestoresOrdersAndKeys(t *testing.T) {
 	})
 
 	for _, c := range []struct {
-		m      bus.OrderMsg
-		status string
+		m      flashgate.Order
+		status flashgate.OrderStatus
 	}{{written, "confirmed"}, {inFlight, "processing"}} {
 		rec, ok, err := lua.Order(ctx(t), e.rc, k, c.m.ID)
-		if err != nil || !ok || rec.Status != c.status || rec.User != c.m.User || rec.Idem != c.m.Idem {
-			t.Errorf("order %d after the loss: %+v ok=%v err=%v, want %s of %s", c.m.ID, rec, ok, err, c.status, c.m.User)
+		if err != nil || !ok || rec.Status != c.status || rec.UserID != c.m.UserID || rec.IdemKey != c.m.IdemKey {
+			t.Errorf("order %d after the loss: %+v ok=%v err=%v, want %s of %s", c.m.ID, rec, ok, err, c.status, c.m.UserID)
 		}
 		now := time.Now()
-		got, err := lua.Load().Admit(ctx(t), e.rc, k, lua.AdmitArgs{User: c.m.User, Quantity: 1, OrderID: nextID.Add(1),
-			Now: now, IdemKey: c.m.Idem, PayBy: now.Add(time.Minute)})
+		got, err := lua.Load().Admit(ctx(t), e.rc, k, lua.AdmitArgs{User: c.m.UserID, Quantity: 1, OrderID: nextID.Add(1),
+			Now: now, IdemKey: c.m.IdemKey, PayBy: now.Add(time.Minute)})
 		if err != nil || got.Outcome != lua.Replayed || got.OrderID != c.m.ID {
-			t.Errorf("retry of %s/%s: %v %d (err %v), want a replay of %d", c.m.User, c.m.Idem, got.Outcome, got.OrderID, err, c.m.ID)
+			t.Errorf("retry of %s/%s: %v %d (err %v), want a replay of %d", c.m.UserID, c.m.IdemKey, got.Outcome, got.OrderID, err, c.m.ID)
 		}
 	}
 
@@ -162,7 +161,7 @@ func TestDeadLetterOfDuplicateKey(t *testing.T) {
 	s := spec(10, 3, nil)
 	k := e.createSale(s)
 	first := admitIdem(t, e.rc, k, "u1", "k1")
-	e.process(s.ID, []bus.OrderMsg{first})
+	e.process(s.ID, []flashgate.Order{first})
 	dup := first
 	dup.ID = nextID.Add(1)
 	st, wrote, err := failOrderRow(ctx(t), e.db, dup, flashgate.ReasonDeadLetter, time.Now())

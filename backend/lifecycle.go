@@ -173,64 +173,34 @@ func (b *Backend) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
 // getOrder answers an order MySQL holds, to its owner only, and writes its
 // record back to a Redis that lost it (HSETNX: a record there is newer).
 func (b *Backend) getOrder(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
-	row, err := mysql.Order(ctx, b.db, cmd.SaleID, cmd.OrderID)
+	o, err := mysql.Order(ctx, b.db, cmd.SaleID, cmd.OrderID)
 	if errors.Is(err, mysql.ErrNoOrder) {
 		return notFound, nil
 	}
-	o := orderRow(row)
 	if err != nil {
 		return bus.OrderReply{}, fmt.Errorf("order %d: %w", cmd.OrderID, err)
 	}
-	if o.User != cmd.UserID {
+	if o.UserID != cmd.UserID {
 		return notFound, nil
 	}
-	rec := o.record()
-	rec.Status = string(o.Status)
 	k := lua.KeysFor(cmd.SaleID, nil)
-	if err := b.rc.Do(ctx, b.rc.B().Hsetnx().Key(k.Orders).Field(strconv.FormatUint(o.ID, 10)).Value(rec.Value()).Build()).Error(); err != nil {
+	if err := b.rc.Do(ctx, b.rc.B().Hsetnx().Key(k.Orders).Field(strconv.FormatUint(o.ID, 10)).Value(lua.EncodeRecord(&o)).Build()).Error(); err != nil {
 		b.log.Warn("writing back an order Redis lost", "sale", cmd.SaleID, "order", o.ID, "err", err)
 	}
-	return o.reply("", ""), nil
-}
-
-// orderRow is one order as MySQL holds it.
-type orderRow mysql.OrderRow
-
-// orderRows converts the store's rows.
-func orderRowsOf(rows []mysql.OrderRow) []orderRow {
-	out := make([]orderRow, len(rows))
-	for i, r := range rows {
-		out[i] = orderRow(r)
-	}
-	return out
-}
-
-func storeRows(orders []orderRow) []mysql.OrderRow {
-	out := make([]mysql.OrderRow, len(orders))
-	for i, o := range orders {
-		out[i] = mysql.OrderRow(o)
-	}
-	return out
-}
-
-// record is the order as Redis keeps it (Status and Reason aside).
-func (o *orderRow) record() lua.Record {
-	return lua.Record{Reason: o.Reason, User: o.User, Qty: o.Qty, Region: o.Region,
-		Created: o.Created.UnixMilli(), Expires: o.Expires.UnixMilli(), Idem: o.Idem, Charges: o.Charges}
+	return reply(&o, "", ""), nil
 }
 
 // reply answers with code and the order as it now stands.
-func (o *orderRow) reply(code flashgate.Code, msg string) bus.OrderReply {
+func reply(o *flashgate.Order, code flashgate.Code, msg string) bus.OrderReply {
 	c := string(code)
 	if code == "" {
 		c = bus.ReplyOK
 	}
-	return bus.OrderReply{Code: c, Message: msg, Status: string(o.Status), Reason: o.Reason, Quantity: o.Qty,
-		Region: o.Region, CreatedAt: o.Created, ExpiresAt: o.Expires}
+	return bus.ReplyOf(c, msg, o)
 }
 
 // closed answers a command on an order that can no longer change that way.
-func (o *orderRow) closed() bus.OrderReply {
+func closed(o *flashgate.Order) bus.OrderReply {
 	var msg string
 	switch {
 	case o.Status == flashgate.OrderPaid:
@@ -244,7 +214,7 @@ func (o *orderRow) closed() bus.OrderReply {
 	default:
 		msg = "the order is closed"
 	}
-	return o.reply(flashgate.CodeOrderClosed, msg)
+	return reply(o, flashgate.CodeOrderClosed, msg)
 }
 
 var notFound = bus.OrderReply{Code: string(flashgate.CodeOrderNotFound), Message: "no such order"}
@@ -252,9 +222,8 @@ var notFound = bus.OrderReply{Code: string(flashgate.CodeOrderNotFound), Message
 var errNoOrder = mysql.ErrNoOrder
 
 // lockOrder reads one order of sale and locks its row.
-func lockOrder(ctx context.Context, tx *sql.Tx, sale string, id uint64) (orderRow, error) {
-	o, err := mysql.LockOrder(ctx, tx, sale, id)
-	return orderRow(o), err
+func lockOrder(ctx context.Context, tx *sql.Tx, sale string, id uint64) (flashgate.Order, error) {
+	return mysql.LockOrder(ctx, tx, sale, id)
 }
 
 // absent answers a command on an order MySQL has no row of: one Redis still
@@ -265,7 +234,7 @@ func (b *Backend) absent(ctx context.Context, cmd bus.OrderCommand) (bus.OrderRe
 	if err != nil {
 		return bus.OrderReply{}, fmt.Errorf("order %d in redis: %w", cmd.OrderID, err)
 	}
-	if ok && rec.User == cmd.UserID && (rec.Status == lua.StatusPending || rec.Status == lua.StatusProcessing) {
+	if ok && rec.UserID == cmd.UserID && (rec.Status == lua.StatusPending || rec.Status == lua.StatusProcessing) {
 		return bus.OrderReply{Code: string(flashgate.CodeConflict), Message: "order is still being confirmed; retry",
 			Status: string(flashgate.OrderPending)}, nil
 	}
@@ -297,7 +266,7 @@ func retryTx[T any](ctx context.Context, attempts int, fn func() (T, error)) (T,
 // expired one the sweeper has not reached yet is expired here and now).
 func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
 	type result struct {
-		o       orderRow
+		o       flashgate.Order
 		missing bool
 		expired bool
 	}
@@ -313,11 +282,13 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 		if errors.Is(err, errNoOrder) {
 			return result{missing: true}, nil
 		}
-		if err != nil || o.User != cmd.UserID || o.Status != flashgate.OrderConfirmed {
+		if err != nil || o.UserID != cmd.UserID {
 			return result{o: o}, err
 		}
-		if !now.Before(o.Expires) {
-			return result{o: o, expired: true}, nil
+		paid := o
+		if paid.Pay(now) != nil {
+			// Not confirmed, or confirmed past its deadline: expired.
+			return result{o: o, expired: o.Status == flashgate.OrderConfirmed}, nil
 		}
 		if err := mysql.MarkPaid(ctx, tx, o.ID, now); err != nil {
 			return result{}, fmt.Errorf("pay %d: %w", o.ID, err)
@@ -325,8 +296,7 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 		if err := tx.Commit(); err != nil {
 			return result{}, fmt.Errorf("pay %d: commit: %w", o.ID, err)
 		}
-		o.Status = flashgate.OrderPaid
-		return result{o: o}, nil
+		return result{o: paid}, nil
 	})
 	if err != nil {
 		return bus.OrderReply{}, err
@@ -335,7 +305,7 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 	switch {
 	case res.missing:
 		return b.absent(ctx, cmd)
-	case o.User != cmd.UserID:
+	case o.UserID != cmd.UserID:
 		return notFound, nil
 	case res.expired:
 		// Expire it now, under the sale lock like the sweeper (it may beat us
@@ -344,21 +314,21 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 			b.log.Warn("expiring an order at payment", "sale", cmd.SaleID, "order", o.ID, "err", err) // the sweeper retries
 		}
 		o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
-		return o.closed(), nil
+		return closed(&o), nil
 	case o.Status == flashgate.OrderPaid:
 		// Paid now or before: tell Redis (again: it heals a write-back a
 		// crash or a late confirm lost).
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
 		defer cancel()
-		if b.retired(rctx, o.Sale) {
-			return o.reply("", ""), nil
+		if b.retired(rctx, o.SaleID) {
+			return reply(&o, "", ""), nil
 		}
-		if err := b.scripts.MarkPaid(rctx, b.rc, lua.KeysFor(o.Sale, nil), o.ID, o.record()); err != nil {
-			b.log.Warn("paid status to redis", "sale", o.Sale, "order", o.ID, "err", err)
+		if err := b.scripts.MarkPaid(rctx, b.rc, lua.KeysFor(o.SaleID, nil), o); err != nil {
+			b.log.Warn("paid status to redis", "sale", o.SaleID, "order", o.ID, "err", err)
 		}
-		return o.reply("", ""), nil
+		return reply(&o, "", ""), nil
 	default:
-		return o.closed(), nil
+		return closed(&o), nil
 	}
 }
 
@@ -367,7 +337,7 @@ func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) 
 // twice); a paid or failed order is closed.
 func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
 	type result struct {
-		o       orderRow
+		o       flashgate.Order
 		missing bool
 	}
 	res, err := retryTx(ctx, commandRetries, func() (result, error) {
@@ -385,11 +355,10 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 		if errors.Is(err, errNoOrder) {
 			return result{missing: true}, nil
 		}
-		if err != nil || o.User != cmd.UserID || o.Status != flashgate.OrderConfirmed {
+		if err != nil || o.UserID != cmd.UserID || o.Cancel() != nil {
 			return result{o: o}, err
 		}
-		o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonCanceled
-		if err := returnUnits(ctx, tx, cmd.SaleID, []orderRow{o}, flashgate.ReasonCanceled, now); err != nil {
+		if err := returnUnits(ctx, tx, cmd.SaleID, []flashgate.Order{o}, flashgate.ReasonCanceled, now); err != nil {
 			return result{}, fmt.Errorf("cancel %d: %w", o.ID, err)
 		}
 		if err := tx.Commit(); err != nil {
@@ -404,31 +373,31 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 	switch {
 	case res.missing:
 		return b.absent(ctx, cmd)
-	case o.User != cmd.UserID:
+	case o.UserID != cmd.UserID:
 		return notFound, nil
 	case o.Status == flashgate.OrderCanceled:
 		// Canceled now, or before (by the buyer or the sweeper): restock is
 		// idempotent, so running it again heals a Redis step that failed.
-		if !b.retired(ctx, o.Sale) {
-			b.restock(ctx, o.Sale, []orderRow{o})
+		if !b.retired(ctx, o.SaleID) {
+			b.restock(ctx, o.SaleID, []flashgate.Order{o})
 		}
-		return o.reply("", ""), nil
+		return reply(&o, "", ""), nil
 	default:
-		return o.closed(), nil
+		return closed(&o), nil
 	}
 }
 
 // returnUnits cancels orders (confirmed, locked, of sale, whose row the caller
 // holds) with reason and gives their units back to every counter.
-func returnUnits(ctx context.Context, tx *sql.Tx, sale string, orders []orderRow, reason string, now time.Time) error {
-	return mysql.ReturnUnits(ctx, tx, sale, storeRows(orders), reason, now)
+func returnUnits(ctx context.Context, tx *sql.Tx, sale string, orders []flashgate.Order, reason string, now time.Time) error {
+	return mysql.ReturnUnits(ctx, tx, sale, orders, reason, now)
 }
 
 // restock gives the units of orders MySQL has canceled back to Redis and tells
 // the gateways. It runs after the commit, so it only logs a failure: MySQL is
 // the truth, and running it again (a repeated cancel, reconcile's
 // restockCanceled) is safe. It answers how many orders' units went back.
-func (b *Backend) restock(ctx context.Context, sale string, orders []orderRow) int {
+func (b *Backend) restock(ctx context.Context, sale string, orders []flashgate.Order) int {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
 	defer cancel()
 	n, err := b.restockOrders(ctx, sale, orders)
@@ -441,7 +410,7 @@ func (b *Backend) restock(ctx context.Context, sale string, orders []orderRow) i
 
 // restockOrders runs lua.RestockMany over orders (canceled in MySQL) in calls of
 // sweepChunk, and publishes one restocked event per region that got units back.
-func (b *Backend) restockOrders(ctx context.Context, sale string, orders []orderRow) (int, error) {
+func (b *Backend) restockOrders(ctx context.Context, sale string, orders []flashgate.Order) (int, error) {
 	var regions []string
 	for _, o := range orders {
 		if o.Region != "" && !slices.Contains(regions, o.Region) {
@@ -453,9 +422,9 @@ func (b *Backend) restockOrders(ctx context.Context, sale string, orders []order
 	n := 0
 	var err error
 	for part := range slices.Chunk(orders, sweepChunk) {
-		batch := make([]lua.Restocking, len(part))
+		batch := make([]flashgate.Order, len(part))
 		for i, o := range part {
-			batch[i] = lua.Restocking{ID: o.ID, Status: o.Status, Reason: o.Reason, Record: o.record()}
+			batch[i] = o
 		}
 		var out []lua.RestockOutcome
 		if out, err = b.scripts.RestockMany(ctx, b.rc, k, batch); err != nil {
@@ -484,7 +453,7 @@ func (b *Backend) restockOrders(ctx context.Context, sale string, orders []order
 // stock. It answers how many orders' units went back.
 func (b *Backend) restockCanceled(ctx context.Context, sale string, since time.Time) (int, error) {
 	n := 0
-	batch := make([]orderRow, 0, sweepChunk)
+	batch := make([]flashgate.Order, 0, sweepChunk)
 	flush := func() error {
 		m, err := b.restockOrders(ctx, sale, batch)
 		n += m
@@ -492,8 +461,8 @@ func (b *Backend) restockCanceled(ctx context.Context, sale string, since time.T
 		return err
 	}
 	var flushErr error
-	err := mysql.EachCanceledSince(ctx, b.db, sale, since, func(o mysql.OrderRow) error {
-		if batch = append(batch, orderRow(o)); len(batch) == sweepChunk {
+	err := mysql.EachCanceledSince(ctx, b.db, sale, since, func(o flashgate.Order) error {
+		if batch = append(batch, o); len(batch) == sweepChunk {
 			if flushErr = flush(); flushErr != nil {
 				return flushErr
 			}
@@ -523,8 +492,8 @@ func (b *Backend) expireOrders(ctx context.Context, sale string, ids []uint64, n
 }
 
 // expireTx is the MySQL half of expireOrders: it answers the orders it expired.
-func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now time.Time) ([]orderRow, error) {
-	return retryTx(ctx, txRetries, func() ([]orderRow, error) {
+func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now time.Time) ([]flashgate.Order, error) {
+	return retryTx(ctx, txRetries, func() ([]flashgate.Order, error) {
 		tx, err := beginRC(ctx, b.db)
 		if err != nil {
 			return nil, err
@@ -537,11 +506,10 @@ func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now t
 		if !found {
 			return nil, nil // no sale, so none of its orders is confirmed
 		}
-		due, err := mysql.LockExpired(ctx, tx, sale, ids, now)
+		orders, err := mysql.LockExpired(ctx, tx, sale, ids, now)
 		if err != nil {
 			return nil, fmt.Errorf("expire %s: %w", sale, err)
 		}
-		orders := orderRowsOf(due)
 		for i := range orders {
 			orders[i].Status, orders[i].Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
 		}

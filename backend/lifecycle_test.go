@@ -30,12 +30,12 @@ func (e *env) lifecycleSale(s *flashgate.Sale) *lua.Keys {
 
 // confirmedOrders admits orders like a gateway (user of each given by user(i)),
 // with a payment deadline of payBy, and writes them to MySQL like the consumer.
-func (e *env) confirmedOrders(k *lua.Keys, n int, qty int64, region string, payBy time.Time, user func(int) string) []bus.OrderMsg {
+func (e *env) confirmedOrders(k *lua.Keys, n int, qty int64, region string, payBy time.Time, user func(int) string) []flashgate.Order {
 	e.t.Helper()
-	msgs := make([]bus.OrderMsg, n)
+	msgs := make([]flashgate.Order, n)
 	for i := range msgs {
 		msgs[i] = admit(e.t, e.rc, k, user(i), qty, region)
-		msgs[i].Expires = payBy.UnixMilli()
+		msgs[i].ExpiresAt = ms(payBy.UnixMilli())
 	}
 	for start := 0; start < n; start += 500 {
 		for _, o := range e.process(k.Sale, msgs[start:min(start+500, n)]) {
@@ -47,15 +47,15 @@ func (e *env) confirmedOrders(k *lua.Keys, n int, qty int64, region string, payB
 	return msgs
 }
 
-func (e *env) confirmed(k *lua.Keys, user string, qty int64, region string) bus.OrderMsg {
+func (e *env) confirmed(k *lua.Keys, user string, qty int64, region string) flashgate.Order {
 	e.t.Helper()
 	return e.confirmedOrders(k, 1, qty, region, time.Now().Add(15*time.Minute), func(int) string { return user })[0]
 }
 
 // command carries out an order command as a backend receives it.
-func (s *started) command(op string, m bus.OrderMsg, user string) bus.OrderReply {
+func (s *started) command(op string, m flashgate.Order, user string) bus.OrderReply {
 	s.t.Helper()
-	return s.b.handleCommand(bus.OrderCommand{Op: op, SaleID: m.Sale, OrderID: m.ID, UserID: user})
+	return s.b.handleCommand(bus.OrderCommand{Op: op, SaleID: m.SaleID, OrderID: m.ID, UserID: user})
 }
 
 func wantReply(t *testing.T, what string, r bus.OrderReply, code, status, reason string) {
@@ -129,7 +129,7 @@ func TestPay(t *testing.T) {
 		for i := range 2 {
 			r := s.command(bus.CmdPay, m, "u1")
 			wantReply(t, "pay #"+strconv.Itoa(i), r, ok, "paid", "")
-			if r.Quantity != 2 || r.ExpiresAt.UnixMilli() != m.Expires || r.CreatedAt.UnixMilli() != m.Created {
+			if r.Quantity != 2 || r.ExpiresAt.UnixMilli() != m.ExpiresAt.UnixMilli() || r.CreatedAt.UnixMilli() != m.CreatedAt.UnixMilli() {
 				t.Fatalf("reply fields: %+v", r)
 			}
 			if st, _, _ := s.order(m.ID); st != "paid" {
@@ -159,7 +159,7 @@ func TestPay(t *testing.T) {
 		wantReply(t, "pay of no order", s.command(bus.CmdPay, none, "u2"), string(flashgate.CodeOrderNotFound), "", "")
 		wantReply(t, "cancel of no order", s.command(bus.CmdCancel, none, "u2"), string(flashgate.CodeOrderNotFound), "", "")
 		other := m
-		other.Sale = "no-such-sale"
+		other.SaleID = "no-such-sale"
 		wantReply(t, "pay under another sale", s.command(bus.CmdPay, other, "u2"), string(flashgate.CodeOrderNotFound), "", "")
 	})
 
@@ -169,7 +169,7 @@ func TestPay(t *testing.T) {
 			wantReply(t, op+" of a pending order", s.command(op, m, "u4"), string(flashgate.CodeConflict), "pending", "")
 			wantReply(t, op+" of another's pending order", s.command(op, m, "u5"), string(flashgate.CodeOrderNotFound), "", "")
 		}
-		s.process(sale.ID, []bus.OrderMsg{m})
+		s.process(sale.ID, []flashgate.Order{m})
 		wantReply(t, "pay once confirmed", s.command(bus.CmdPay, m, "u4"), ok, "paid", "")
 	})
 
@@ -205,7 +205,7 @@ func TestPay(t *testing.T) {
 		if err := closeSaleRow(ctx(t), s.db, closedSale.ID, time.Now()); err != nil {
 			t.Fatal(err)
 		}
-		s.process(closedSale.ID, []bus.OrderMsg{m})
+		s.process(closedSale.ID, []flashgate.Order{m})
 		wantReply(t, "pay of a failed order", s.command(bus.CmdPay, m, "u8"), closed, "failed", flashgate.ReasonSaleClosed)
 		wantReply(t, "cancel of a failed order", s.command(bus.CmdCancel, m, "u8"), closed, "failed", flashgate.ReasonSaleClosed)
 		s.auditOK(closedSale.ID)
@@ -303,7 +303,7 @@ func TestCancelHealsRedis(t *testing.T) {
 	sale := spec(5, 2, nil)
 	k := s.lifecycleSale(sale)
 	// cancelInMySQL is a cancel whose backend died right after the commit.
-	cancelInMySQL := func(m bus.OrderMsg) {
+	cancelInMySQL := func(m flashgate.Order) {
 		t.Helper()
 		tx, err := beginRC(ctx(t), s.db)
 		if err != nil {
@@ -314,7 +314,7 @@ func TestCancelHealsRedis(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := returnUnits(ctx(t), tx, sale.ID, []orderRow{o}, flashgate.ReasonCanceled, time.Now()); err != nil {
+		if err := returnUnits(ctx(t), tx, sale.ID, []flashgate.Order{o}, flashgate.ReasonCanceled, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.Commit(); err != nil {
@@ -366,8 +366,8 @@ func TestPayCancelRace(t *testing.T) {
 	var wg sync.WaitGroup
 	replies := make([][2]bus.OrderReply, len(msgs))
 	for i, m := range msgs {
-		wg.Go(func() { replies[i][0] = s.command(bus.CmdPay, m, m.User) })
-		wg.Go(func() { replies[i][1] = s.command(bus.CmdCancel, m, m.User) })
+		wg.Go(func() { replies[i][0] = s.command(bus.CmdPay, m, m.UserID) })
+		wg.Go(func() { replies[i][1] = s.command(bus.CmdCancel, m, m.UserID) })
 	}
 	wg.Wait()
 	var paid int64
@@ -532,9 +532,9 @@ func TestCommandsOverNATS(t *testing.T) {
 	sale := spec(10, 2, nil)
 	k := s.lifecycleSale(sale)
 	paid, canceled := s.confirmed(k, "u1", 1, ""), s.confirmed(k, "u2", 2, "")
-	send := func(op string, m bus.OrderMsg, user string) bus.OrderReply {
+	send := func(op string, m flashgate.Order, user string) bus.OrderReply {
 		t.Helper()
-		r, err := bus.Command(ctx(t), s.nc, s.cfg.NATS, bus.OrderCommand{Op: op, SaleID: m.Sale, OrderID: m.ID, UserID: user})
+		r, err := bus.Command(ctx(t), s.nc, s.cfg.NATS, bus.OrderCommand{Op: op, SaleID: m.SaleID, OrderID: m.ID, UserID: user})
 		if err != nil {
 			t.Fatalf("%s: %v", op, err)
 		}
@@ -542,7 +542,7 @@ func TestCommandsOverNATS(t *testing.T) {
 	}
 	r := send(bus.CmdPay, paid, "u1")
 	wantReply(t, "pay", r, bus.ReplyOK, "paid", "")
-	if r.Quantity != 1 || r.ExpiresAt.UnixMilli() != paid.Expires {
+	if r.Quantity != 1 || r.ExpiresAt.UnixMilli() != paid.ExpiresAt.UnixMilli() {
 		t.Fatalf("pay reply %+v", r)
 	}
 	wantReply(t, "cancel", send(bus.CmdCancel, canceled, "u2"), bus.ReplyOK, "canceled", flashgate.ReasonCanceled)
@@ -555,7 +555,7 @@ func TestCommandsOverNATS(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, m := range msgs {
 		wg.Go(func() {
-			r, err := bus.Command(ctx(t), s.nc, s.cfg.NATS, bus.OrderCommand{Op: bus.CmdPay, SaleID: m.Sale, OrderID: m.ID, UserID: m.User})
+			r, err := bus.Command(ctx(t), s.nc, s.cfg.NATS, bus.OrderCommand{Op: bus.CmdPay, SaleID: m.SaleID, OrderID: m.ID, UserID: m.UserID})
 			if err != nil || r.Code != bus.ReplyOK {
 				t.Errorf("pay %d: %+v, %v", m.ID, r, err)
 			}

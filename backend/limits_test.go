@@ -36,7 +36,7 @@ func limitedSpec(total int64) *flashgate.Sale {
 
 // admitSub admits like a gateway for a buyer with subjects sub; the outcome
 // must be Admitted.
-func admitSub(t testing.TB, rc rueidis.Client, k *lua.Keys, s *flashgate.Sale, sub flashgate.Subjects, qty int64) bus.OrderMsg {
+func admitSub(t testing.TB, rc rueidis.Client, k *lua.Keys, s *flashgate.Sale, sub flashgate.Subjects, qty int64) flashgate.Order {
 	t.Helper()
 	now := time.Now()
 	loc, _ := s.Location()
@@ -50,9 +50,9 @@ func admitSub(t testing.TB, rc rueidis.Client, k *lua.Keys, s *flashgate.Sale, s
 	if err != nil || got.Outcome != lua.Admitted {
 		t.Fatalf("admit %+v: %+v, %v", sub, got, err)
 	}
-	return bus.OrderMsg{ID: got.OrderID, Sale: k.Sale, User: sub.User, Qty: qty, Created: now.UnixMilli(),
-		Expires: a.PayBy.UnixMilli(), Charges: flashgate.EncodeCharges(cs),
-		Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Addr: sub.Address}
+	return flashgate.Order{ID: got.OrderID, SaleID: k.Sale, UserID: sub.User, Quantity: qty, CreatedAt: ms(now.UnixMilli()),
+		ExpiresAt: ms(a.PayBy.UnixMilli()), Charges: flashgate.EncodeCharges(cs),
+		Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Address: sub.Address}
 }
 
 func (e *env) used(sale string, lim int, window, subject string) int64 {
@@ -102,7 +102,7 @@ func TestLimitsCounted(t *testing.T) {
 			s := limitedSpec(20)
 			k := e.createSale(s)
 			t.Cleanup(func() { dropLimitKeys(t, e.rc, k, "sale", today()) })
-			msgs := []bus.OrderMsg{
+			msgs := []flashgate.Order{
 				admitSub(t, e.rc, k, s, flashgate.Subjects{User: "u1", Phone: "+8613800000001", Address: "a1"}, 1),
 				admitSub(t, e.rc, k, s, flashgate.Subjects{User: "u2", Phone: "+8613800000001", Address: "a2"}, 1),
 				admitSub(t, e.rc, k, s, flashgate.Subjects{User: "u3", Phone: "+8613800000003", Address: "a3"}, 2),
@@ -142,11 +142,11 @@ func TestLimitSlippedPastRedis(t *testing.T) {
 			t.Cleanup(func() { dropLimitKeys(t, e.rc, k, "sale", day) })
 			phone := "+8613800000009"
 			first := admitSub(t, e.rc, k, s, flashgate.Subjects{User: "u1", Phone: phone, Address: "a1"}, 2)
-			if o := e.process(s.ID, []bus.OrderMsg{first}); o[0].Status != flashgate.OrderConfirmed {
+			if o := e.process(s.ID, []flashgate.Order{first}); o[0].Status != flashgate.OrderConfirmed {
 				t.Fatalf("first: %+v", o)
 			}
 			dropLimitKeys(t, e.rc, k, "sale", day) // Redis forgets
-			late := []bus.OrderMsg{
+			late := []flashgate.Order{
 				admitSub(t, e.rc, k, s, flashgate.Subjects{User: "u2", Phone: phone, Address: "a2"}, 1),
 				admitSub(t, e.rc, k, s, flashgate.Subjects{User: "u3", Phone: "+8613800000010", Address: "a1"}, 1), // address a1 again
 				admitSub(t, e.rc, k, s, flashgate.Subjects{User: "u4", Phone: "+8613800000011", Address: "a4"}, 2), // fine
@@ -156,7 +156,7 @@ func TestLimitSlippedPastRedis(t *testing.T) {
 				out = e.process(s.ID, late)
 			} else {
 				for _, m := range late {
-					out = append(out, e.process(s.ID, []bus.OrderMsg{m})...)
+					out = append(out, e.process(s.ID, []flashgate.Order{m})...)
 				}
 			}
 			want := []struct{ status, reason string }{
@@ -202,7 +202,7 @@ func TestCancelUnchargesLimits(t *testing.T) {
 	t.Cleanup(func() { dropLimitKeys(t, s.rc, k, "sale", day) })
 	sub := flashgate.Subjects{User: "u1", Phone: "+8613800000021", Address: "home"}
 	m := admitSub(t, s.rc, k, sale, sub, 2)
-	if o := s.process(sale.ID, []bus.OrderMsg{m}); o[0].Status != flashgate.OrderConfirmed {
+	if o := s.process(sale.ID, []flashgate.Order{m}); o[0].Status != flashgate.OrderConfirmed {
 		t.Fatalf("%+v", o)
 	}
 	for range 2 {
@@ -216,7 +216,7 @@ func TestCancelUnchargesLimits(t *testing.T) {
 		s.auditOK(sale.ID)
 	}
 	again := admitSub(t, s.rc, k, sale, sub, 2)
-	if o := s.process(sale.ID, []bus.OrderMsg{again}); o[0].Status != flashgate.OrderConfirmed {
+	if o := s.process(sale.ID, []flashgate.Order{again}); o[0].Status != flashgate.OrderConfirmed {
 		t.Fatalf("buying again: %+v", o)
 	}
 	s.auditOK(sale.ID)
@@ -234,7 +234,7 @@ func TestWarmRebuildsLimits(t *testing.T) {
 	t.Cleanup(func() { dropLimitKeys(t, e.rc, k, "sale", day) })
 	sub := flashgate.Subjects{User: "u1", Phone: "+8613800000031", Address: "home"}
 	m := admitSub(t, e.rc, k, s, sub, 2)
-	if o := e.process(s.ID, []bus.OrderMsg{m}); o[0].Status != flashgate.OrderConfirmed {
+	if o := e.process(s.ID, []flashgate.Order{m}); o[0].Status != flashgate.OrderConfirmed {
 		t.Fatalf("%+v", o)
 	}
 	if _, err := e.db.ExecContext(ctx(t), `INSERT INTO limit_usage (sale_id, lim, window_id, subject, dimension, used)

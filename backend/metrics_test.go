@@ -35,7 +35,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := s.warmWith(sale, map[string]int64{"": 4})
-	var msgs []bus.OrderMsg
+	var msgs []flashgate.Order
 	for _, u := range []string{"u0", "u1", "u2"} {
 		msgs = append(msgs, admit(t, s.rc, k, u, 1, ""))
 	}
@@ -52,7 +52,7 @@ func TestMetrics(t *testing.T) {
 	})
 	eventually(t, 10*time.Second, "consumer drained", s.consumerIdle)
 	// A republish outside JetStream's dedup (no msg id): MySQL has the order.
-	if _, err := s.js.Publish(ctx(t), bus.OrderSubject(s.cfg.NATS, sale.ID), msgs[0].Append(nil)); err != nil {
+	if _, err := s.js.Publish(ctx(t), bus.OrderSubject(s.cfg.NATS, sale.ID), bus.AppendOrder(nil, &msgs[0])); err != nil {
 		t.Fatal(err)
 	}
 

@@ -253,7 +253,7 @@ func (b *Backend) reconcile(ctx context.Context, id string, opt ReconcileOptions
 type ledgerRead struct {
 	row     *saleRow
 	meta    bool
-	resv    map[uint64]lua.Record
+	resv    map[uint64]flashgate.Order
 	regions map[string]*RegionLedger // "" for a sale without regions
 	orphans int64                    // reserved units of regions the sale lacks
 }
@@ -288,9 +288,9 @@ func (b *Backend) readLedger(ctx context.Context, id string) (*ledgerRead, error
 	}
 	for _, rec := range resv {
 		if g := l.regions[rec.Region]; g != nil {
-			g.Reserved += rec.Qty
+			g.Reserved += rec.Quantity
 		} else {
-			l.orphans += rec.Qty
+			l.orphans += rec.Quantity
 		}
 	}
 	for _, g := range l.regions {
@@ -401,7 +401,7 @@ func (b *Backend) fixStock(ctx context.Context, sale string, onlyMissing bool, s
 // stockInFlight reads the sale's orders in the stream: all of them when only
 // missing keys are set (they count as in flight), or, for the full repair,
 // why it must wait (any message in the stream).
-func (b *Backend) stockInFlight(ctx context.Context, sale string, onlyMissing bool) (map[uint64]bus.OrderMsg, string, error) {
+func (b *Backend) stockInFlight(ctx context.Context, sale string, onlyMissing bool) (map[uint64]flashgate.Order, string, error) {
 	if onlyMissing {
 		msgs, err := b.streamOrders(ctx, sale)
 		return msgs, "", err
@@ -446,7 +446,7 @@ type stockPlan struct {
 	young, decided int
 }
 
-func (b *Backend) stockPlan(ctx context.Context, tx *sql.Tx, k *lua.Keys, msgs map[uint64]bus.OrderMsg, staleAfter time.Duration) (*stockPlan, error) {
+func (b *Backend) stockPlan(ctx context.Context, tx *sql.Tx, k *lua.Keys, msgs map[uint64]flashgate.Order, staleAfter time.Duration) (*stockPlan, error) {
 	resv, err := lua.Reservations(ctx, b.rc, k)
 	if err != nil {
 		return nil, err
@@ -467,15 +467,15 @@ func (b *Backend) stockPlan(ctx context.Context, tx *sql.Tx, k *lua.Keys, msgs m
 	p := &stockPlan{reserved: map[string]int64{}, extra: map[string]int64{}}
 	cutoff := time.Now().Add(-staleAfter).UnixMilli()
 	for id, rec := range resv {
-		p.reserved[rec.Region] += rec.Qty
-		if rec.Created > cutoff {
+		p.reserved[rec.Region] += rec.Quantity
+		if rec.CreatedAt.UnixMilli() > cutoff {
 			p.young++
 		}
 		if st, ok := rows[id]; ok {
 			p.decided++
 			if st.status == flashgate.OrderConfirmed || st.status == flashgate.OrderPaid {
 				// Counted in sold and still reserved until its write-back.
-				p.extra[rec.Region] -= rec.Qty
+				p.extra[rec.Region] -= rec.Quantity
 			}
 		}
 	}
@@ -486,7 +486,7 @@ func (b *Backend) stockPlan(ctx context.Context, tx *sql.Tx, k *lua.Keys, msgs m
 		if _, ok := rows[id]; ok {
 			continue
 		}
-		p.extra[m.Region] += m.Qty // in flight, unknown to Redis
+		p.extra[m.Region] += m.Quantity // in flight, unknown to Redis
 	}
 	return p, nil
 }
@@ -540,7 +540,7 @@ func (b *Backend) staleReservations(ctx context.Context, l *ledgerRead, staleAft
 	cutoff := time.Now().Add(-staleAfter).UnixMilli()
 	var stale []uint64
 	for id, rec := range l.resv {
-		if rec.Created <= cutoff {
+		if rec.CreatedAt.UnixMilli() <= cutoff {
 			stale = append(stale, id)
 		}
 	}
@@ -553,14 +553,12 @@ func (b *Backend) staleReservations(ctx context.Context, l *ledgerRead, staleAft
 	if err != nil {
 		return err
 	}
-	msgOf := func(id uint64) bus.OrderMsg {
-		r := l.resv[id]
-		m := bus.OrderMsg{ID: id, Sale: sale, User: r.User, Qty: r.Qty, Region: r.Region,
-			Created: r.Created, Expires: r.Expires, Idem: r.Idem, Charges: r.Charges}
-		m.SubjectsFromCharges(l.row.Limits)
+	msgOf := func(id uint64) flashgate.Order {
+		m := l.resv[id]
+		m.FactsFromCharges(l.row.Limits)
 		return m
 	}
-	var decided []bus.OrderMsg
+	var decided []flashgate.Order
 	var missing []uint64
 	for _, id := range stale {
 		st, ok := rows[id]
@@ -595,7 +593,7 @@ func (b *Backend) staleReservations(ctx context.Context, l *ledgerRead, staleAft
 			continue
 		}
 		m := msgOf(id)
-		buf = m.Append(buf[:0])
+		buf = bus.AppendOrder(buf[:0], &m)
 		ack, err := b.js.Publish(ctx, subject, buf, jetstream.WithMsgID(strconv.FormatUint(id, 10)))
 		if err != nil {
 			return fmt.Errorf("republish %s/%d: %w", sale, id, err)
@@ -651,13 +649,13 @@ func (b *Backend) streamState(ctx context.Context, sale string) (jetstream.Strea
 // per request, up to the stream's last sequence when it began (later messages
 // are admissions Redis knows). Undecodable messages are skipped (the consumer
 // dead-letters them).
-func (b *Backend) streamOrders(ctx context.Context, sale string) (map[uint64]bus.OrderMsg, error) {
+func (b *Backend) streamOrders(ctx context.Context, sale string) (map[uint64]flashgate.Order, error) {
 	s, n, st, err := b.streamState(ctx, sale)
 	if err != nil || n == 0 {
 		return nil, err
 	}
 	subject := bus.OrderSubject(b.cfg.NATS, sale)
-	out := make(map[uint64]bus.OrderMsg, n)
+	out := make(map[uint64]flashgate.Order, n)
 	for seq := st.FirstSeq; seq <= st.LastSeq; {
 		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -666,7 +664,7 @@ func (b *Backend) streamOrders(ctx context.Context, sale string) (map[uint64]bus
 		if err != nil {
 			return nil, fmt.Errorf("stream %s: reading %s: %w", b.cfg.NATS.Stream, subject, err)
 		}
-		if o, err := bus.DecodeOrder(m.Data); err == nil && o.Sale == sale {
+		if o, err := bus.DecodeOrder(m.Data); err == nil && o.SaleID == sale {
 			if _, dup := out[o.ID]; !dup {
 				out[o.ID] = o
 			}
@@ -723,9 +721,9 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 		if _, ok := rem[m.Region]; !ok {
 			continue // a region the sale lacks: MySQL fails it
 		}
-		rem[m.Region] -= m.Qty
-		users[m.User] += m.Qty
-		orders, units = orders+1, units+m.Qty
+		rem[m.Region] -= m.Quantity
+		users[m.UserID] += m.Quantity
+		orders, units = orders+1, units+m.Quantity
 	}
 	cmds := make(rueidis.Commands, 0, len(users)+3*len(msgs))
 	for u, n := range users {
@@ -744,16 +742,16 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 		// gives its units back to the stock and the buyer taken off above. Its
 		// limit charges are left out: the rebuilt counters hold MySQL's only,
 		// and MySQL's guard judges the order when it lands.
-		r := lua.Record{Status: lua.StatusProcessing, User: m.User, Qty: m.Qty, Region: m.Region,
-			Created: m.Created, Expires: m.Expires, Idem: m.Idem}
+		r := m
+		r.Status, r.Reason, r.Charges = lua.StatusProcessing, "", ""
 		sid := strconv.FormatUint(id, 10)
 		cmds = append(cmds,
-			b.rc.B().Hsetnx().Key(k.Resv).Field(sid).Value(r.ResvValue()).Build(),
-			b.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(r.Value()).Build())
-		if m.Idem != "" {
+			b.rc.B().Hsetnx().Key(k.Resv).Field(sid).Value(lua.EncodeResv(&r)).Build(),
+			b.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(lua.EncodeRecord(&r)).Build())
+		if m.IdemKey != "" {
 			// MySQL's order of the key, written first, wins: this one then
 			// fails as a duplicate when it lands.
-			cmds = append(cmds, b.rc.B().Hsetnx().Key(k.Idem).Field(m.User+"|"+m.Idem).Value(sid).Build())
+			cmds = append(cmds, b.rc.B().Hsetnx().Key(k.Idem).Field(m.UserID+"|"+m.IdemKey).Value(sid).Build())
 		}
 	}
 	for _, r := range b.rc.DoMulti(ctx, cmds...) {

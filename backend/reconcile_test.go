@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
@@ -35,9 +36,9 @@ func idleBackend(t *testing.T, e *env) *Backend {
 }
 
 // publishTo sends an order like a gateway: Nats-Msg-Id = order id.
-func publishTo(t *testing.T, js jetstream.JetStream, e *env, m bus.OrderMsg) {
+func publishTo(t *testing.T, js jetstream.JetStream, e *env, m flashgate.Order) {
 	t.Helper()
-	if _, err := js.Publish(ctx(t), bus.OrderSubject(e.cfg.NATS, m.Sale), m.Append(nil),
+	if _, err := js.Publish(ctx(t), bus.OrderSubject(e.cfg.NATS, m.SaleID), bus.AppendOrder(nil, &m),
 		jetstream.WithMsgID(strconv.FormatUint(m.ID, 10))); err != nil {
 		t.Fatal(err)
 	}
@@ -74,12 +75,12 @@ func TestReconcileAfterRedisLoss(t *testing.T) {
 	sale := spec(10, 2, nil)
 	k := e.createSale(sale)
 
-	done := []bus.OrderMsg{admit(t, e.rc, k, "u1", 2, ""), admit(t, e.rc, k, "u2", 1, "")}
+	done := []flashgate.Order{admit(t, e.rc, k, "u1", 2, ""), admit(t, e.rc, k, "u2", 1, "")}
 	e.process(sale.ID, done) // sold 3
-	inFlight := []bus.OrderMsg{admit(t, e.rc, k, "u3", 1, ""), admit(t, e.rc, k, "u4", 2, "")}
+	inFlight := []flashgate.Order{admit(t, e.rc, k, "u3", 1, ""), admit(t, e.rc, k, "u4", 2, "")}
 	// And one MySQL will refuse: u1 holds the limit already.
 	now := time.Now()
-	refused := bus.OrderMsg{ID: nextID.Add(1), Sale: sale.ID, User: "u1", Qty: 1, Created: now.UnixMilli(), Expires: now.Add(time.Hour).UnixMilli()}
+	refused := flashgate.Order{ID: nextID.Add(1), SaleID: sale.ID, UserID: "u1", Quantity: 1, CreatedAt: ms(now.UnixMilli()), ExpiresAt: ms(now.Add(time.Hour).UnixMilli())}
 	for _, m := range append(inFlight, refused) {
 		publishTo(t, r.js, e, m)
 	}
@@ -165,16 +166,16 @@ func TestReconcileStaleReservations(t *testing.T) {
 	sale := spec(10, 2, nil)
 	k := s.createSale(sale)
 	old := time.Now().Add(-time.Minute)
-	admitAt := func(user string, at time.Time) bus.OrderMsg {
+	admitAt := func(user string, at time.Time) flashgate.Order {
 		a := lua.AdmitArgs{User: user, Quantity: 1, OrderID: nextID.Add(1), Now: at, PayBy: at.Add(15 * time.Minute)}
 		if got, err := s.scripts.Admit(ctx(t), s.rc, k, a); err != nil || got.Outcome != lua.Admitted {
 			t.Fatalf("admit: %v %v", got, err)
 		}
-		return bus.OrderMsg{ID: a.OrderID, Sale: sale.ID, User: user, Qty: 1, Created: at.UnixMilli(), Expires: a.PayBy.UnixMilli()}
+		return flashgate.Order{ID: a.OrderID, SaleID: sale.ID, UserID: user, Quantity: 1, CreatedAt: ms(at.UnixMilli()), ExpiresAt: ms(a.PayBy.UnixMilli())}
 	}
 	orphan := admitAt("orphan", old)   // its gateway died before publishing
 	decided := admitAt("decided", old) // written, not written back
-	if _, err := s.w.writeRetrying(ctx(t), sale.ID, []bus.OrderMsg{decided}); err != nil {
+	if _, err := s.w.writeRetrying(ctx(t), sale.ID, []flashgate.Order{decided}); err != nil {
 		t.Fatal(err)
 	}
 	young := admitAt("young", time.Now())
@@ -249,13 +250,13 @@ func TestReconcileRestoresLostStockKey(t *testing.T) {
 			r := idleBackend(t, e)
 			sale := spec(10, 3, map[string]int64{"bj": 6, "sh": 4})
 			k := e.createSale(sale)
-			e.process(sale.ID, []bus.OrderMsg{admit(t, e.rc, k, "u1", 1, "bj")}) // bj sold 1
-			admit(t, e.rc, k, "u2", 2, "bj")                                     // bj reserved 2
-			admit(t, e.rc, k, "u3", 1, "sh")                                     // sh reserved 1
+			e.process(sale.ID, []flashgate.Order{admit(t, e.rc, k, "u1", 1, "bj")}) // bj sold 1
+			admit(t, e.rc, k, "u2", 2, "bj")                                        // bj reserved 2
+			admit(t, e.rc, k, "u3", 1, "sh")                                        // sh reserved 1
 			// In flight in bj, unknown to Redis (it lost the reservation too).
 			now := time.Now()
-			publishTo(t, r.js, e, bus.OrderMsg{ID: nextID.Add(1), Sale: sale.ID, User: "u4", Qty: 1, Region: "bj",
-				Created: now.UnixMilli(), Expires: now.Add(time.Hour).UnixMilli()})
+			publishTo(t, r.js, e, flashgate.Order{ID: nextID.Add(1), SaleID: sale.ID, UserID: "u4", Quantity: 1, Region: "bj",
+				CreatedAt: ms(now.UnixMilli()), ExpiresAt: ms(now.Add(time.Hour).UnixMilli())})
 			bj, _ := k.Stock("bj")
 			if err := e.rc.Do(ctx(t), e.rc.B().Del().Key(bj).Build()).Error(); err != nil {
 				t.Fatal(err)
@@ -291,7 +292,7 @@ func TestReconcileRestocksCanceled(t *testing.T) {
 	r := idleBackend(t, e)
 	sale := spec(10, 2, nil)
 	k := e.createSale(sale)
-	msgs := []bus.OrderMsg{admit(t, e.rc, k, "u1", 2, ""), admit(t, e.rc, k, "u2", 1, "")}
+	msgs := []flashgate.Order{admit(t, e.rc, k, "u1", 2, ""), admit(t, e.rc, k, "u2", 1, "")}
 	e.process(sale.ID, msgs)
 	// MySQL's half of a cancel of u1's order, and nothing in Redis.
 	tx, err := e.db.BeginTx(ctx(t), nil)

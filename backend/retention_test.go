@@ -222,9 +222,9 @@ func TestRetentionWaitsForTheStream(t *testing.T) {
 	sale := spec(10, 2, nil)
 	e.createSale(sale)
 	e.end(sale.ID, time.Minute)
-	m := bus.OrderMsg{ID: nextID.Add(1), Sale: sale.ID, User: "u1", Qty: 1,
-		Created: time.Now().UnixMilli(), Expires: time.Now().Add(time.Minute).UnixMilli()}
-	if _, err := js.Publish(ctx(t), bus.OrderSubject(e.cfg.NATS, sale.ID), m.Append(nil)); err != nil {
+	m := flashgate.Order{ID: nextID.Add(1), SaleID: sale.ID, UserID: "u1", Quantity: 1,
+		CreatedAt: ms(time.Now().UnixMilli()), ExpiresAt: ms(time.Now().Add(time.Minute).UnixMilli())}
+	if _, err := js.Publish(ctx(t), bus.OrderSubject(e.cfg.NATS, sale.ID), bus.AppendOrder(nil, &m)); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := b.retireSales(ctx(t), time.Now().Add(e.cfg.Sales.Retention+time.Minute))

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
@@ -175,7 +175,7 @@ func TestLockedSaleRowIsNotPoison(t *testing.T) {
 	if err := holder.QueryRowContext(ctx(t), `SELECT id FROM sales WHERE id = ? FOR UPDATE`, sale.ID).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	var msgs []bus.OrderMsg
+	var msgs []flashgate.Order
 	for i := range 6 {
 		m := admit(t, s.rc, k, fmt.Sprintf("u%d", i), 1, "")
 		msgs = append(msgs, m)

@@ -261,14 +261,11 @@ func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
 		cmds = cmds[:0]
 		return nil
 	}
-	err := mysql.EachOrder(ctx, w.db, k.Sale, func(o mysql.OrderRow) error {
-		ro := orderRow(o)
-		r := ro.record()
-		r.Status = string(o.Status)
+	err := mysql.EachOrder(ctx, w.db, k.Sale, func(o flashgate.Order) error {
 		sid := strconv.FormatUint(o.ID, 10)
-		cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(r.Value()).Build())
-		if r.Idem != "" {
-			cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Idem).Field(r.User+"|"+r.Idem).Value(sid).Build())
+		cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(lua.EncodeRecord(&o)).Build())
+		if o.IdemKey != "" {
+			cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Idem).Field(o.UserID+"|"+o.IdemKey).Value(sid).Build())
 		}
 		if len(cmds) >= 2*usersChunk {
 			return flush()

@@ -15,7 +15,6 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/mysql"
@@ -98,11 +97,11 @@ type usageKey = mysql.UsageKey
 // fact a limit needs): whoever made it cannot be trusted with the limits, so
 // the order fails (bad_charges). The message's charges are still what the
 // admission counted in Redis, and what the release there gives back.
-func (s *saleShape) charges(o bus.OrderMsg) ([]flashgate.Charge, bool) {
+func (s *saleShape) charges(o flashgate.Order) ([]flashgate.Charge, bool) {
 	if len(s.limits) == 0 {
 		return nil, o.Charges == ""
 	}
-	cs, err := s.spec.Charges(o.Subjects(), o.Qty, time.UnixMilli(o.Created), s.loc)
+	cs, err := s.spec.Charges(o.Subjects(), o.Quantity, o.CreatedAt, s.loc)
 	if err != nil || flashgate.EncodeCharges(cs) != o.Charges {
 		return nil, false
 	}
@@ -164,15 +163,15 @@ type settlement struct {
 // write each outcome back to Redis. It answers one outcome per message, in
 // order. An error means nothing may be acked: some of the batch may be
 // committed, and a redelivery finds those rows and only writes them back.
-func (w *orderWriter) process(ctx context.Context, sale string, msgs []bus.OrderMsg) ([]outcome, error) {
+func (w *orderWriter) process(ctx context.Context, sale string, msgs []flashgate.Order) ([]outcome, error) {
 	out := make([]outcome, len(msgs))
 	// A message can repeat within a batch (a republish outside the dedup window):
 	// the first copy is processed, the others share its outcome.
 	first := make(map[uint64]int, len(msgs))
-	var uniq []bus.OrderMsg
+	var uniq []flashgate.Order
 	for i, m := range msgs {
-		if m.Sale != sale {
-			return nil, fmt.Errorf("batch of %s: order %d is of sale %q", sale, m.ID, m.Sale)
+		if m.SaleID != sale {
+			return nil, fmt.Errorf("batch of %s: order %d is of sale %q", sale, m.ID, m.SaleID)
 		}
 		if _, dup := first[m.ID]; !dup {
 			first[m.ID] = i
@@ -227,7 +226,7 @@ func retryable(err error) bool {
 	return false
 }
 
-func (w *orderWriter) writeRetrying(ctx context.Context, sale string, orders []bus.OrderMsg) (map[uint64]settlement, error) {
+func (w *orderWriter) writeRetrying(ctx context.Context, sale string, orders []flashgate.Order) (map[uint64]settlement, error) {
 	for attempt := 1; ; attempt++ {
 		res, err := w.write(ctx, sale, orders)
 		if err == nil {
@@ -247,7 +246,7 @@ func (w *orderWriter) writeRetrying(ctx context.Context, sale string, orders []b
 }
 
 // write runs the fast path and, when a guard refuses the batch, the fallback.
-func (w *orderWriter) write(ctx context.Context, sale string, orders []bus.OrderMsg) (map[uint64]settlement, error) {
+func (w *orderWriter) write(ctx context.Context, sale string, orders []flashgate.Order) (map[uint64]settlement, error) {
 	shape, err := w.shape(ctx, w.db, sale)
 	if err != nil {
 		return nil, err
@@ -264,7 +263,7 @@ func beginRC(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 }
 
 // existing reads which orders MySQL has already: their status and reason.
-func existing(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg) (map[uint64]settlement, error) {
+func existing(ctx context.Context, tx *sql.Tx, orders []flashgate.Order) (map[uint64]settlement, error) {
 	ids := make([]uint64, len(orders))
 	for i, o := range orders {
 		ids[i] = o.ID
@@ -286,11 +285,11 @@ func existing(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg) (map[uint6
 // meets this; the unique key orders_sale_user_idem makes it hold across
 // concurrent batches (the loser's insert fails with a duplicate key and its
 // transaction runs again, finding the winner here).
-func duplicates(ctx context.Context, tx *sql.Tx, sale string, todo []bus.OrderMsg, res map[uint64]settlement) error {
+func duplicates(ctx context.Context, tx *sql.Tx, sale string, todo []flashgate.Order, res map[uint64]settlement) error {
 	var keys []mysql.IdemKey
 	for _, o := range todo {
-		if o.Idem != "" {
-			keys = append(keys, mysql.IdemKey{User: o.User, Idem: o.Idem})
+		if o.IdemKey != "" {
+			keys = append(keys, mysql.IdemKey{User: o.UserID, Idem: o.IdemKey})
 		}
 	}
 	if len(keys) == 0 {
@@ -302,10 +301,10 @@ func duplicates(ctx context.Context, tx *sql.Tx, sale string, todo []bus.OrderMs
 	}
 	// todo is oldest first: the first of the batch to claim a key holds it.
 	for _, o := range todo {
-		if o.Idem == "" {
+		if o.IdemKey == "" {
 			continue
 		}
-		k := mysql.IdemKey{User: o.User, Idem: o.Idem}
+		k := mysql.IdemKey{User: o.UserID, Idem: o.IdemKey}
 		first, held := holder[k]
 		switch {
 		case !held:
@@ -318,14 +317,14 @@ func duplicates(ctx context.Context, tx *sql.Tx, sale string, todo []bus.OrderMs
 }
 
 // fresh lists the orders not yet in res, oldest id (= earliest admission) first.
-func fresh(orders []bus.OrderMsg, res map[uint64]settlement) []bus.OrderMsg {
-	var out []bus.OrderMsg
+func fresh(orders []flashgate.Order, res map[uint64]settlement) []flashgate.Order {
+	var out []flashgate.Order
 	for _, o := range orders {
 		if _, ok := res[o.ID]; !ok {
 			out = append(out, o)
 		}
 	}
-	slices.SortFunc(out, func(a, b bus.OrderMsg) int {
+	slices.SortFunc(out, func(a, b flashgate.Order) int {
 		switch {
 		case a.ID < b.ID:
 			return -1
@@ -347,7 +346,7 @@ type batchTotals struct {
 
 // totals sums the batch's orders per counter; false when an order does not
 // fit the sale (region, charges): the fallback then fails it alone.
-func totals(shape *saleShape, orders []bus.OrderMsg) (batchTotals, bool) {
+func totals(shape *saleShape, orders []flashgate.Order) (batchTotals, bool) {
 	t := batchTotals{regions: map[string]int64{}, users: map[string]int64{}, usage: map[usageKey]int64{}}
 	for _, o := range orders {
 		if !shape.fits(o.Region) {
@@ -360,11 +359,11 @@ func totals(shape *saleShape, orders []bus.OrderMsg) (batchTotals, bool) {
 		for _, c := range cs {
 			t.usage[usageKey{Lim: c.Limit, Window: c.Window, Subject: c.Subject}] += c.Inc
 		}
-		t.units += o.Qty
+		t.units += o.Quantity
 		if o.Region != "" {
-			t.regions[o.Region] += o.Qty
+			t.regions[o.Region] += o.Quantity
 		}
-		t.users[o.User] += o.Qty
+		t.users[o.UserID] += o.Quantity
 	}
 	return t, true
 }
@@ -372,7 +371,7 @@ func totals(shape *saleShape, orders []bus.OrderMsg) (batchTotals, bool) {
 // fastPath admits the whole batch with one guard per counter: the sale row, each
 // region row, each user row. ok is false (and nothing is committed) when any
 // guard refuses: the fallback then decides order by order.
-func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShape, orders []bus.OrderMsg) (map[uint64]settlement, bool, error) {
+func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order) (map[uint64]settlement, bool, error) {
 	tx, err := beginRC(ctx, w.db)
 	if err != nil {
 		return nil, false, fmt.Errorf("batch of %s: %w", sale, err)
@@ -482,7 +481,7 @@ func (w *orderWriter) chargeBatch(ctx context.Context, tx *sql.Tx, sale string, 
 // fallback decides order by order, oldest first, under the sale row lock: each
 // order passes the user, region and sale guards or is rolled back to its
 // savepoint and inserted failed with the reason.
-func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShape, orders []bus.OrderMsg) (map[uint64]settlement, error) {
+func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order) (map[uint64]settlement, error) {
 	tx, err := beginRC(ctx, w.db)
 	if err != nil {
 		return nil, fmt.Errorf("batch of %s: %w", sale, err)
@@ -533,7 +532,7 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 }
 
 // refusal is why an order fails before any guard runs ("" if it may try).
-func refusal(known, closed bool, shape *saleShape, o bus.OrderMsg) string {
+func refusal(known, closed bool, shape *saleShape, o flashgate.Order) string {
 	switch {
 	case !known:
 		return flashgate.ReasonUnknownSale
@@ -547,14 +546,14 @@ func refusal(known, closed bool, shape *saleShape, o bus.OrderMsg) string {
 
 // guardOne runs one order's guards (user, limits, region, sale) after a
 // savepoint; on a refusal it rolls back to the savepoint and answers why.
-func (w *orderWriter) guardOne(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, limit int64, o bus.OrderMsg, now time.Time) (string, error) {
+func (w *orderWriter) guardOne(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, limit int64, o flashgate.Order, now time.Time) (string, error) {
 	if err := mysql.Savepoint(ctx, tx); err != nil {
 		return "", fmt.Errorf("batch of %s: %w", sale, err)
 	}
 	reason := ""
-	ok, err := mysql.GuardBuyer(ctx, tx, sale, o.User, o.Qty, limit)
+	ok, err := mysql.GuardBuyer(ctx, tx, sale, o.UserID, o.Quantity, limit)
 	if err != nil {
-		return "", fmt.Errorf("batch of %s: user %s: %w", sale, o.User, err)
+		return "", fmt.Errorf("batch of %s: user %s: %w", sale, o.UserID, err)
 	}
 	if !ok {
 		reason = flashgate.ReasonLimitReached
@@ -565,7 +564,7 @@ func (w *orderWriter) guardOne(ctx context.Context, tx *sql.Tx, sale string, sha
 		}
 	}
 	if reason == "" && o.Region != "" {
-		ok, err := mysql.GuardRegion(ctx, tx, sale, o.Region, o.Qty)
+		ok, err := mysql.GuardRegion(ctx, tx, sale, o.Region, o.Quantity)
 		if err != nil {
 			return "", fmt.Errorf("batch of %s: region %s: %w", sale, o.Region, err)
 		}
@@ -574,7 +573,7 @@ func (w *orderWriter) guardOne(ctx context.Context, tx *sql.Tx, sale string, sha
 		}
 	}
 	if reason == "" {
-		ok, err := mysql.GuardSold(ctx, tx, sale, o.Qty, now, false)
+		ok, err := mysql.GuardSold(ctx, tx, sale, o.Quantity, now, false)
 		if err != nil {
 			return "", fmt.Errorf("batch of %s: sale guard: %w", sale, err)
 		}
@@ -593,11 +592,11 @@ func (w *orderWriter) guardOne(ctx context.Context, tx *sql.Tx, sale string, sha
 // chargeOne counts one order against each limit it is charged to, each under
 // the guard UPDATE … WHERE used + n <= max; it answers why it failed ("" if it
 // passed). The caller rolls back to the order's savepoint on a failure.
-func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, o bus.OrderMsg) (string, error) {
+func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, o flashgate.Order) (string, error) {
 	cs, ok := shape.charges(o)
 	if !ok {
 		w.log.Warn("order refused: its charges are not what its facts and the sale's limits make", "sale", sale,
-			"order", o.ID, "user", o.User, "charges", o.Charges)
+			"order", o.ID, "user", o.UserID, "charges", o.Charges)
 		return flashgate.ReasonBadCharges, nil
 	}
 	for _, c := range cs {
@@ -614,17 +613,15 @@ func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, sh
 }
 
 // insertOrders writes the rows of orders with the status res gives each.
-func insertOrders(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg, res map[uint64]settlement, now time.Time) error {
-	rows := make([]mysql.OrderRow, len(orders))
+func insertOrders(ctx context.Context, tx *sql.Tx, orders []flashgate.Order, res map[uint64]settlement, now time.Time) error {
+	rows := make([]flashgate.Order, len(orders))
 	for i, o := range orders {
 		s := res[o.ID]
-		idem := o.Idem
+		o.Status, o.Reason = s.status, s.reason
 		if s.reason == flashgate.ReasonDuplicate {
-			idem = "" // a duplicate's row leaves the key to the order that holds it
+			o.IdemKey = "" // a duplicate's row leaves the key to the order that holds it
 		}
-		rows[i] = mysql.OrderRow{ID: o.ID, Sale: o.Sale, User: o.User, Qty: o.Qty, Region: o.Region, Status: s.status,
-			Reason: s.reason, Idem: idem, Created: time.UnixMilli(o.Created).UTC(), Expires: time.UnixMilli(o.Expires).UTC(),
-			Charges: o.Charges}
+		rows[i] = o
 	}
 	return mysql.InsertOrders(ctx, tx, rows, now)
 }
@@ -632,12 +629,12 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []bus.OrderMsg, res ma
 // writeBack tells Redis what MySQL decided: confirmed (and already settled)
 // orders end their reservation with their status; failed orders give their units
 // back to Redis stock and the buyer's counter, exactly once (release.lua).
-func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.OrderMsg, res map[uint64]settlement) error {
-	var settled []lua.Settled
+func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []flashgate.Order, res map[uint64]settlement) error {
+	var settled []flashgate.Order
 	for _, o := range orders {
 		s := res[o.ID]
-		rec := lua.Record{Reason: s.reason, User: o.User, Qty: o.Qty, Region: o.Region,
-			Created: o.Created, Expires: o.Expires, Idem: o.Idem, Charges: o.Charges}
+		rec := o
+		rec.Status, rec.Reason = s.status, s.reason
 		if s.status == flashgate.OrderFailed {
 			region, charges := o.Region, o.Charges
 			if s.reason == flashgate.ReasonBadCharges {
@@ -662,7 +659,7 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.O
 				// A replay of the key must answer the order that holds it.
 				k := lua.KeysFor(sale, nil)
 				if err := w.rc.Do(ctx, w.rc.B().Hset().Key(k.Idem).FieldValue().
-					FieldValue(o.User+"|"+o.Idem, strconv.FormatUint(s.first, 10)).Build()).Error(); err != nil {
+					FieldValue(o.UserID+"|"+o.IdemKey, strconv.FormatUint(s.first, 10)).Build()).Error(); err != nil {
 					return err
 				}
 			}
@@ -672,7 +669,7 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []bus.O
 			// Redis has no record of the order (it lost its data): write the
 			// failed status and reason so the buyer's GET shows them.
 		}
-		settled = append(settled, lua.Settled{ID: o.ID, Status: s.status, Record: rec})
+		settled = append(settled, rec)
 	}
 	k := lua.KeysFor(sale, nil)
 	for part := range slices.Chunk(settled, confirmChunk) {

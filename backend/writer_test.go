@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 )
@@ -22,7 +21,7 @@ func TestFastPath(t *testing.T) {
 			e := newEnv(t, target.addrs)
 			s := spec(10, 3, nil)
 			k := e.createSale(s)
-			msgs := []bus.OrderMsg{
+			msgs := []flashgate.Order{
 				admit(t, e.rc, k, "u1", 2, ""),
 				admit(t, e.rc, k, "u2", 1, ""),
 				admit(t, e.rc, k, "u3", 3, ""),
@@ -71,7 +70,7 @@ func TestFallbackSoldOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := e.warmWith(s, map[string]int64{"": 8})
-	var msgs []bus.OrderMsg
+	var msgs []flashgate.Order
 	for i := range 8 {
 		msgs = append(msgs, admit(t, e.rc, k, fmt.Sprintf("u%d", i), 1, ""))
 	}
@@ -120,12 +119,12 @@ func TestFallbackLimit(t *testing.T) {
 	s := spec(10, 2, nil)
 	k := e.createSale(s)
 	first := admit(t, e.rc, k, "u1", 2, "")
-	e.process(s.ID, []bus.OrderMsg{first})
+	e.process(s.ID, []flashgate.Order{first})
 	// Redis forgets what u1 holds, so it admits u1 again.
 	if err := e.rc.Do(ctx(t), e.rc.B().Hdel().Key(k.Users).Field("u1").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	batch := []bus.OrderMsg{admit(t, e.rc, k, "u1", 1, ""), admit(t, e.rc, k, "u2", 2, "")}
+	batch := []flashgate.Order{admit(t, e.rc, k, "u1", 1, ""), admit(t, e.rc, k, "u2", 2, "")}
 	out := e.process(s.ID, batch)
 	if out[0].Status != flashgate.OrderFailed || out[0].Reason != flashgate.ReasonLimitReached {
 		t.Errorf("u1's second order: %+v, want failed limit_reached", out[0])
@@ -159,7 +158,7 @@ func TestFallbackRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := e.warmWith(s, map[string]int64{"bj": 5, "sh": 2})
-	var msgs []bus.OrderMsg
+	var msgs []flashgate.Order
 	for i := range 4 {
 		msgs = append(msgs, admit(t, e.rc, k, fmt.Sprintf("b%d", i), 1, "bj"))
 	}
@@ -197,7 +196,7 @@ func TestIdempotent(t *testing.T) {
 	k := e.createSale(s)
 
 	t.Run("redelivery", func(t *testing.T) {
-		msgs := []bus.OrderMsg{admit(t, e.rc, k, "a", 2, ""), admit(t, e.rc, k, "b", 1, "")}
+		msgs := []flashgate.Order{admit(t, e.rc, k, "a", 2, ""), admit(t, e.rc, k, "b", 1, "")}
 		e.process(s.ID, msgs)
 		// The same message twice in one batch, and the whole batch again.
 		again := append(msgs, msgs[0])
@@ -215,9 +214,9 @@ func TestIdempotent(t *testing.T) {
 	})
 
 	t.Run("concurrent", func(t *testing.T) {
-		var all []bus.OrderMsg
+		var all []flashgate.Order
 		for round := range 5 {
-			var msgs []bus.OrderMsg
+			var msgs []flashgate.Order
 			for u := range 4 {
 				msgs = append(msgs, admit(t, e.rc, k, fmt.Sprintf("c%d-%d", round, u), 1, ""))
 			}
@@ -248,7 +247,7 @@ func TestIdempotent(t *testing.T) {
 			t.Fatal(err)
 		}
 		k := e.warmWith(s, map[string]int64{"": 2})
-		msgs := []bus.OrderMsg{admit(t, e.rc, k, "x", 1, ""), admit(t, e.rc, k, "y", 1, "")}
+		msgs := []flashgate.Order{admit(t, e.rc, k, "x", 1, ""), admit(t, e.rc, k, "y", 1, "")}
 		e.process(s.ID, msgs)
 		before := remaining(t, e.rc, k, "")
 		out := e.process(s.ID, msgs)
@@ -280,7 +279,7 @@ func TestReleasedDropped(t *testing.T) {
 	if err != nil || !r.Released {
 		t.Fatalf("release: %+v %v", r, err)
 	}
-	out := e.process(s.ID, []bus.OrderMsg{gone, kept})
+	out := e.process(s.ID, []flashgate.Order{gone, kept})
 	if !out[0].Dropped || out[1].Status != flashgate.OrderConfirmed {
 		t.Errorf("outcomes: %+v", out)
 	}
@@ -306,7 +305,7 @@ func TestUnknownAndClosed(t *testing.T) {
 		s := spec(10, 2, nil)
 		k := e.warmWith(s, map[string]int64{"": 10})
 		m := admit(t, e.rc, k, "u1", 2, "")
-		out := e.process(s.ID, []bus.OrderMsg{m})
+		out := e.process(s.ID, []flashgate.Order{m})
 		if out[0].Status != flashgate.OrderFailed || out[0].Reason != flashgate.ReasonUnknownSale {
 			t.Errorf("outcome: %+v", out[0])
 		}
@@ -325,7 +324,7 @@ func TestUnknownAndClosed(t *testing.T) {
 		if err := closeSaleRow(ctx(t), e.db, s.ID, s.StartsAt); err != nil {
 			t.Fatal(err)
 		}
-		out := e.process(s.ID, []bus.OrderMsg{m})
+		out := e.process(s.ID, []flashgate.Order{m})
 		if out[0].Status != flashgate.OrderFailed || out[0].Reason != flashgate.ReasonSaleClosed {
 			t.Errorf("outcome: %+v", out[0])
 		}
@@ -337,8 +336,8 @@ func TestUnknownAndClosed(t *testing.T) {
 	t.Run("Redis lost the order", func(t *testing.T) {
 		s := spec(10, 2, nil)
 		k := e.createSale(s)
-		m := bus.OrderMsg{ID: nextID.Add(1), Sale: s.ID, User: "u9", Qty: 1, Created: 1, Expires: 2}
-		out := e.process(s.ID, []bus.OrderMsg{m})
+		m := flashgate.Order{ID: nextID.Add(1), SaleID: s.ID, UserID: "u9", Quantity: 1, CreatedAt: ms(1), ExpiresAt: ms(2)}
+		out := e.process(s.ID, []flashgate.Order{m})
 		if out[0].Status != flashgate.OrderConfirmed {
 			t.Errorf("outcome: %+v", out[0])
 		}
@@ -353,7 +352,7 @@ func TestUnknownAndClosed(t *testing.T) {
 		good := admit(t, e.rc, k, "u1", 1, "")
 		bad := good
 		bad.ID, bad.Region = nextID.Add(1), "zz"
-		out := e.process(s.ID, []bus.OrderMsg{good, bad})
+		out := e.process(s.ID, []flashgate.Order{good, bad})
 		if out[0].Status != flashgate.OrderConfirmed || out[1].Status != flashgate.OrderFailed || out[1].Reason != reasonUnknownRegion {
 			t.Errorf("outcomes: %+v", out)
 		}

@@ -6,9 +6,7 @@ package bus
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -73,129 +71,6 @@ func orNone(n int64) int64 {
 
 // OrderSubject is the subject of sale's orders.
 func OrderSubject(cfg config.NATS, sale string) string { return cfg.OrderSubject + "." + sale }
-
-// OrderMsg is one admitted order on its way to MySQL.
-type OrderMsg struct {
-	ID      uint64 `json:"id,string"`
-	Sale    string `json:"sale"`
-	User    string `json:"user"`
-	Qty     int64  `json:"qty"`
-	Region  string `json:"region"`
-	Created int64  `json:"created"` // ms
-	Expires int64  `json:"expires"` // ms: the payment deadline
-	Idem    string `json:"idem,omitempty"`
-	// Charges: what the order counts against the sale's purchase limits
-	// (flashgate.EncodeCharges).
-	Charges string `json:"charges,omitempty"`
-	// The order's facts its charges follow from (normalised as
-	// flashgate.Subjects; only the dimensions the sale's limits count by):
-	// the backend works the charges out again from them and refuses an order
-	// whose Charges differ. A message without them (older gateways) is
-	// refused when the sale limits by phone, device, ip or address.
-	Phone  string `json:"phone,omitempty"`
-	Device string `json:"device,omitempty"`
-	IP     string `json:"ip,omitempty"`
-	Addr   string `json:"addr,omitempty"` // the shipping address's hash, never the address
-}
-
-// Subjects are who the order is by, as its message says.
-func (m *OrderMsg) Subjects() flashgate.Subjects {
-	return flashgate.Subjects{User: m.User, Phone: m.Phone, Device: m.Device, IP: m.IP, Address: m.Addr}
-}
-
-// SubjectsFromCharges fills m's facts from the subjects its charges name, for
-// an order republished from a Redis record (which keeps the charges the
-// admission counted, not the facts): each charge of a limit of dimension d
-// names the order's subject in d.
-func (m *OrderMsg) SubjectsFromCharges(limits []flashgate.Limit) {
-	cs, err := flashgate.ParseCharges(m.Charges)
-	if err != nil {
-		return // the backend refuses the order: its charges are bad anyway
-	}
-	for _, c := range cs {
-		if c.Limit >= len(limits) {
-			continue
-		}
-		switch limits[c.Limit].Dimension {
-		case flashgate.DimPhone:
-			m.Phone = c.Subject
-		case flashgate.DimDevice:
-			m.Device = c.Subject
-		case flashgate.DimIP:
-			m.IP = c.Subject
-		case flashgate.DimAddress:
-			m.Addr = c.Subject
-		}
-	}
-}
-
-// Append encodes m as JSON onto b without reflection. Every string field is
-// already validated (ids to [A-Za-z0-9_-], charges and facts to normalised
-// subjects of digits, letters and ".:+/_-"), so none needs escaping.
-func (m *OrderMsg) Append(b []byte) []byte {
-	b = append(b, `{"id":"`...)
-	b = strconv.AppendUint(b, m.ID, 10)
-	b = append(b, `","sale":"`...)
-	b = append(b, m.Sale...)
-	b = append(b, `","user":"`...)
-	b = append(b, m.User...)
-	b = append(b, `","qty":`...)
-	b = strconv.AppendInt(b, m.Qty, 10)
-	b = append(b, `,"region":"`...)
-	b = append(b, m.Region...)
-	b = append(b, `","created":`...)
-	b = strconv.AppendInt(b, m.Created, 10)
-	b = append(b, `,"expires":`...)
-	b = strconv.AppendInt(b, m.Expires, 10)
-	if m.Idem != "" {
-		b = append(b, `,"idem":"`...)
-		b = append(b, m.Idem...)
-		b = append(b, '"')
-	}
-	if m.Charges != "" {
-		b = append(b, `,"charges":"`...)
-		b = append(b, m.Charges...)
-		b = append(b, '"')
-	}
-	b = appendFact(b, `,"phone":"`, m.Phone)
-	b = appendFact(b, `,"device":"`, m.Device)
-	b = appendFact(b, `,"ip":"`, m.IP)
-	b = appendFact(b, `,"addr":"`, m.Addr)
-	return append(b, '}')
-}
-
-func appendFact(b []byte, key, v string) []byte {
-	if v == "" {
-		return b
-	}
-	b = append(b, key...)
-	b = append(b, v...)
-	return append(b, '"')
-}
-
-// ErrBadMsg marks a message that can never be processed.
-var ErrBadMsg = errors.New("bad order message")
-
-// DecodeOrder parses and checks a message body.
-func DecodeOrder(b []byte) (OrderMsg, error) {
-	var m OrderMsg
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("%w: %v", ErrBadMsg, err)
-	}
-	if m.ID == 0 || !flashgate.ValidID(m.Sale) || !flashgate.ValidID(m.User) || m.Qty < 1 || m.Qty > flashgate.MaxSaleUnits ||
-		(m.Region != "" && !flashgate.ValidRegion(m.Region)) || (m.Idem != "" && !flashgate.ValidID(m.Idem)) {
-		return m, fmt.Errorf("%w: %s", ErrBadMsg, b)
-	}
-	if _, err := flashgate.ParseCharges(m.Charges); err != nil {
-		return m, fmt.Errorf("%w: %v", ErrBadMsg, err)
-	}
-	for _, f := range [...]string{m.Phone, m.Device, m.IP, m.Addr} {
-		if f != "" && !flashgate.ValidSubject(f) {
-			return m, fmt.Errorf("%w: subject %q", ErrBadMsg, f)
-		}
-	}
-	return m, nil
-}
 
 // Event types on the sale subjects.
 const (

@@ -4,30 +4,54 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"github.com/flashgate/flashgate"
 	"math"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flashgate/flashgate"
 )
 
-func TestOrderMsgRoundTrip(t *testing.T) {
+// ms is a wire time: Unix milliseconds, in UTC.
+func ms(v int64) time.Time { return time.UnixMilli(v).UTC() }
+
+// back is what DecodeOrder gives for o: pending, and a time o lacks as the
+// wire's 0 ms.
+func back(o flashgate.Order) flashgate.Order {
+	o.Status, o.Reason = flashgate.OrderPending, ""
+	if o.CreatedAt.IsZero() {
+		o.CreatedAt = ms(0)
+	}
+	if o.ExpiresAt.IsZero() {
+		o.ExpiresAt = ms(0)
+	}
+	return o
+}
+
+// wireOf is o in the message's JSON shape, for encoding/json to write.
+func wireOf(o *flashgate.Order) orderWire {
+	return orderWire{ID: o.ID, Sale: o.SaleID, User: o.UserID, Qty: o.Quantity, Region: o.Region,
+		Created: unixMilli(o.CreatedAt), Expires: unixMilli(o.ExpiresAt), Idem: o.IdemKey, Charges: o.Charges,
+		Phone: o.Phone, Device: o.Device, IP: o.IP, Addr: o.Address}
+}
+
+func TestOrderRoundTrip(t *testing.T) {
 	long := strings.Repeat("z", 64)
-	for _, m := range []OrderMsg{
-		{ID: 1, Sale: "s", User: "u", Qty: 1},
-		{ID: 7345119871795200001, Sale: "sale-1", User: "user_42", Qty: 2, Region: "bj", Created: 1767225600000, Expires: 1767226500000, Idem: "K-1_a"},
-		{ID: 42, Sale: "s", User: "u", Qty: 3, Region: "sh-2"},                                                            // region, no idem
-		{ID: 42, Sale: "s", User: "u", Qty: 3, Idem: "only-idem"},                                                         // idem, no region
-		{ID: math.MaxUint64, Sale: long, User: long, Qty: flashgate.MaxSaleUnits, Idem: long, Region: "abcdefghijklmnop"}, // the edges
-		{ID: 9, Sale: "S", User: "U", Qty: 1, Created: -1, Expires: math.MinInt64},
+	for _, m := range []flashgate.Order{
+		{ID: 1, SaleID: "s", UserID: "u", Quantity: 1},
+		{ID: 7345119871795200001, SaleID: "sale-1", UserID: "user_42", Quantity: 2, Region: "bj", CreatedAt: ms(1767225600000), ExpiresAt: ms(1767226500000), IdemKey: "K-1_a"},
+		{ID: 42, SaleID: "s", UserID: "u", Quantity: 3, Region: "sh-2"},                                                               // region, no idem
+		{ID: 42, SaleID: "s", UserID: "u", Quantity: 3, IdemKey: "only-idem"},                                                         // idem, no region
+		{ID: math.MaxUint64, SaleID: long, UserID: long, Quantity: flashgate.MaxSaleUnits, IdemKey: long, Region: "abcdefghijklmnop"}, // the edges
+		{ID: 9, SaleID: "S", UserID: "U", Quantity: 1, CreatedAt: ms(-1), ExpiresAt: ms(math.MinInt64)},
 		// the facts the backend works the charges out from
-		{ID: 10, Sale: "s", User: "u", Qty: 1, Charges: "0/d20261124/1/+8613800000001,1/sale/1/2001:db8::/64",
-			Phone: "+8613800000001", Device: "dev-1.a:b", IP: "2001:db8::/64", Addr: "0123456789abcdef0123456789abcdef"},
-		{ID: 11, Sale: "s", User: "u", Qty: 1, IP: "10.0.0.1"},
+		{ID: 10, SaleID: "s", UserID: "u", Quantity: 1, Charges: "0/d20261124/1/+8613800000001,1/sale/1/2001:db8::/64",
+			Phone: "+8613800000001", Device: "dev-1.a:b", IP: "2001:db8::/64", Address: "0123456789abcdef0123456789abcdef"},
+		{ID: 11, SaleID: "s", UserID: "u", Quantity: 1, IP: "10.0.0.1"},
 	} {
-		b := m.Append(nil)
-		// Append writes what encoding/json would, byte for byte.
-		want, err := json.Marshal(&m)
+		b := EncodeOrder(&m)
+		// AppendOrder writes what encoding/json would, byte for byte.
+		want, err := json.Marshal(wireOf(&m))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,22 +63,22 @@ func TestOrderMsgRoundTrip(t *testing.T) {
 			t.Errorf("DecodeOrder(%s): %v", b, err)
 			continue
 		}
-		if got != m {
-			t.Errorf("round trip: %+v, want %+v", got, m)
+		if got != back(m) {
+			t.Errorf("round trip: %+v, want %+v", got, back(m))
 		}
 	}
 }
 
 func TestAppendKeepsPrefix(t *testing.T) {
-	m := OrderMsg{ID: 5, Sale: "s", User: "u", Qty: 1}
+	m := flashgate.Order{ID: 5, SaleID: "s", UserID: "u", Quantity: 1}
 	buf := append(make([]byte, 0, 256), "prefix"...)
-	b := m.Append(buf)
+	b := AppendOrder(buf, &m)
 	if !bytes.HasPrefix(b, []byte("prefix{")) || &b[0] != &buf[:1][0] {
 		t.Fatalf("Append = %q (reallocated: %v)", b, &b[0] != &buf[:1][0])
 	}
 	// A reused buffer holds only the new message.
-	b = m.Append(b[:0])
-	if got, err := DecodeOrder(b); err != nil || got != m {
+	b = AppendOrder(b[:0], &m)
+	if got, err := DecodeOrder(b); err != nil || got != back(m) {
 		t.Fatalf("reused buffer: %+v, %v", got, err)
 	}
 }
@@ -109,25 +133,25 @@ func TestDecodeOrderAccepts(t *testing.T) {
 	// (a newer gateway), an empty idem.
 	body := `{ "qty": 2, "user": "u", "sale": "s", "id": "77", "extra": {"x": [1]}, "idem": "", "region": "" }`
 	m, err := DecodeOrder([]byte(body))
-	if err != nil || m != (OrderMsg{ID: 77, Sale: "s", User: "u", Qty: 2}) {
+	if err != nil || m != back(flashgate.Order{ID: 77, SaleID: "s", UserID: "u", Quantity: 2}) {
 		t.Fatalf("DecodeOrder = %+v, %v", m, err)
 	}
 }
 
 func TestAppendDoesNotAllocate(t *testing.T) {
-	m := OrderMsg{ID: 7345119871795200001, Sale: "sale-1", User: "user_42", Qty: 2, Region: "bj",
-		Created: 1767225600000, Expires: 1767226500000, Idem: "K-1"}
+	m := flashgate.Order{ID: 7345119871795200001, SaleID: "sale-1", UserID: "user_42", Quantity: 2, Region: "bj",
+		CreatedAt: ms(1767225600000), ExpiresAt: ms(1767226500000), IdemKey: "K-1"}
 	buf := make([]byte, 0, 512)
-	if n := testing.AllocsPerRun(1000, func() { buf = m.Append(buf[:0]) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { buf = AppendOrder(buf[:0], &m) }); n != 0 {
 		t.Fatalf("Append allocates %v times with a reused buffer", n)
 	}
 }
 
 func FuzzDecodeOrder(f *testing.F) {
 	f.Add([]byte(`{"id":"1","sale":"s","user":"u","qty":1}`))
-	f.Add((&OrderMsg{ID: 3, Sale: "s", User: "u", Qty: 2, Region: "bj", Created: 1, Expires: 2, Idem: "k"}).Append(nil))
-	f.Add((&OrderMsg{ID: 4, Sale: "s", User: "u", Qty: 1, Charges: "0/sale/1/10.0.0.1", IP: "10.0.0.1", Phone: "+8613800000001",
-		Device: "d-1", Addr: "0123456789abcdef"}).Append(nil))
+	f.Add(EncodeOrder(&flashgate.Order{ID: 3, SaleID: "s", UserID: "u", Quantity: 2, Region: "bj", CreatedAt: ms(1), ExpiresAt: ms(2), IdemKey: "k"}))
+	f.Add(EncodeOrder(&flashgate.Order{ID: 4, SaleID: "s", UserID: "u", Quantity: 1, Charges: "0/sale/1/10.0.0.1", IP: "10.0.0.1", Phone: "+8613800000001",
+		Device: "d-1", Address: "0123456789abcdef"}))
 	f.Add([]byte(`{"id":"0"}`))
 	f.Add([]byte(`null`))
 	f.Add([]byte(`{"id":1e400}`))
@@ -139,28 +163,28 @@ func FuzzDecodeOrder(f *testing.F) {
 			}
 			return
 		}
-		// Whatever is accepted survives a round trip through Append unchanged:
+		// Whatever is accepted survives a round trip through AppendOrder unchanged:
 		// its strings need no escaping.
-		again, err := DecodeOrder(m.Append(nil))
+		again, err := DecodeOrder(EncodeOrder(&m))
 		if err != nil || again != m {
-			t.Fatalf("DecodeOrder(%q) = %+v; Append/Decode = %+v, %v", b, m, again, err)
+			t.Fatalf("DecodeOrder(%q) = %+v; EncodeOrder/DecodeOrder = %+v, %v", b, m, again, err)
 		}
 	})
 }
 
 func BenchmarkAppend(b *testing.B) {
-	m := OrderMsg{ID: 7345119871795200001, Sale: "sale-1", User: "user_42", Qty: 2, Region: "bj",
-		Created: 1767225600000, Expires: 1767226500000, Idem: "K-1"}
+	m := flashgate.Order{ID: 7345119871795200001, SaleID: "sale-1", UserID: "user_42", Quantity: 2, Region: "bj",
+		CreatedAt: ms(1767225600000), ExpiresAt: ms(1767226500000), IdemKey: "K-1"}
 	buf := make([]byte, 0, 512)
 	b.ReportAllocs()
 	for b.Loop() {
-		buf = m.Append(buf[:0])
+		buf = AppendOrder(buf[:0], &m)
 	}
 }
 
 func BenchmarkDecodeOrder(b *testing.B) {
-	body := (&OrderMsg{ID: 7345119871795200001, Sale: "sale-1", User: "user_42", Qty: 2, Region: "bj",
-		Created: 1767225600000, Expires: 1767226500000, Idem: "K-1"}).Append(nil)
+	body := EncodeOrder(&flashgate.Order{ID: 7345119871795200001, SaleID: "sale-1", UserID: "user_42", Quantity: 2, Region: "bj",
+		CreatedAt: ms(1767225600000), ExpiresAt: ms(1767226500000), IdemKey: "K-1"})
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := DecodeOrder(body); err != nil {
@@ -171,7 +195,7 @@ func BenchmarkDecodeOrder(b *testing.B) {
 
 // A message rebuilt from a Redis record gets its facts back from its charges,
 // and the charges the sale's limits make from those facts are the same.
-func TestSubjectsFromCharges(t *testing.T) {
+func TestFactsFromCharges(t *testing.T) {
 	s := flashgate.Sale{ID: "s", Title: "t", Total: 10, PerUserLimit: 5, PerOrderMax: 5, TimeZone: "Asia/Shanghai",
 		Limits: []flashgate.Limit{
 			{Dimension: flashgate.DimUser, Max: 3},
@@ -192,13 +216,42 @@ func TestSubjectsFromCharges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := OrderMsg{ID: 1, Sale: "s", User: "u", Qty: 2, Created: now.UnixMilli(), Charges: flashgate.EncodeCharges(cs)}
-	m.SubjectsFromCharges(s.Limits)
+	m := flashgate.Order{ID: 1, SaleID: "s", UserID: "u", Quantity: 2, CreatedAt: now, Charges: flashgate.EncodeCharges(cs)}
+	m.FactsFromCharges(s.Limits)
 	if got := m.Subjects(); got != sub {
 		t.Fatalf("subjects %+v, want %+v", got, sub)
 	}
-	again, err := s.Charges(m.Subjects(), m.Qty, time.UnixMilli(m.Created), loc)
+	again, err := s.Charges(m.Subjects(), m.Quantity, m.CreatedAt, loc)
 	if err != nil || flashgate.EncodeCharges(again) != m.Charges {
 		t.Fatalf("charges again %q, %v; want %q", flashgate.EncodeCharges(again), err, m.Charges)
+	}
+}
+
+// The message's bytes are fixed: gateways and backends of different builds
+// share the stream, so an encoding change is a wire change.
+func TestOrderGoldenBytes(t *testing.T) {
+	for _, tc := range []struct {
+		o    flashgate.Order
+		want string
+	}{
+		{flashgate.Order{ID: 7345119871795200001, SaleID: "sale-1", UserID: "user_42", Quantity: 2, Region: "bj",
+			Status: flashgate.OrderConfirmed, Reason: "ignored", // not on the wire
+			CreatedAt: ms(1767225600000), ExpiresAt: ms(1767226500000), IdemKey: "K-1",
+			Charges: "0/d20261124/1/+8613800000001", Phone: "+8613800000001", Device: "d-1", IP: "10.0.0.0/24", Address: "0123456789abcdef"},
+			`{"id":"7345119871795200001","sale":"sale-1","user":"user_42","qty":2,"region":"bj","created":1767225600000,"expires":1767226500000,` +
+				`"idem":"K-1","charges":"0/d20261124/1/+8613800000001","phone":"+8613800000001","device":"d-1","ip":"10.0.0.0/24","addr":"0123456789abcdef"}`},
+		{flashgate.Order{ID: 1, SaleID: "s", UserID: "u", Quantity: 1},
+			`{"id":"1","sale":"s","user":"u","qty":1,"region":"","created":0,"expires":0}`},
+		{flashgate.Order{ID: 2, SaleID: "s", UserID: "u", Quantity: 1, CreatedAt: time.Date(2026, 11, 25, 9, 0, 0, 123456789, time.FixedZone("CST", 8*3600)),
+			ExpiresAt: ms(1795568700123)},
+			`{"id":"2","sale":"s","user":"u","qty":1,"region":"","created":1795568400123,"expires":1795568700123}`},
+	} {
+		if got := string(EncodeOrder(&tc.o)); got != tc.want {
+			t.Errorf("EncodeOrder(%+v)\n got %s\nwant %s", tc.o, got, tc.want)
+		}
+		o, err := DecodeOrder([]byte(tc.want))
+		if err != nil || string(EncodeOrder(&o)) != tc.want {
+			t.Errorf("DecodeOrder(%s) = %+v, %v", tc.want, o, err)
+		}
 	}
 }

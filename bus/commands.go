@@ -50,6 +50,19 @@ type OrderReply struct {
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
 
+// Order is the order a reply shows: sale, id and user are the command's (the
+// reply does not repeat them). Times are in UTC.
+func (r *OrderReply) Order(sale string, id uint64, user string) flashgate.Order {
+	return flashgate.Order{ID: id, SaleID: sale, UserID: user, Quantity: r.Quantity, Region: r.Region,
+		Status: flashgate.OrderStatus(r.Status), Reason: r.Reason, CreatedAt: r.CreatedAt.UTC(), ExpiresAt: r.ExpiresAt.UTC()}
+}
+
+// ReplyOf answers code (ReplyOK or a flashgate.Code) and msg with order o.
+func ReplyOf(code, msg string, o *flashgate.Order) OrderReply {
+	return OrderReply{Code: code, Message: msg, Status: string(o.Status), Reason: o.Reason, Quantity: o.Quantity,
+		Region: o.Region, CreatedAt: o.CreatedAt, ExpiresAt: o.ExpiresAt}
+}
+
 // ReplyOK is the Code of a command that was carried out (or already was).
 const ReplyOK = "ok"
 

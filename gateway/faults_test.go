@@ -281,7 +281,7 @@ func scriptCalls(t testing.TB, rc rueidis.Client) int64 {
 }
 
 // ledger is the sale's reservations in Redis and the units gone from stock.
-func (e *env) ledger(s *flashgate.Sale) (taken int64, resv map[uint64]lua.Record) {
+func (e *env) ledger(s *flashgate.Sale) (taken int64, resv map[uint64]flashgate.Order) {
 	e.t.Helper()
 	rem, n := e.stock(s)
 	k := lua.KeysFor(s.ID, s.RegionNames())
@@ -396,7 +396,7 @@ func (e *env) auditStream(url string, s *flashgate.Sale, accepted map[uint64]boo
 			continue // deleted
 		}
 		o, err := bus.DecodeOrder(m.Data)
-		if err != nil || o.Sale != s.ID {
+		if err != nil || o.SaleID != s.ID {
 			e.t.Fatalf("stream message %d: %v %s", seq, err, m.Data)
 		}
 		seen[o.ID] = true

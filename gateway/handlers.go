@@ -2,9 +2,7 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -24,26 +22,6 @@ func (g *Gateway) getSale(ctx *fasthttp.RequestCtx, s *sale) {
 	}
 	ctx.SetContentTypeBytes(ctJSON)
 	ctx.SetBody(*s.info.Load())
-}
-
-func publicStatus(st string) flashgate.OrderStatus {
-	switch st {
-	case lua.StatusPending, lua.StatusProcessing:
-		return flashgate.OrderPending
-	}
-	return flashgate.OrderStatus(st)
-}
-
-type orderView struct {
-	OrderID   string    `json:"order_id"`
-	SaleID    string    `json:"sale_id"`
-	UserID    string    `json:"user_id"`
-	Quantity  int64     `json:"quantity"`
-	Region    string    `json:"region"`
-	Status    string    `json:"status"`
-	Reason    string    `json:"reason"`
-	CreatedAt time.Time `json:"created_at"`
-	ExpiresAt time.Time `json:"expires_at"`
 }
 
 // orderRequest is what every request about one order checks first: the per-IP
@@ -97,15 +75,11 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 		g.orderFromBackend(ctx, s, claims.Subject, id)
 		return
 	}
-	if rec.User != claims.Subject || rec.Status == lua.StatusReleased {
+	if rec.UserID != claims.Subject || rec.Status == lua.StatusReleased {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
-	b, err := json.Marshal(orderView{
-		OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: rec.User, Quantity: rec.Qty,
-		Region: rec.Region, Status: string(publicStatus(rec.Status)), Reason: rec.Reason,
-		CreatedAt: time.UnixMilli(rec.Created).UTC(), ExpiresAt: time.UnixMilli(rec.Expires).UTC(),
-	})
+	b, err := encodeOrderView(&rec)
 	if err != nil {
 		fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
 		return
@@ -132,11 +106,8 @@ func (g *Gateway) orderFromBackend(ctx *fasthttp.RequestCtx, s *sale, user strin
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
-	b, err := json.Marshal(orderView{
-		OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: user, Quantity: reply.Quantity,
-		Region: reply.Region, Status: string(publicStatus(reply.Status)), Reason: reply.Reason,
-		CreatedAt: reply.CreatedAt.UTC(), ExpiresAt: reply.ExpiresAt.UTC(),
-	})
+	o := reply.Order(s.spec.ID, id, user)
+	b, err := encodeOrderView(&o)
 	if err != nil {
 		fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
 		return
@@ -171,7 +142,7 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 	cancel()
 	// Another user's order, or one that never existed, is answered here. An
 	// order Redis does not know (it lost its data) goes on: MySQL decides.
-	if err == nil && known && (rec.User != claims.Subject || rec.Status == lua.StatusReleased) {
+	if err == nil && known && (rec.UserID != claims.Subject || rec.Status == lua.StatusReleased) {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 		return
 	}
@@ -185,10 +156,8 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 	}
 	switch flashgate.Code(reply.Code) {
 	case bus.ReplyOK:
-		b, err := json.Marshal(orderView{
-			OrderID: strconv.FormatUint(id, 10), SaleID: s.spec.ID, UserID: claims.Subject, Quantity: reply.Quantity,
-			Region: reply.Region, Status: reply.Status, Reason: reply.Reason, CreatedAt: reply.CreatedAt, ExpiresAt: reply.ExpiresAt,
-		})
+		o := reply.Order(s.spec.ID, id, claims.Subject)
+		b, err := encodeOrderView(&o)
 		if err != nil {
 			fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
 			return

@@ -416,10 +416,10 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 		if adm.Remaining <= 0 {
 			g.markSoldOut(s, a.Region)
 		}
-		g.publish(ctx, s, &bus.OrderMsg{
-			ID: a.OrderID, Sale: s.spec.ID, User: a.User, Qty: a.Quantity, Region: a.Region,
-			Created: a.Now.UnixMilli(), Expires: a.PayBy.UnixMilli(), Idem: a.IdemKey, Charges: a.EncodedCharges,
-			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Addr: sub.Address,
+		g.publish(ctx, s, &flashgate.Order{
+			ID: a.OrderID, SaleID: s.spec.ID, UserID: a.User, Quantity: a.Quantity, Region: a.Region,
+			CreatedAt: a.Now, ExpiresAt: a.PayBy, IdemKey: a.IdemKey, Charges: a.EncodedCharges,
+			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Address: sub.Address,
 		})
 	case lua.Replayed:
 		g.replay(ctx, s, adm.OrderID)
@@ -465,7 +465,7 @@ func (g *Gateway) undoAdmit(s *sale, id uint64, region, charges string, cause er
 // stored. When the publish fails the reservation is released and the answer is
 // 503 — unless the backend has claimed the order meanwhile, which proves the
 // message did get through (its ack was what got lost): then it is a 202.
-func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
+func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order) {
 	start := time.Now()
 	_, err := g.breakers.nats.Execute(func() (struct{}, error) { return struct{}{}, g.send(s, m) })
 	if err == nil {
@@ -499,7 +499,7 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *bus.OrderMsg) {
 // releaseUnpublished releases the reservation of an order whose publish
 // failed, retrying for up to another publish timeout while Redis does not
 // answer.
-func (g *Gateway) releaseUnpublished(s *sale, m *bus.OrderMsg) (rel lua.ReleaseResult, err error) {
+func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.ReleaseResult, err error) {
 	deadline := time.Now().Add(g.cfg.Gateway.PublishTimeout)
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
 		rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
@@ -512,11 +512,11 @@ func (g *Gateway) releaseUnpublished(s *sale, m *bus.OrderMsg) (rel lua.ReleaseR
 	}
 }
 
-func (g *Gateway) send(s *sale, m *bus.OrderMsg) error {
+func (g *Gateway) send(s *sale, m *flashgate.Order) error {
 	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
 	defer cancel()
 	msg := nats.NewMsg(g.cfg.NATS.OrderSubject + "." + s.spec.ID)
-	msg.Data = m.Append(make([]byte, 0, 192))
+	msg.Data = bus.AppendOrder(make([]byte, 0, 192), m)
 	_, err := g.js.PublishMsg(pctx, msg, jetstream.WithMsgID(strconv.FormatUint(m.ID, 10)))
 	return err
 }
@@ -538,10 +538,9 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 		unavailable(ctx, "order queue unavailable")
 		return
 	case lua.StatusPending:
-		m := &bus.OrderMsg{ID: id, Sale: s.spec.ID, User: rec.User, Qty: rec.Qty, Region: rec.Region,
-			Created: rec.Created, Expires: rec.Expires, Idem: rec.Idem, Charges: rec.Charges}
-		m.SubjectsFromCharges(s.spec.Limits)
-		if err := g.send(s, m); err != nil {
+		m := rec
+		m.FactsFromCharges(s.spec.Limits)
+		if err := g.send(s, &m); err != nil {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}
@@ -551,5 +550,5 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 			return
 		}
 	}
-	accepted(ctx, id, publicStatus(rec.Status))
+	accepted(ctx, id, rec.Status.Public())
 }

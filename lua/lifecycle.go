@@ -53,35 +53,25 @@ type RestockResult struct {
 	Outcome RestockOutcome
 }
 
-// Restocking is one order MySQL has canceled: its id, the status and reason
-// MySQL gave it, and its record as MySQL has it (Record.Region picks the stock
-// key; Record.Status and Record.Reason are ignored).
-type Restocking struct {
-	ID     uint64
-	Status flashgate.OrderStatus
-	Reason string
-	Record Record
-}
-
 // Restock puts the units of one order MySQL has canceled back into Redis,
 // exactly once however often it is called (see RestockMany).
-func (s *Scripts) Restock(ctx context.Context, c rueidis.Client, k *Keys, orderID uint64, region, status, reason string, rec Record) (RestockResult, error) {
-	rec.Region = region
-	out, err := s.RestockMany(ctx, c, k, []Restocking{{ID: orderID, Status: flashgate.OrderStatus(status), Reason: reason, Record: rec}})
+func (s *Scripts) Restock(ctx context.Context, c rueidis.Client, k *Keys, o flashgate.Order) (RestockResult, error) {
+	out, err := s.RestockMany(ctx, c, k, []flashgate.Order{o})
 	if err != nil {
 		return RestockResult{}, err
 	}
 	return RestockResult{Outcome: out[0]}, nil
 }
 
-// RestockMany puts the units of orders MySQL has canceled back into Redis in one
+// RestockMany puts the units of orders MySQL has canceled (each as MySQL has
+// it, with the status and reason MySQL gave it) back into Redis in one
 // script call: each order's stock key goes up by its quantity and its buyer's
 // counter down, its reservation ends, and its record gets MySQL's status and
 // reason. Each order's units go back once, however often it is called and
 // whatever a concurrent confirm wrote into its record. An order Redis has no
 // record of only gets its record (RestockUnknown). k must carry every region
 // the orders are in; it answers one outcome per order, in order.
-func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, orders []Restocking) ([]RestockOutcome, error) {
+func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, orders []flashgate.Order) ([]RestockOutcome, error) {
 	if len(orders) == 0 {
 		return nil, nil
 	}
@@ -90,8 +80,9 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 	args := make([]string, 1, 1+5*len(orders))
 	args[0] = strconv.Itoa(len(orders))
 	var windows []string
-	for _, o := range orders {
-		ws, _, err := k.windowKeys(o.Record.Charges)
+	for i := range orders {
+		o := &orders[i]
+		ws, _, err := k.windowKeys(o.Charges)
 		if err != nil {
 			return nil, fmt.Errorf("restock %s/%d: %w", k.Sale, o.ID, err)
 		}
@@ -100,17 +91,17 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 				windows = append(windows, w)
 			}
 		}
-		idx, ok := index[o.Record.Region]
+		idx, ok := index[o.Region]
 		if !ok {
-			stock, known := k.Stock(o.Record.Region)
+			stock, known := k.Stock(o.Region)
 			if !known {
-				return nil, fmt.Errorf("restock %s/%d: %w %q", k.Sale, o.ID, ErrUnknownRegion, o.Record.Region)
+				return nil, fmt.Errorf("restock %s/%d: %w %q", k.Sale, o.ID, ErrUnknownRegion, o.Region)
 			}
 			keys = append(keys, stock)
 			idx = strconv.Itoa(len(keys))
-			index[o.Record.Region] = idx
+			index[o.Region] = idx
 		}
-		args = append(args, strconv.FormatUint(o.ID, 10), idx, string(o.Status), o.Reason, o.Record.resv())
+		args = append(args, strconv.FormatUint(o.ID, 10), idx, string(o.Status), o.Reason, EncodeResv(o))
 	}
 	for _, w := range windows {
 		keys = append(keys, k.Limit(w))
@@ -133,8 +124,9 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 }
 
 // MarkPaid writes an order's paid status back to Redis (after MySQL recorded
-// the payment), rewriting the record from rec if Redis lost it.
-func (s *Scripts) MarkPaid(ctx context.Context, c rueidis.Client, k *Keys, orderID uint64, rec Record) error {
-	_, err := s.Confirm(ctx, c, k, []Settled{{ID: orderID, Status: flashgate.OrderPaid, Record: rec}})
+// the payment), rewriting the record from o if Redis lost it.
+func (s *Scripts) MarkPaid(ctx context.Context, c rueidis.Client, k *Keys, o flashgate.Order) error {
+	o.Status = flashgate.OrderPaid
+	_, err := s.Confirm(ctx, c, k, []flashgate.Order{o})
 	return err
 }

@@ -23,16 +23,16 @@ func (s *sale) dropRestocked() {
 
 func (s *sale) restock(id uint64, a lua.AdmitArgs, reason string) lua.RestockOutcome {
 	s.t.Helper()
-	r, err := scripts.Restock(ctx(s.t), s.c, s.k, id, a.Region, string(flashgate.OrderCanceled), reason, record("", a))
+	r, err := scripts.Restock(ctx(s.t), s.c, s.k, restocking(id, flashgate.OrderCanceled, reason, record("", a)))
 	if err != nil {
 		s.t.Fatalf("restock %d: %v", id, err)
 	}
 	return r.Outcome
 }
 
-func (s *sale) confirm(id uint64, st flashgate.OrderStatus, rec lua.Record) {
+func (s *sale) confirm(id uint64, st flashgate.OrderStatus, rec flashgate.Order) {
 	s.t.Helper()
-	if _, err := scripts.Confirm(ctx(s.t), s.c, s.k, []lua.Settled{{ID: id, Status: st, Record: rec}}); err != nil {
+	if _, err := scripts.Confirm(ctx(s.t), s.c, s.k, []flashgate.Order{settled(id, st, rec)}); err != nil {
 		s.t.Fatal(err)
 	}
 }
@@ -159,7 +159,9 @@ func TestRestockOddCases(t *testing.T) {
 		// A region Keys do not have is refused before the script runs.
 		stray, sa := s.mustAdmit(lua.AdmitArgs{User: "u2"})
 		sa.Region = "xx"
-		if _, err := scripts.Restock(ctx(t), c, s.k, stray, "xx", "canceled", "canceled", record("", sa)); err == nil {
+		xx := record("", sa)
+		xx.Region = "xx"
+		if _, err := scripts.Restock(ctx(t), c, s.k, restocking(stray, "canceled", "canceled", xx)); err == nil {
 			t.Fatal("a region Keys do not have was accepted")
 		}
 
@@ -171,9 +173,9 @@ func TestRestockOddCases(t *testing.T) {
 		bad, ba := r.mustAdmit(lua.AdmitArgs{User: "u3", Region: "bj"})
 		wrong := record("", ba)
 		wrong.Region = "sh"
-		_, err := scripts.RestockMany(ctx(t), c, r.k, []lua.Restocking{
-			{ID: good, Status: flashgate.OrderCanceled, Reason: "canceled", Record: record("", ga)},
-			{ID: bad, Status: flashgate.OrderCanceled, Reason: "canceled", Record: wrong},
+		_, err := scripts.RestockMany(ctx(t), c, r.k, []flashgate.Order{
+			restocking(good, flashgate.OrderCanceled, "canceled", record("", ga)),
+			restocking(bad, flashgate.OrderCanceled, "canceled", wrong),
 		})
 		if err == nil || !strings.Contains(err.Error(), "region") {
 			t.Fatalf("region mismatch: %v", err)
@@ -193,7 +195,7 @@ func TestRestockManyRegions(t *testing.T) {
 			sp.Total, sp.PerUserLimit, sp.Regions = 10, 3, map[string]int64{"bj": 4, "sh": 6}
 		})
 		s.dropRestocked()
-		var batch []lua.Restocking
+		var batch []flashgate.Order
 		for _, a := range []lua.AdmitArgs{
 			{User: "u1", Quantity: 2, Region: "bj"},
 			{User: "u1", Region: "sh"},
@@ -201,7 +203,7 @@ func TestRestockManyRegions(t *testing.T) {
 		} {
 			id, a := s.mustAdmit(a)
 			s.confirm(id, flashgate.OrderConfirmed, record("", a))
-			batch = append(batch, lua.Restocking{ID: id, Status: flashgate.OrderCanceled, Reason: "expired", Record: record("", a)})
+			batch = append(batch, restocking(id, flashgate.OrderCanceled, "expired", record("", a)))
 		}
 		keep, _ := s.mustAdmit(lua.AdmitArgs{User: "u2", Region: "bj"})
 		if s.remaining("bj") != 1 || s.remaining("sh") != 3 {
@@ -225,7 +227,7 @@ func TestRestockManyRegions(t *testing.T) {
 		// The same batch again, with a new order in it: only the new one counts.
 		nid, na := s.mustAdmit(lua.AdmitArgs{User: "u3", Region: "sh"})
 		s.confirm(nid, flashgate.OrderConfirmed, record("", na))
-		batch = append(batch, lua.Restocking{ID: nid, Status: flashgate.OrderCanceled, Reason: "expired", Record: record("", na)})
+		batch = append(batch, restocking(nid, flashgate.OrderCanceled, "expired", record("", na)))
 		out, err = scripts.RestockMany(ctx(t), c, s.k, batch)
 		if err != nil {
 			t.Fatal(err)
@@ -242,7 +244,7 @@ func TestMarkPaid(t *testing.T) {
 		id, a := s.mustAdmit(lua.AdmitArgs{User: "u1"})
 		s.confirm(id, flashgate.OrderConfirmed, record("", a))
 		for range 2 {
-			if err := scripts.MarkPaid(ctx(t), c, s.k, id, record("", a)); err != nil {
+			if err := scripts.MarkPaid(ctx(t), c, s.k, settled(id, "", record("", a))); err != nil {
 				t.Fatal(err)
 			}
 			if got, _ := s.order(id); got != record("paid", a) {

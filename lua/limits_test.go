@@ -294,8 +294,8 @@ func TestLimitUndo(t *testing.T) {
 			t.Fatalf("record charges %q, want %q", rec.Charges, enc)
 		}
 		for range 2 {
-			out, err := scripts.RestockMany(ctx(t), c, s.k, []lua.Restocking{{ID: id, Status: flashgate.OrderCanceled,
-				Reason: flashgate.ReasonCanceled, Record: rec}})
+			out, err := scripts.RestockMany(ctx(t), c, s.k, []flashgate.Order{restocking(id, flashgate.OrderCanceled,
+				flashgate.ReasonCanceled, rec)})
 			if err != nil {
 				t.Fatal(err)
 			}

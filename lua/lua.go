@@ -237,23 +237,23 @@ func (o ReleaseOutcome) String() string {
 	return "release(" + strconv.Itoa(int(o)) + ")"
 }
 
-// Redis-only statuses of an order's record, beside flashgate.OrderStatus's:
+// The statuses the scripts write into an order's record beside MySQL's:
 // admit writes pending, claim.lua processing, release.lua (gateway mode)
-// released.
+// released. Processing and released are Redis-only (MySQL never holds them).
 const (
-	StatusPending    = string(flashgate.OrderPending)
-	StatusProcessing = "processing"
-	StatusReleased   = "released"
+	StatusPending    = flashgate.OrderPending
+	StatusProcessing = flashgate.OrderProcessing
+	StatusReleased   = flashgate.OrderReleased
 )
 
 // ReleaseResult is what release did.
 type ReleaseResult struct {
 	Outcome   ReleaseOutcome
-	Released  bool   // units went back now
-	Claimed   bool   // gateway mode: the backend already took the order
-	Status    string // the order's status when nothing was released
-	Remaining int64  // after a release: units in the stock key
-	Unknown   bool   // Redis has no record of the order
+	Released  bool                  // units went back now
+	Claimed   bool                  // gateway mode: the backend already took the order
+	Status    flashgate.OrderStatus // the order's status when nothing was released
+	Remaining int64                 // after a release: units in the stock key
+	Unknown   bool                  // Redis has no record of the order
 }
 
 // Release undoes one admission, exactly once: its stock, its buyer's counter
@@ -285,7 +285,8 @@ func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderI
 	case ReleaseClaimed:
 		r.Claimed = true
 	case ReleaseAlready:
-		r.Status, _ = res[1].ToString()
+		st, _ := res[1].ToString()
+		r.Status = flashgate.OrderStatus(st)
 	case ReleaseUnknown:
 		r.Unknown = true
 	default:
@@ -332,20 +333,13 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 	return st, nil
 }
 
-// Settled is one order whose MySQL outcome is written back to Redis, with
-// Record.Reason (why it failed or was canceled) beside the status.
-type Settled struct {
-	ID     uint64
-	Status flashgate.OrderStatus
-	Record Record
-}
-
-// Confirm ends the reservations of settled orders and writes their status back.
-// It answers how many reservations ended.
-func (s *Scripts) Confirm(ctx context.Context, c rueidis.Client, k *Keys, orders []Settled) (int64, error) {
+// Confirm ends the reservations of settled orders and writes their status
+// (MySQL's outcome) and reason back. It answers how many reservations ended.
+func (s *Scripts) Confirm(ctx context.Context, c rueidis.Client, k *Keys, orders []flashgate.Order) (int64, error) {
 	args := make([]string, 0, 3*len(orders))
-	for _, o := range orders {
-		args = append(args, strconv.FormatUint(o.ID, 10), string(o.Status), o.Record.Reason+"|"+o.Record.resv())
+	for i := range orders {
+		o := &orders[i]
+		args = append(args, strconv.FormatUint(o.ID, 10), string(o.Status), o.Reason+"|"+EncodeResv(o))
 	}
 	n, err := s.confirm.Exec(ctx, c, []string{k.Resv, k.Orders}, args).AsInt64()
 	if err != nil {
@@ -501,55 +495,6 @@ func Remaining(ctx context.Context, c rueidis.Client, k *Keys) (map[string]int64
 	return out, nil
 }
 
-// Record is the state Redis keeps of one order: in the orders hash, and, while
-// reserved, in the resv hash (without status and reason).
-type Record struct {
-	Status  string // pending, processing, confirmed, failed, released, ...
-	Reason  string
-	User    string
-	Qty     int64
-	Region  string
-	Created int64 // ms
-	Expires int64 // ms
-	Idem    string
-	Charges string // flashgate.EncodeCharges of what the order counts against the limits
-}
-
-// Value is r as the orders hash holds it: status|reason|user|qty|region|created|expires|idem|charges.
-func (r Record) Value() string { return r.Status + "|" + r.Reason + "|" + r.resv() }
-
-// ResvValue is r as the reservations hash holds it (what admit writes).
-func (r Record) ResvValue() string { return r.resv() }
-
-func (r Record) resv() string {
-	return r.User + "|" + strconv.FormatInt(r.Qty, 10) + "|" + r.Region + "|" +
-		strconv.FormatInt(r.Created, 10) + "|" + strconv.FormatInt(r.Expires, 10) + "|" + r.Idem + "|" + r.Charges
-}
-
-// ParseOrder parses a value of the orders hash (a record written before
-// charges existed has one field fewer).
-func ParseOrder(v string) (Record, error) {
-	f := strings.Split(v, "|")
-	if len(f) != 8 && len(f) != 9 {
-		return Record{}, fmt.Errorf("order record %q: %d fields", v, len(f))
-	}
-	r := Record{Status: f[0], Reason: f[1], User: f[2], Region: f[4], Idem: f[7]}
-	if len(f) == 9 {
-		r.Charges = f[8]
-	}
-	var e1, e2, e3 error
-	r.Qty, e1 = strconv.ParseInt(f[3], 10, 64)
-	r.Created, e2 = strconv.ParseInt(f[5], 10, 64)
-	r.Expires, e3 = strconv.ParseInt(f[6], 10, 64)
-	if err := errors.Join(e1, e2, e3); err != nil {
-		return Record{}, fmt.Errorf("order record %q: %w", v, err)
-	}
-	return r, nil
-}
-
-// ParseResv parses a value of the resv hash.
-func ParseResv(v string) (Record, error) { return ParseOrder("pending||" + v) }
-
 // IdemKnown reports whether a purchase with this idempotency key may be a
 // replay that the admission must answer (two reads, no script): after a
 // sell-out only a replay needs the admission. A sale that is not warmed
@@ -572,31 +517,31 @@ func IdemKnown(ctx context.Context, c rueidis.Client, k *Keys, user, key string)
 }
 
 // Order reads one order's record; ok is false when Redis has none.
-func Order(ctx context.Context, c rueidis.Client, k *Keys, id uint64) (Record, bool, error) {
+func Order(ctx context.Context, c rueidis.Client, k *Keys, id uint64) (flashgate.Order, bool, error) {
 	v, err := c.Do(ctx, c.B().Hget().Key(k.Orders).Field(strconv.FormatUint(id, 10)).Build()).ToString()
 	if rueidis.IsRedisNil(err) {
-		return Record{}, false, nil
+		return flashgate.Order{}, false, nil
 	}
 	if err != nil {
-		return Record{}, false, err
+		return flashgate.Order{}, false, err
 	}
-	r, err := ParseOrder(v)
-	return r, err == nil, err
+	o, err := DecodeRecord(k.Sale, id, v)
+	return o, err == nil, err
 }
 
 // Reservations reads every open reservation of the sale (admitted, not settled).
-func Reservations(ctx context.Context, c rueidis.Client, k *Keys) (map[uint64]Record, error) {
+func Reservations(ctx context.Context, c rueidis.Client, k *Keys) (map[uint64]flashgate.Order, error) {
 	m, err := c.Do(ctx, c.B().Hgetall().Key(k.Resv).Build()).AsStrMap()
 	if err != nil {
 		return nil, fmt.Errorf("reservations %s: %w", k.Sale, err)
 	}
-	out := make(map[uint64]Record, len(m))
+	out := make(map[uint64]flashgate.Order, len(m))
 	for id, v := range m {
 		n, err := strconv.ParseUint(id, 10, 64)
 		if err != nil {
 			return nil, fmt.Errorf("reservations %s: id %q", k.Sale, id)
 		}
-		if out[n], err = ParseResv(v); err != nil {
+		if out[n], err = DecodeResv(k.Sale, n, v); err != nil {
 			return nil, err
 		}
 	}

@@ -145,23 +145,52 @@ func (s *sale) held(user string) int64 {
 	return v
 }
 
-func (s *sale) resv() map[uint64]lua.Record {
+// resv is the sale's reservations, each as its record holds it: without the
+// id and sale, which are the hash's field and key (lua.Reservations fills them).
+func (s *sale) resv() map[uint64]flashgate.Order {
 	s.t.Helper()
 	m, err := lua.Reservations(ctx(s.t), s.c, s.k)
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	for id, o := range m {
+		if o.ID != id || o.SaleID != s.k.Sale {
+			s.t.Fatalf("reservation %d read as order %d of sale %q", id, o.ID, o.SaleID)
+		}
+		o.ID, o.SaleID = 0, ""
+		m[id] = o
+	}
 	return m
 }
 
-func (s *sale) order(id uint64) (lua.Record, bool) {
+// order is the order's record, as resv.
+func (s *sale) order(id uint64) (flashgate.Order, bool) {
 	s.t.Helper()
 	r, ok, err := lua.Order(ctx(s.t), s.c, s.k, id)
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	if ok && (r.ID != id || r.SaleID != s.k.Sale) {
+		s.t.Fatalf("order %d read as order %d of sale %q", id, r.ID, r.SaleID)
+	}
+	r.ID, r.SaleID = 0, ""
 	return r, ok
 }
+
+// settled is rec with MySQL's outcome, for Confirm.
+func settled(id uint64, st flashgate.OrderStatus, rec flashgate.Order) flashgate.Order {
+	rec.ID, rec.Status = id, st
+	return rec
+}
+
+// restocking is rec canceled by MySQL with reason, for Restock.
+func restocking(id uint64, st flashgate.OrderStatus, reason string, rec flashgate.Order) flashgate.Order {
+	rec.ID, rec.Status, rec.Reason = id, st, reason
+	return rec
+}
+
+// ms is a record's time: Unix milliseconds, in UTC.
+func ms(v int64) time.Time { return time.UnixMilli(v).UTC() }
 
 func (s *sale) release(id uint64, region, mode, reason string) lua.ReleaseResult {
 	s.t.Helper()
@@ -182,9 +211,9 @@ func (s *sale) claim(ids ...uint64) []lua.ClaimStatus {
 }
 
 // record is what admit should have stored for a.
-func record(status string, a lua.AdmitArgs) lua.Record {
-	return lua.Record{Status: status, User: a.User, Qty: a.Quantity, Region: a.Region,
-		Created: a.Now.UnixMilli(), Expires: a.PayBy.UnixMilli(), Idem: a.IdemKey}
+func record(status flashgate.OrderStatus, a lua.AdmitArgs) flashgate.Order {
+	return flashgate.Order{Status: status, UserID: a.User, Quantity: a.Quantity, Region: a.Region,
+		CreatedAt: ms(a.Now.UnixMilli()), ExpiresAt: ms(a.PayBy.UnixMilli()), IdemKey: a.IdemKey}
 }
 
 // eachTarget runs fn against the standalone Redis and the Cluster.
@@ -238,22 +267,23 @@ func TestOutcomeString(t *testing.T) {
 	}
 }
 
-func TestParseRecords(t *testing.T) {
+func TestDecodeRecords(t *testing.T) {
 	good := "pending|why|u1|2|bj|1000|2000|k1"
-	r, err := lua.ParseOrder(good)
-	want := lua.Record{Status: "pending", Reason: "why", User: "u1", Qty: 2, Region: "bj", Created: 1000, Expires: 2000, Idem: "k1"}
+	r, err := lua.DecodeRecord("s", 7, good)
+	want := flashgate.Order{ID: 7, SaleID: "s", Status: "pending", Reason: "why", UserID: "u1", Quantity: 2, Region: "bj",
+		CreatedAt: ms(1000), ExpiresAt: ms(2000), IdemKey: "k1"}
 	if err != nil || r != want {
-		t.Fatalf("ParseOrder(%q) = %+v, %v", good, r, err)
+		t.Fatalf("DecodeRecord(%q) = %+v, %v", good, r, err)
 	}
-	r, err = lua.ParseResv("u1|2|bj|1000|2000|k1")
+	r, err = lua.DecodeResv("s", 7, "u1|2|bj|1000|2000|k1")
 	want.Reason = ""
 	if err != nil || r != want {
-		t.Fatalf("ParseResv = %+v, %v", r, err)
+		t.Fatalf("DecodeResv = %+v, %v", r, err)
 	}
 	for _, bad := range []string{"", "pending", "a|b|c|d|e|f|g", "a|b|c|d|e|f|g|h|i",
 		"pending||u|x|bj|1|2|k", "pending||u|1|bj|x|2|k", "pending||u|1|bj|1|x|k"} {
-		if _, err := lua.ParseOrder(bad); err == nil {
-			t.Errorf("ParseOrder(%q): no error", bad)
+		if _, err := lua.DecodeRecord("s", 7, bad); err == nil {
+			t.Errorf("DecodeRecord(%q): no error", bad)
 		}
 	}
 }
@@ -301,7 +331,7 @@ func TestDuplicateOrderIDChangesNothing(t *testing.T) {
 			t.Fatalf("remaining %v %v, want 9: the duplicate moved stock", rem, err)
 		}
 		resv, _ := lua.Reservations(ctx(t), c, s.k)
-		if r := resv[id]; len(resv) != 1 || r.User != "alice" || r.Qty != 1 {
+		if r := resv[id]; len(resv) != 1 || r.UserID != "alice" || r.Quantity != 1 {
 			t.Fatalf("reservations %+v: the first one was overwritten", resv)
 		}
 	})
@@ -748,7 +778,7 @@ func TestClaim(t *testing.T) {
 		}
 		// A settled order stays as it is.
 		rec := record("", args1)
-		if _, err := scripts.Confirm(ctx(t), c, s.k, []lua.Settled{{ID: a1, Status: flashgate.OrderConfirmed, Record: rec}}); err != nil {
+		if _, err := scripts.Confirm(ctx(t), c, s.k, []flashgate.Order{settled(a1, flashgate.OrderConfirmed, rec)}); err != nil {
 			t.Fatal(err)
 		}
 		if got := s.claim(a1); got[0] != lua.ClaimOK {
@@ -764,23 +794,23 @@ func TestConfirm(t *testing.T) {
 	eachTarget(t, func(t *testing.T, c rueidis.Client) {
 		s := newSale(t, c, nil)
 		var ids []uint64
-		var recs []lua.Record
+		var recs []flashgate.Order
 		for _, u := range []string{"u1", "u2", "u3"} {
 			id, a := s.mustAdmit(lua.AdmitArgs{User: u, Quantity: 2, IdemKey: "k" + u})
 			ids, recs = append(ids, id), append(recs, record("", a))
 		}
 		s.claim(ids[0])
-		settled := []lua.Settled{
-			{ID: ids[0], Status: flashgate.OrderConfirmed, Record: recs[0]},
-			{ID: ids[1], Status: flashgate.OrderPaid, Record: recs[1]},
+		done := []flashgate.Order{
+			settled(ids[0], flashgate.OrderConfirmed, recs[0]),
+			settled(ids[1], flashgate.OrderPaid, recs[1]),
 		}
-		n, err := scripts.Confirm(ctx(t), c, s.k, settled)
+		n, err := scripts.Confirm(ctx(t), c, s.k, done)
 		if err != nil || n != 2 {
 			t.Fatalf("confirm = %d, %v; want 2", n, err)
 		}
 		for i, st := range []string{"confirmed", "paid"} {
 			want := recs[i]
-			want.Status = st
+			want.Status = flashgate.OrderStatus(st)
 			if got, _ := s.order(ids[i]); got != want {
 				t.Errorf("order %d = %+v, want %+v", i, got, want)
 			}
@@ -793,13 +823,13 @@ func TestConfirm(t *testing.T) {
 			t.Fatal("confirm moved stock")
 		}
 		// Again: nothing more ends.
-		if n, err := scripts.Confirm(ctx(t), c, s.k, settled); err != nil || n != 0 {
+		if n, err := scripts.Confirm(ctx(t), c, s.k, done); err != nil || n != 0 {
 			t.Fatalf("second confirm = %d, %v", n, err)
 		}
 		// An order Redis lost is written back from the record, reason included.
-		lost := lua.Record{User: "u9", Qty: 1, Region: "", Created: 1000, Expires: 2000, Idem: "x", Reason: flashgate.ReasonLimitReached}
+		lost := flashgate.Order{UserID: "u9", Quantity: 1, Region: "", CreatedAt: ms(1000), ExpiresAt: ms(2000), IdemKey: "x", Reason: flashgate.ReasonLimitReached}
 		id := nextID()
-		if n, err := scripts.Confirm(ctx(t), c, s.k, []lua.Settled{{ID: id, Status: flashgate.OrderFailed, Record: lost}}); err != nil || n != 0 {
+		if n, err := scripts.Confirm(ctx(t), c, s.k, []flashgate.Order{settled(id, flashgate.OrderFailed, lost)}); err != nil || n != 0 {
 			t.Fatalf("confirm of a lost order = %d, %v", n, err)
 		}
 		want := lost
@@ -1045,8 +1075,8 @@ func TestInvariant(t *testing.T) {
 							continue
 						}
 						s.claim(id)
-						n, err := scripts.Confirm(ctx(t), c, s.k, []lua.Settled{{ID: id, Status: flashgate.OrderConfirmed,
-							Record: lua.Record{User: l.user, Qty: l.qty, Region: l.region, Idem: l.idem}}})
+						n, err := scripts.Confirm(ctx(t), c, s.k, []flashgate.Order{settled(id, flashgate.OrderConfirmed,
+							flashgate.Order{UserID: l.user, Quantity: l.qty, Region: l.region, IdemKey: l.idem})})
 						if err != nil || n != 1 {
 							t.Fatalf("step %d: confirm %d = %d, %v", step, id, n, err)
 						}
@@ -1057,7 +1087,7 @@ func TestInvariant(t *testing.T) {
 					resv := s.resv()
 					reserved := map[string]int64{}
 					for _, r := range resv {
-						reserved[r.Region] += r.Qty
+						reserved[r.Region] += r.Quantity
 					}
 					if len(resv) != len(pending) {
 						t.Fatalf("step %d: %d reservations in Redis, %d in the test", step, len(resv), len(pending))

@@ -160,17 +160,17 @@ func RollbackOrder(ctx context.Context, tx Querier) error {
 // caller holds) with reason and takes their units off sales.sold,
 // sale_regions.sold, user_purchases.units and limit_usage.used, in the
 // writer's order: sales, regions, users, limits, orders.
-func ReturnUnits(ctx context.Context, tx Querier, sale string, orders []OrderRow, reason string, now time.Time) error {
+func ReturnUnits(ctx context.Context, tx Querier, sale string, orders []flashgate.Order, reason string, now time.Time) error {
 	var units int64
 	regions := map[string]int64{}
 	users := map[string]int64{}
 	usage := map[UsageKey]int64{}
 	for _, o := range orders {
-		units += o.Qty
+		units += o.Quantity
 		if o.Region != "" {
-			regions[o.Region] += o.Qty
+			regions[o.Region] += o.Quantity
 		}
-		users[o.User] += o.Qty
+		users[o.UserID] += o.Quantity
 		cs, err := flashgate.ParseCharges(o.Charges)
 		if err != nil {
 			return fmt.Errorf("sale %s order %d: %w", sale, o.ID, err)
@@ -229,7 +229,7 @@ func returnBuyers(ctx context.Context, tx Querier, sale string, users map[string
 	return nil
 }
 
-func cancelRows(ctx context.Context, tx Querier, sale string, orders []OrderRow, reason string, now time.Time) error {
+func cancelRows(ctx context.Context, tx Querier, sale string, orders []flashgate.Order, reason string, now time.Time) error {
 	for part := range slices.Chunk(orders, sqlChunk) {
 		args := make([]any, 0, len(part)+3)
 		args = append(args, string(flashgate.OrderCanceled), reason, now)

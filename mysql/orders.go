@@ -15,21 +15,6 @@ import (
 // ErrNoOrder is an order MySQL has no row of.
 var ErrNoOrder = errors.New("no such order")
 
-// OrderRow is one order as MySQL holds it.
-type OrderRow struct {
-	ID      uint64
-	Sale    string
-	User    string
-	Qty     int64
-	Region  string
-	Status  flashgate.OrderStatus
-	Reason  string
-	Idem    string // "" when the order has no Idempotency-Key (NULL)
-	Created time.Time
-	Expires time.Time
-	Charges string // flashgate.EncodeCharges
-}
-
 // OrderState is MySQL's word on one order.
 type OrderState struct {
 	Status flashgate.OrderStatus
@@ -38,16 +23,19 @@ type OrderState struct {
 
 const orderCols = `id, sale_id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''), created_at, expires_at, charges`
 
-func scanOrder(row interface{ Scan(...any) error }) (OrderRow, error) {
-	var o OrderRow
+// scanOrder reads one order as MySQL holds it: a flashgate.Order without
+// the buyer's facts (the row keeps the charges they made; FactsFromCharges
+// brings them back where they are needed).
+func scanOrder(row interface{ Scan(...any) error }) (flashgate.Order, error) {
+	var o flashgate.Order
 	var st string
-	err := row.Scan(&o.ID, &o.Sale, &o.User, &o.Qty, &o.Region, &st, &o.Reason, &o.Idem, &o.Created, &o.Expires, &o.Charges)
+	err := row.Scan(&o.ID, &o.SaleID, &o.UserID, &o.Quantity, &o.Region, &st, &o.Reason, &o.IdemKey, &o.CreatedAt, &o.ExpiresAt, &o.Charges)
 	o.Status = flashgate.OrderStatus(st)
 	return o, err
 }
 
 // scanOrders calls fn for each order the query answers.
-func scanOrders(ctx context.Context, q Querier, fn func(OrderRow) error, query string, args ...any) error {
+func scanOrders(ctx context.Context, q Querier, fn func(flashgate.Order) error, query string, args ...any) error {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
@@ -62,7 +50,7 @@ func scanOrders(ctx context.Context, q Querier, fn func(OrderRow) error, query s
 }
 
 // Order reads one order of sale (no lock); ErrNoOrder when there is none.
-func Order(ctx context.Context, q Querier, sale string, id uint64) (OrderRow, error) {
+func Order(ctx context.Context, q Querier, sale string, id uint64) (flashgate.Order, error) {
 	o, err := scanOrder(q.QueryRowContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id = ? AND sale_id = ?`, id, sale))
 	if errors.Is(err, sql.ErrNoRows) {
 		return o, ErrNoOrder
@@ -72,7 +60,7 @@ func Order(ctx context.Context, q Querier, sale string, id uint64) (OrderRow, er
 
 // LockOrder reads one order of sale and locks its row; ErrNoOrder when there
 // is none.
-func LockOrder(ctx context.Context, tx Querier, sale string, id uint64) (OrderRow, error) {
+func LockOrder(ctx context.Context, tx Querier, sale string, id uint64) (flashgate.Order, error) {
 	o, err := scanOrder(tx.QueryRowContext(ctx, `SELECT `+orderCols+` FROM orders WHERE id = ? AND sale_id = ? FOR UPDATE`, id, sale))
 	if errors.Is(err, sql.ErrNoRows) {
 		return o, ErrNoOrder
@@ -92,14 +80,14 @@ func MarkPaid(ctx context.Context, tx Querier, id uint64, now time.Time) error {
 
 // LockExpired locks those of ids (orders of sale) still confirmed and past
 // their deadline at now.
-func LockExpired(ctx context.Context, tx Querier, sale string, ids []uint64, now time.Time) ([]OrderRow, error) {
+func LockExpired(ctx context.Context, tx Querier, sale string, ids []uint64, now time.Time) ([]flashgate.Order, error) {
 	args := make([]any, 0, len(ids)+3)
 	for _, id := range ids {
 		args = append(args, id)
 	}
 	args = append(args, sale, string(flashgate.OrderConfirmed), now.UTC())
-	var orders []OrderRow
-	err := scanOrders(ctx, tx, func(o OrderRow) error {
+	var orders []flashgate.Order
+	err := scanOrders(ctx, tx, func(o flashgate.Order) error {
 		orders = append(orders, o)
 		return nil
 	}, `SELECT `+orderCols+` FROM orders WHERE id IN (`+placeholders(len(ids))+`)
@@ -134,13 +122,13 @@ func DueOrders(ctx context.Context, db Querier, now time.Time, limit int) (sales
 
 // EachCanceledSince calls fn for every order of sale canceled (or expired)
 // at or after since.
-func EachCanceledSince(ctx context.Context, db Querier, sale string, since time.Time, fn func(OrderRow) error) error {
+func EachCanceledSince(ctx context.Context, db Querier, sale string, since time.Time, fn func(flashgate.Order) error) error {
 	return scanOrders(ctx, db, fn, `SELECT `+orderCols+` FROM orders WHERE sale_id = ? AND status = ? AND updated_at >= ?`,
 		sale, string(flashgate.OrderCanceled), since.UTC())
 }
 
 // EachOrder calls fn for every order of sale.
-func EachOrder(ctx context.Context, db Querier, sale string, fn func(OrderRow) error) error {
+func EachOrder(ctx context.Context, db Querier, sale string, fn func(flashgate.Order) error) error {
 	return scanOrders(ctx, db, fn, `SELECT `+orderCols+` FROM orders WHERE sale_id = ?`, sale)
 }
 
@@ -241,16 +229,16 @@ func KeyHolders(ctx context.Context, tx Querier, sale string, keys []IdemKey) (m
 }
 
 // InsertOrders writes the rows of orders as they are (status, reason, key).
-func InsertOrders(ctx context.Context, tx Querier, orders []OrderRow, now time.Time) error {
+func InsertOrders(ctx context.Context, tx Querier, orders []flashgate.Order, now time.Time) error {
 	for part := range slices.Chunk(orders, sqlChunk) {
 		args := make([]any, 0, 12*len(part))
 		for _, o := range part {
 			var idem any
-			if o.Idem != "" {
-				idem = o.Idem
+			if o.IdemKey != "" {
+				idem = o.IdemKey
 			}
-			args = append(args, o.ID, o.Sale, o.User, o.Qty, o.Region, string(o.Status), o.Reason, idem,
-				o.Created, o.Expires, now, o.Charges)
+			args = append(args, o.ID, o.SaleID, o.UserID, o.Quantity, o.Region, string(o.Status), o.Reason, idem,
+				o.CreatedAt.UTC(), o.ExpiresAt.UTC(), now, o.Charges)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
 			idem_key, created_at, expires_at, updated_at, charges) VALUES `+rowsOf(len(part), 12), args...); err != nil {
@@ -263,15 +251,15 @@ func InsertOrders(ctx context.Context, tx Querier, orders []OrderRow, now time.T
 // InsertFailed writes o as failed (its status and reason as given), unless
 // MySQL has a row of it; true when it wrote it. Failed orders count nowhere:
 // no counter moves.
-func InsertFailed(ctx context.Context, db Querier, o OrderRow, now time.Time) (bool, error) {
+func InsertFailed(ctx context.Context, db Querier, o flashgate.Order, now time.Time) (bool, error) {
 	var idem any
-	if o.Idem != "" {
-		idem = o.Idem
+	if o.IdemKey != "" {
+		idem = o.IdemKey
 	}
 	res, err := db.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
 		idem_key, created_at, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON DUPLICATE KEY UPDATE id = id`,
-		o.ID, o.Sale, o.User, o.Qty, o.Region, string(o.Status), o.Reason, idem, o.Created, o.Expires, now)
+		o.ID, o.SaleID, o.UserID, o.Quantity, o.Region, string(o.Status), o.Reason, idem, o.CreatedAt.UTC(), o.ExpiresAt.UTC(), now)
 	if err != nil {
 		return false, err
 	}

@@ -76,9 +76,9 @@ func TestGuardsAndLedger(t *testing.T) {
 	if must(GuardBuyer(c, tx, s.ID, "u1", 1, s.PerUserLimit)) {
 		t.Error("u1 went past the limit")
 	}
-	orders := []OrderRow{
-		{ID: 1, Sale: s.ID, User: "u1", Qty: 2, Region: "a", Status: flashgate.OrderConfirmed, Idem: "k1", Created: now, Expires: now.Add(time.Minute)},
-		{ID: 2, Sale: s.ID, User: "u2", Qty: 1, Region: "a", Status: flashgate.OrderConfirmed, Created: now, Expires: now.Add(time.Minute)},
+	orders := []flashgate.Order{
+		{ID: 1, SaleID: s.ID, UserID: "u1", Quantity: 2, Region: "a", Status: flashgate.OrderConfirmed, IdemKey: "k1", CreatedAt: now, ExpiresAt: now.Add(time.Minute)},
+		{ID: 2, SaleID: s.ID, UserID: "u2", Quantity: 1, Region: "a", Status: flashgate.OrderConfirmed, CreatedAt: now, ExpiresAt: now.Add(time.Minute)},
 	}
 	if err := InsertOrders(c, tx, orders, now); err != nil {
 		t.Fatal(err)
@@ -108,13 +108,13 @@ func TestGuardsAndLedger(t *testing.T) {
 	}
 	defer tx.Rollback()
 	o, err := LockOrder(c, tx, s.ID, 1)
-	if err != nil || o.User != "u1" || o.Idem != "k1" {
+	if err != nil || o.UserID != "u1" || o.IdemKey != "k1" {
 		t.Fatalf("LockOrder = %+v, %v", o, err)
 	}
 	if _, err := LockOrder(c, tx, s.ID, 9); !errors.Is(err, ErrNoOrder) {
 		t.Errorf("LockOrder of no order: %v", err)
 	}
-	if err := ReturnUnits(c, tx, s.ID, []OrderRow{o}, flashgate.ReasonCanceled, now); err != nil {
+	if err := ReturnUnits(c, tx, s.ID, []flashgate.Order{o}, flashgate.ReasonCanceled, now); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

@@ -393,10 +393,10 @@ func (r *ingestRun) fill(ctx context.Context) ([]uint64, error) {
 				}
 				id := lease.Next()
 				now := time.Now()
-				m := bus.OrderMsg{ID: id, Sale: r.sale.ID, User: loadgen.User(int(i)), Qty: 1,
-					Created: now.UnixMilli(), Expires: now.Add(payFor).UnixMilli()}
+				m := flashgate.Order{ID: id, SaleID: r.sale.ID, UserID: loadgen.User(int(i)), Quantity: 1,
+					CreatedAt: now, ExpiresAt: now.Add(payFor)}
 				actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				adm, err := scripts.Admit(actx, rc, keys, lua.AdmitArgs{User: m.User, Quantity: 1, OrderID: id, Now: now, PayBy: now.Add(payFor)})
+				adm, err := scripts.Admit(actx, rc, keys, lua.AdmitArgs{User: m.UserID, Quantity: 1, OrderID: id, Now: now, PayBy: now.Add(payFor)})
 				cancel()
 				if err == nil && adm.Outcome != lua.Admitted {
 					err = fmt.Errorf("admission of order %d: %s, want ok", i, adm.Outcome)
@@ -406,7 +406,7 @@ func (r *ingestRun) fill(ctx context.Context) ([]uint64, error) {
 					return
 				}
 				msg := nats.NewMsg(subject)
-				buf = m.Append(buf[:0])
+				buf = bus.AppendOrder(buf[:0], &m)
 				msg.Data = buf
 				pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				_, err = js.PublishMsg(pctx, msg, jetstream.WithMsgID(strconv.FormatUint(id, 10)))

@@ -1,0 +1,118 @@
+package bus
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/flashgate/flashgate"
+)
+
+// The orders stream carries one JSON object per admitted order, keyed short:
+//
+//	{"id":"7345119871795200001","sale":"sale-1","user":"user_42","qty":2,"region":"bj",
+//	 "created":1767225600000,"expires":1767226500000,"idem":"K-1","charges":"0/sale/1/+8613800000001",
+//	 "phone":"+8613800000001","device":"d-1","ip":"10.0.0.1","addr":"0123456789abcdef"}
+//
+// The id is a string (JavaScript readers lose precision past 2^53); created
+// and expires are Unix milliseconds; idem, charges and the facts (phone,
+// device, ip, addr) are left out when empty. An order on the stream is pending
+// by definition, so it carries no status or reason. docs/orders.md.
+type orderWire struct {
+	ID      uint64 `json:"id,string"`
+	Sale    string `json:"sale"`
+	User    string `json:"user"`
+	Qty     int64  `json:"qty"`
+	Region  string `json:"region"`
+	Created int64  `json:"created"`
+	Expires int64  `json:"expires"`
+	Idem    string `json:"idem,omitempty"`
+	Charges string `json:"charges,omitempty"`
+	Phone   string `json:"phone,omitempty"`
+	Device  string `json:"device,omitempty"`
+	IP      string `json:"ip,omitempty"`
+	Addr    string `json:"addr,omitempty"`
+}
+
+// EncodeOrder is o as the orders stream carries it.
+func EncodeOrder(o *flashgate.Order) []byte { return AppendOrder(make([]byte, 0, 192), o) }
+
+// AppendOrder encodes o onto b without reflection (the gateway's hot path).
+// Every string field is already validated (ids to [A-Za-z0-9_-], charges and
+// facts to normalised subjects of digits, letters and ".:+/_-"), so none needs
+// escaping.
+func AppendOrder(b []byte, o *flashgate.Order) []byte {
+	b = append(b, `{"id":"`...)
+	b = strconv.AppendUint(b, o.ID, 10)
+	b = append(b, `","sale":"`...)
+	b = append(b, o.SaleID...)
+	b = append(b, `","user":"`...)
+	b = append(b, o.UserID...)
+	b = append(b, `","qty":`...)
+	b = strconv.AppendInt(b, o.Quantity, 10)
+	b = append(b, `,"region":"`...)
+	b = append(b, o.Region...)
+	b = append(b, `","created":`...)
+	b = strconv.AppendInt(b, unixMilli(o.CreatedAt), 10)
+	b = append(b, `,"expires":`...)
+	b = strconv.AppendInt(b, unixMilli(o.ExpiresAt), 10)
+	b = appendField(b, `,"idem":"`, o.IdemKey)
+	b = appendField(b, `,"charges":"`, o.Charges)
+	b = appendField(b, `,"phone":"`, o.Phone)
+	b = appendField(b, `,"device":"`, o.Device)
+	b = appendField(b, `,"ip":"`, o.IP)
+	b = appendField(b, `,"addr":"`, o.Address)
+	return append(b, '}')
+}
+
+// unixMilli writes the zero time (an order built without one) as 0 ms.
+func unixMilli(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// fromMilli reads a time off the wire, in UTC. 0 ms is 1970, as it always
+// was to the backend (an Order at the Unix epoch is the one that does not
+// come back as it went).
+func fromMilli(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+
+func appendField(b []byte, key, v string) []byte {
+	if v == "" {
+		return b
+	}
+	b = append(b, key...)
+	b = append(b, v...)
+	return append(b, '"')
+}
+
+// ErrBadMsg marks a message that can never be processed.
+var ErrBadMsg = errors.New("bad order message")
+
+// DecodeOrder parses and checks a message body; the order is pending.
+func DecodeOrder(b []byte) (flashgate.Order, error) {
+	var m orderWire
+	if err := json.Unmarshal(b, &m); err != nil {
+		return flashgate.Order{}, fmt.Errorf("%w: %v", ErrBadMsg, err)
+	}
+	o := flashgate.Order{ID: m.ID, SaleID: m.Sale, UserID: m.User, Quantity: m.Qty, Region: m.Region,
+		Status: flashgate.OrderPending, IdemKey: m.Idem, Charges: m.Charges,
+		Phone: m.Phone, Device: m.Device, IP: m.IP, Address: m.Addr,
+		CreatedAt: fromMilli(m.Created), ExpiresAt: fromMilli(m.Expires)}
+	if m.ID == 0 || !flashgate.ValidID(m.Sale) || !flashgate.ValidID(m.User) || m.Qty < 1 || m.Qty > flashgate.MaxSaleUnits ||
+		(m.Region != "" && !flashgate.ValidRegion(m.Region)) || (m.Idem != "" && !flashgate.ValidID(m.Idem)) {
+		return o, fmt.Errorf("%w: %s", ErrBadMsg, b)
+	}
+	if _, err := flashgate.ParseCharges(m.Charges); err != nil {
+		return o, fmt.Errorf("%w: %v", ErrBadMsg, err)
+	}
+	for _, f := range [...]string{m.Phone, m.Device, m.IP, m.Addr} {
+		if f != "" && !flashgate.ValidSubject(f) {
+			return o, fmt.Errorf("%w: subject %q", ErrBadMsg, f)
+		}
+	}
+	return o, nil
+}
