@@ -1,4 +1,4 @@
-# flashgate — see DESIGN.md §10 for the local stack. `make help` lists the targets.
+# flashgate — see docs/design.md §10 for the local stack. `make help` lists the targets.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help

@@ -1,7 +1,7 @@
 // Package flashgate defines the domain of a flash sale: sales, orders, the
 // outcome codes of a purchase and the rules that validate them. It imports no
 // Redis, NATS, MySQL or HTTP code; the packages named for those adapt them to
-// these types (see DESIGN.md §1 for the funnel they form).
+// these types (see docs/design.md §1 for the funnel they form).
 package flashgate
 
 import (
@@ -11,10 +11,10 @@ import (
 	"time"
 )
 
-// Code is a machine-readable outcome of a request, as listed in DESIGN.md §3.
+// Code is a machine-readable outcome of a request, as listed in docs/design.md §3.
 type Code string
 
-// Codes of DESIGN.md §3 (binding: clients switch on them).
+// Codes of docs/design.md §3 (binding: clients switch on them).
 const (
 	CodeAccepted       Code = "accepted"
 	CodeInvalidRequest Code = "invalid_request"

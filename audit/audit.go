@@ -1,4 +1,4 @@
-// Package audit proves DESIGN.md §2 for one sale from the outside: it reads MySQL
+// Package audit proves docs/design.md §2 for one sale from the outside: it reads MySQL
 // (the source of truth) and Redis and reports every unit oversold, every buyer over
 // the limit, every accepted order without a row, every unit counted twice, and
 // whether Redis remaining + reserved + MySQL sold equals the sale's total. It writes
@@ -65,7 +65,7 @@ type Report struct {
 	DistinctBuyers int64 `json:"distinct_buyers"`
 }
 
-// OK reports whether the sale keeps every invariant of DESIGN.md §2.
+// OK reports whether the sale keeps every invariant of docs/design.md §2.
 func (r Report) OK() bool {
 	return r.Oversold == 0 && r.OverLimitUsers == 0 && r.OverLimitSubjects == 0 && r.Lost == 0 && r.Duplicated == 0 && r.LedgerHolds
 }

@@ -22,7 +22,7 @@ import (
 // maxAdminBody bounds an admin request body.
 const maxAdminBody = 64 << 10
 
-// adminHandler serves DESIGN.md §4, the health probes, the metrics and pprof.
+// adminHandler serves docs/design.md §4, the health probes, the metrics and pprof.
 // Everything under /admin/ needs the bearer token; the probes and /metrics need
 // none (Prometheus and orchestrators scrape them; they reveal counts, not
 // orders). /debug/pprof/ needs the token too: profiles expose internals (the
@@ -145,7 +145,7 @@ func (b *Backend) publish(ev bus.SaleEvent) {
 }
 
 // ledgerView is GET /admin/v1/sales/{sale}: MySQL and Redis side by side, and
-// invariant 3 of DESIGN.md §2. Exact once the system has drained; during traffic
+// invariant 3 of docs/design.md §2. Exact once the system has drained; during traffic
 // the reads are different moments.
 type ledgerView struct {
 	Sale              *flashgate.Sale        `json:"sale"`

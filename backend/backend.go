@@ -1,7 +1,7 @@
 // Package backend owns MySQL, the source of truth, and the processes that feed it:
 // the consumers that turn admitted orders from JetStream into rows under the row
-// guard of DESIGN.md §8 and write each outcome back to Redis, the warming of Redis
-// from MySQL, and the admin API of DESIGN.md §4. Any number of backends share one
+// guard of docs/design.md §8 and write each outcome back to Redis, the warming of Redis
+// from MySQL, and the admin API of docs/design.md §4. Any number of backends share one
 // durable consumer; the sale row lock serialises their batches of one sale.
 package backend
 

@@ -17,7 +17,7 @@ import (
 	"github.com/flashgate/flashgate/mysql"
 )
 
-// Dead letters (DESIGN.md §7). The consumer decides on the message's last
+// Dead letters (docs/design.md §7). The consumer decides on the message's last
 // delivery, in the loop that failed it, rather than listening to the server's
 // MAX_DELIVERIES advisory: the advisory is core NATS (at most once, lost when
 // no backend listens at that moment), and on nats-server 2.9 a work-queue

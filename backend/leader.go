@@ -18,7 +18,7 @@ import (
 	"github.com/flashgate/flashgate/lua"
 )
 
-// Leader election (DESIGN.md §8). The background work that must run on exactly
+// Leader election (docs/design.md §8). The background work that must run on exactly
 // one backend at a time, the reconciler and the expiry sweeper, runs under a
 // Redis lock (rueidislock) that renews itself every half validity and whose
 // context is cancelled the moment the lock is lost: Redis gone, the key

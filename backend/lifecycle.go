@@ -19,7 +19,7 @@ import (
 	"github.com/flashgate/flashgate/mysql"
 )
 
-// The order life cycle after MySQL confirmed an order (DESIGN.md §3, issue 4): the
+// The order life cycle after MySQL confirmed an order (docs/design.md §3, issue 4): the
 // buyer pays it, or cancels it, or lets the payment deadline pass and the sweeper
 // expires it. MySQL decides. Every transaction that moves units takes the sale
 // row lock first, as the batch writer does, so they queue there and cannot

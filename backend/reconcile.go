@@ -19,7 +19,7 @@ import (
 	"github.com/flashgate/flashgate/mysql"
 )
 
-// Reconcile (DESIGN.md §8, invariant 3 of §2) brings Redis back in line with
+// Reconcile (docs/design.md §8, invariant 3 of §2) brings Redis back in line with
 // MySQL, the source of truth, and JetStream, which holds the orders in flight:
 //
 //   - Redis lost the sale (no meta): it is warmed from MySQL with

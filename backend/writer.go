@@ -54,7 +54,7 @@ type outcome struct {
 }
 
 // orderWriter turns admitted orders into MySQL rows under the row guard of
-// DESIGN.md §8 and writes the outcome back to Redis. It knows nothing of NATS, so
+// docs/design.md §8 and writes the outcome back to Redis. It knows nothing of NATS, so
 // tests drive it directly.
 type orderWriter struct {
 	db      *sql.DB

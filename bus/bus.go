@@ -1,6 +1,6 @@
 // Package bus adapts NATS to flashgate: the JetStream stream that carries admitted
 // orders from gateways to backends (durable, deduplicated by order id), and the core
-// NATS subjects that carry sale events to every gateway's local cache (DESIGN.md §7).
+// NATS subjects that carry sale events to every gateway's local cache (docs/design.md §7).
 package bus
 
 import (

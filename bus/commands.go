@@ -37,7 +37,7 @@ type OrderCommand struct {
 }
 
 // OrderReply is the backend's answer. Code is flashgate.CodeAccepted-style
-// "ok" on success, else the DESIGN.md §3 code to answer with (order_not_found,
+// "ok" on success, else the docs/design.md §3 code to answer with (order_not_found,
 // order_closed, conflict for an order still pending, unavailable).
 type OrderReply struct {
 	Code      string    `json:"code"`

@@ -13,7 +13,7 @@ import (
 )
 
 // The dead-letter stream keeps the order messages the backends gave up on
-// (DESIGN.md §7): poison orders that failed every delivery, and bodies that can
+// (docs/design.md §7): poison orders that failed every delivery, and bodies that can
 // never be parsed. Its subjects, <order_subject>_dlq.<kind>.<sale>, lie outside
 // the orders stream's <order_subject>.>, so the work-queue consumer never sees
 // them. Operators read it with `nats stream view`; nothing consumes it.

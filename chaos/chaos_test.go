@@ -1,7 +1,7 @@
 // Package chaos is flashgate's fault suite (`make chaos`): each scenario runs
 // the whole funnel — two gateways, a backend, Redis, NATS, MariaDB, every one a
 // real process of the scenario's own — floods it with purchases, injects one
-// fault, drains, reconciles, and checks DESIGN.md §2's invariants by reading
+// fault, drains, reconciles, and checks docs/design.md §2's invariants by reading
 // MySQL and Redis directly.
 package chaos
 

@@ -1,6 +1,6 @@
 // Package config is flashgate's one configuration struct: defaults, then the YAML
 // file (strict: an unknown key is an error), then environment overrides. Every key
-// a.b_c can be set with FLASHGATE_A_B_C; a few have the shorter names of DESIGN.md
+// a.b_c can be set with FLASHGATE_A_B_C; a few have the shorter names of docs/design.md
 // §3/§10 (FLASHGATE_JWT_SECRET, FLASHGATE_ADMIN_TOKEN, FLASHGATE_REDIS_ADDRS, ...).
 package config
 
@@ -96,7 +96,7 @@ type Gateway struct {
 	ReleaseQueue   int `yaml:"release_queue"`
 }
 
-// RateLimit is the ops-tunable block of DESIGN.md §9 (binding). It reloads
+// RateLimit is the ops-tunable block of docs/design.md §9 (binding). It reloads
 // without a restart.
 type RateLimit struct {
 	PerIP       Rate `yaml:"per_ip"`
@@ -217,7 +217,7 @@ type Sales struct {
 	LiveGrace time.Duration `yaml:"live_grace"`
 }
 
-// Default is the configuration of the local stack (DESIGN.md §10).
+// Default is the configuration of the local stack (docs/design.md §10).
 func Default() Config {
 	return Config{
 		Gateway: Gateway{
@@ -257,7 +257,7 @@ func Default() Config {
 	}
 }
 
-// shortEnv are the environment names DESIGN.md gives, besides FLASHGATE_<KEY>.
+// shortEnv are the environment names docs/design.md gives, besides FLASHGATE_<KEY>.
 var shortEnv = map[string]string{"FLASHGATE_ADMIN_TOKEN": "admin.token"}
 
 // Load reads path (if not "") over the defaults, then the environment.
@@ -328,7 +328,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("backend.batch_size must be 1..5000"))
 	}
 	if c.NATS.DedupWindow < 2*time.Minute {
-		errs = append(errs, errors.New("nats.dedup_window must be at least 2m (DESIGN.md §7)"))
+		errs = append(errs, errors.New("nats.dedup_window must be at least 2m (docs/design.md §7)"))
 	}
 	if c.Orders.PaymentTimeout <= 0 {
 		errs = append(errs, errors.New("orders.payment_timeout must be positive"))

@@ -1,5 +1,5 @@
 // Package e2e runs the whole funnel — gateway, JetStream, backend, MariaDB — on
-// the real servers of the local stack and checks DESIGN.md §2's invariants.
+// the real servers of the local stack and checks docs/design.md §2's invariants.
 package e2e
 
 import (

@@ -476,7 +476,7 @@ func TestSoldOutFastPathTwoGateways(t *testing.T) {
 // TestSoldOutFastPathIdempotencyKeys: the same fast path for purchases that
 // carry an Idempotency-Key, as the project's own page (nginx/html/sale.js)
 // sends with every purchase. A replay of an order bought before the sell-out
-// must still answer 202 with its order id (DESIGN.md §3); a new key after the
+// must still answer 202 with its order id (docs/design.md §3); a new key after the
 // sell-out is a new purchase of nothing, and should not cost an admission
 // script on Redis any more than one without a key.
 func TestSoldOutFastPathIdempotencyKeys(t *testing.T) {

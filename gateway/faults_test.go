@@ -30,7 +30,7 @@ import (
 
 // These tests inject faults into the gateway's dependencies (issue 3, item 4):
 // they kill (or stall) a Redis or a NATS of the test's own while buyers keep
-// coming, and check DESIGN.md §2.5 "fail closed" from the outside: every
+// coming, and check docs/design.md §2.5 "fail closed" from the outside: every
 // request returns, the answer is 503 unavailable with Retry-After, an open
 // breaker answers at once without touching its dependency, no 503 leaves a
 // reservation behind, and service comes back by itself.

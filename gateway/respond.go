@@ -14,7 +14,7 @@ var (
 	one           = []byte("1")
 )
 
-// fail writes a DESIGN.md §3 error body. Every message is ours (ASCII), but
+// fail writes a docs/design.md §3 error body. Every message is ours (ASCII), but
 // it is escaped anyway so the body stays valid JSON whatever a caller passes.
 func fail(ctx *fasthttp.RequestCtx, status int, code flashgate.Code, msg string) {
 	ctx.SetStatusCode(status)

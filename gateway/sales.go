@@ -86,7 +86,7 @@ func (s *sale) marks() int {
 	return n
 }
 
-// publicSale is the body of GET /v1/sales/{sale} (DESIGN.md §3).
+// publicSale is the body of GET /v1/sales/{sale} (docs/design.md §3).
 type publicSale struct {
 	ID           string            `json:"id"`
 	Title        string            `json:"title"`

@@ -1,8 +1,8 @@
 // Package loadgen is flashgate's load generator: C workers fire purchase requests
-// (POST /v1/sales/{sale}/orders, DESIGN.md §3) at a gateway or at nginx in front
+// (POST /v1/sales/{sale}/orders, docs/design.md §3) at a gateway or at nginx in front
 // of it, each as one of a fixed set of users, and collect what came back — the
 // counts by status and code, the latencies, and the order ids of every 202, which
-// an audit then checks against MySQL and Redis (DESIGN.md §2).
+// an audit then checks against MySQL and Redis (docs/design.md §2).
 //
 // By default the load is closed-loop: each worker sends its next request as
 // soon as the last one is answered, which finds the peak rate. With a Rate the
@@ -527,7 +527,7 @@ var (
 )
 
 // jsonString returns the string value after key (which ends in its opening
-// quote) in body, or nil. The bodies of DESIGN.md §3 carry codes and decimal
+// quote) in body, or nil. The bodies of docs/design.md §3 carry codes and decimal
 // ids, which need no unescaping.
 func jsonString(body, key []byte) []byte {
 	i := bytes.Index(body, key)

@@ -979,7 +979,7 @@ func TestConcurrentAdmits(t *testing.T) {
 // TestInvariant drives a random mix of admits, replays, claims, releases and
 // confirms and checks after every step, per stock key, that
 // remaining + reserved + sold == total, and, per user, that the users hash
-// equals the units the user holds (DESIGN.md §2, 1-3 at the Redis layer).
+// equals the units the user holds (docs/design.md §2, 1-3 at the Redis layer).
 func TestInvariant(t *testing.T) {
 	eachTarget(t, func(t *testing.T, c rueidis.Client) {
 		for _, regions := range []map[string]int64{nil, {"bj": 13, "sh": 7, "gz": 0}} {

@@ -9,7 +9,7 @@ import (
 	"github.com/flashgate/flashgate"
 )
 
-// Route is a public API route of DESIGN.md §3, the route label of requests.
+// Route is a public API route of docs/design.md §3, the route label of requests.
 type Route uint8
 
 const (
@@ -55,7 +55,7 @@ func (l Limit) String() string {
 }
 
 // CodeOK labels a success whose body carries no code of its own (the 200 of
-// GET sale, GET order, pay and cancel). It is not a DESIGN.md §3 code.
+// GET sale, GET order, pay and cancel). It is not a docs/design.md §3 code.
 const CodeOK flashgate.Code = "ok"
 
 // codeOther labels any code the list below does not know, so a new code costs
@@ -159,7 +159,7 @@ func NewGateway() *Gateway {
 
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: sub, Name: "requests_total",
-		Help: "Requests answered, by route and DESIGN.md §3 code (ok: a success with no code of its own; other: a code this build does not know).",
+		Help: "Requests answered, by route and docs/design.md §3 code (ok: a success with no code of its own; other: a code this build does not know).",
 	}, []string{"route", "code"})
 	for r := range numRoutes {
 		for i, c := range codes {

@@ -3,7 +3,7 @@
 // JetStream publish latency, limiter refusals, breakers, in-flight requests,
 // sold-out marks) and of the backend (batches, order outcomes, consumer lag,
 // redeliveries, MySQL errors), each process's own registry and the handlers that
-// serve them on the admin ports (DESIGN.md §4).
+// serve them on the admin ports (docs/design.md §4).
 //
 // Every Gateway and Backend has its own *prometheus.Registry, never the global
 // one: tests run several of each in one process. The methods the gateway calls

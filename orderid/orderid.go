@@ -1,5 +1,5 @@
 // Package orderid makes order ids: 64-bit, time-ordered, unique across gateways
-// without a round trip per id (DESIGN.md §6). An id is 41 bits of milliseconds
+// without a round trip per id (docs/design.md §6). An id is 41 bits of milliseconds
 // since 2024-01-01 UTC, 10 bits of node id leased from Redis, 12 bits of sequence.
 package orderid
 

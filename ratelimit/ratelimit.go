@@ -1,4 +1,4 @@
-// Package ratelimit holds the gateway's local rate limits (DESIGN.md §9): token
+// Package ratelimit holds the gateway's local rate limits (docs/design.md §9): token
 // buckets per client IP, per user and per sale, which operations retune while a
 // sale runs.
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# flashgate local stack (DESIGN.md §10).
+# flashgate local stack (docs/design.md §10).
 #
 # Starts the project's OWN servers on its own loopback ports, with all data, logs and pid files
 # under var/ in the repository. It never touches services already running on the machine

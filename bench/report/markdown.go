@@ -148,7 +148,7 @@ func (r *Report) markdown(resultsPath string) string {
 	w("\n")
 
 	if len(r.Audits) > 0 {
-		w("Audits (DESIGN.md §2's invariants, read back from MySQL and Redis after each flashgate run):\n\n")
+		w("Audits (docs/design.md §2's invariants, read back from MySQL and Redis after each flashgate run):\n\n")
 		for _, a := range r.Audits {
 			v := "ok"
 			if !a.OK {

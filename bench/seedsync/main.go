@@ -16,7 +16,7 @@
 // stock row's lock. Around the database it does what the gateway does per
 // request (fasthttp, the same bearer JWT check with the product's auth package,
 // a strict body parse) and answers with the product's codes and bodies
-// (DESIGN.md §3), so that `flashgate bench --no-check --target …` drives it
+// (docs/design.md §3), so that `flashgate bench --no-check --target …` drives it
 // unchanged. A 202 here means the order row is committed ("confirmed").
 //
 // Its tables live in their own database (flashgate_seedsync by default), which
@@ -488,7 +488,7 @@ func Buy(ctx context.Context, db *sql.DB, sale, user string, now time.Time) (int
 	return id, Bought, nil
 }
 
-// fail writes a DESIGN.md §3 error body.
+// fail writes a docs/design.md §3 error body.
 func fail(ctx *fasthttp.RequestCtx, status int, code flashgate.Code, msg string) {
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")

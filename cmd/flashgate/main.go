@@ -1,7 +1,7 @@
 // Command flashgate is the one binary of flashgate: the gateway and backend
 // processes, and the operator's and tester's tools around them — tokens, the
 // admin API's sale commands, a load bench that audits the invariants of
-// DESIGN.md §2 afterwards, and the demo `make demo` runs.
+// docs/design.md §2 afterwards, and the demo `make demo` runs.
 //
 // main only wires: flags and configuration in, the packages named for each
 // job do the work. The benchmark harnesses are not commands of the product:
@@ -22,7 +22,7 @@ import (
 
 const defaultConfigFile = "configs/flashgate.yaml"
 
-const usage = `flashgate: a flash-sale edge (see DESIGN.md)
+const usage = `flashgate: a flash-sale edge (see docs/design.md)
 
 usage: flashgate <command> [flags]
 

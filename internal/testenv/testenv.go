@@ -1,5 +1,5 @@
 // Package testenv connects integration tests to the real servers of the local stack
-// (DESIGN.md §10), or to those the FLASHGATE_* variables name. A test that cannot
+// (docs/design.md §10), or to those the FLASHGATE_* variables name. A test that cannot
 // reach its server fails; it never skips: `make test` starts the stack first.
 // The credentials come from the environment or the stack's var/secrets.env
 // (creds.go).
