@@ -405,8 +405,8 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	red := testenv.StartRedis(t)
 	e := start(t, func(c *config.Config) {
 		c.Redis.Addrs = []string{red.Addr}
-		// Long, so "at once" below means something: a breaker-refused 503
-		// answers in a fraction of it.
+		// Long, so that an answer which waited out an admission stands apart
+		// from a breaker-refused 503, which waits for nothing.
 		c.Gateway.AdmitTimeout = 2 * time.Second
 		c.Gateway.BreakerFailures = 3
 		c.Gateway.BreakerOpen = 300 * time.Millisecond
@@ -479,13 +479,15 @@ func TestRedisKilledMidLoad(t *testing.T) {
 				a.orderID, a.start.Sub(restarted), a.end.Sub(restarted), warming.Sub(restarted))
 		}
 	}
-	// The open breaker answers at once and keeps requests off Redis.
+	// The open breaker keeps requests off Redis: none waits out an admission
+	// (one that did would take the whole AdmitTimeout; the answers of a loaded
+	// machine may be slow, never that slow), and few reach for Redis at all.
 	during := func(a answer) bool { return a.start.After(opened) && a.end.Before(restarted) }
 	n503 := count(as, func(a answer) bool { return during(a) && a.status == 503 })
-	slow := count(as, func(a answer) bool { return during(a) && a.took() > e.cfg.Gateway.AdmitTimeout/4 })
+	slow := count(as, func(a answer) bool { return during(a) && a.took() >= e.cfg.Gateway.AdmitTimeout })
 	tried := triedBeforeRestart - triedAtOpen
 	if n503 == 0 || slow != 0 {
-		t.Errorf("breaker open: %d answers of 503, %d of them slower than %v", n503, slow, e.cfg.Gateway.AdmitTimeout/4)
+		t.Errorf("breaker open: %d answers of 503, %d of them waited out the admission timeout %v", n503, slow, e.cfg.Gateway.AdmitTimeout)
 	}
 	if max := probeBound(restarted.Sub(opened), e.cfg.Gateway.BreakerOpen); tried > max || int(tried) >= n503 {
 		t.Errorf("breaker open for %v: %d admissions reached for Redis (want <= %d) for %d 503s",
@@ -497,8 +499,8 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	e.shutdown() // now, while Redis is up: testenv kills a restarted server before the gateway's own cleanup
 
 	t.Logf("%s", summary(as))
-	t.Logf("breaker open %v after the kill; while open: %d 503s (all under %v), %d admissions tried Redis; "+
-		"first 202 %v after the re-warm", opened.Sub(killed).Round(time.Millisecond), n503, e.cfg.Gateway.AdmitTimeout/4,
+	t.Logf("breaker open %v after the kill; while open: %d 503s (none waited out %v), %d admissions tried Redis; "+
+		"first 202 %v after the re-warm", opened.Sub(killed).Round(time.Millisecond), n503, e.cfg.Gateway.AdmitTimeout,
 		tried, resumed.end.Sub(rewarmed).Round(time.Millisecond))
 }
 
