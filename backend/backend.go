@@ -39,19 +39,22 @@ type Backend struct {
 	writer  *orderWriter
 	warmer  *warmer
 	sub     *nats.Subscription
-	cmds    *commandServer // pay and cancel (lifecycle.go)
+	life    *lifecycle     // pay, cancel, expiry (lifecycle.go)
+	cmds    *commandServer // the queue group life serves
 	// js publishes dead letters and republished orders; ops counts them;
 	// leader runs the leader-elected work (deadletter.go, reconcile.go, leader.go).
 	js      jetstream.JetStream
 	ops     *opsMetrics
 	leader  *leadership
 	caps    stallCaps // sales whose writes stalled lately (consumer.go)
+	events  *saleEvents
+	admin   *adminAPI
 	srv     *http.Server
 	addr    string
 	metrics *metrics.Backend
 
-	// retention counts what the leader's retention passes do (retention.go).
-	retention *retentionMetrics
+	// retain is the leader's retention pass (retention.go).
+	retain *retainer
 
 	// stopFetch ends the consumer loop after the batch in hand; loopDone closes
 	// when it has. procCtx carries that batch's work and is cancelled only when
@@ -136,6 +139,8 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 		}
 	}
 	b.warmer = newWarmer(b.db, b.rc, b.scripts, b.log)
+	b.events = &saleEvents{nc: b.nc, cfg: cfg.NATS, log: b.log}
+	b.life = &lifecycle{db: b.db, rc: b.rc, nc: b.nc, nats: cfg.NATS, scripts: b.scripts, log: b.log, events: b.events, procCtx: b.procCtx}
 	if err := b.prepareOps(ctx, js); err != nil {
 		return nil, err
 	}
@@ -146,12 +151,16 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 	if b.sub, err = bus.SubscribeEvents(b.nc, cfg.NATS, b.onEvent); err != nil {
 		return nil, fmt.Errorf("sale events: %w", err)
 	}
-	if err := b.serveCommands(); err != nil {
+	if b.cmds, err = b.life.serveCommands(); err != nil {
 		return nil, err
 	}
 
 	if cfg.Admin.Token == "" {
 		b.log.Warn("admin.token is empty: the admin API refuses every request (set FLASHGATE_ADMIN_TOKEN)")
+	}
+	b.admin = &adminAPI{
+		token: cfg.Admin.Token, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
+		warmer: b.warmer, events: b.events, reconcile: b.ReconcileWith, isLeader: b.IsLeader,
 	}
 	ln, err := net.Listen("tcp", cfg.Backend.AdminListen)
 	if err != nil {
@@ -159,7 +168,7 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 	}
 	b.addr = ln.Addr().String()
 	b.srv = &http.Server{
-		Handler:           b.adminHandler(),
+		Handler:           b.admin.handler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,

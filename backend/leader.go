@@ -104,7 +104,8 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 		return err
 	}
 	b.ops = newOpsMetrics(b.metrics.Registry())
-	b.retention = newRetentionMetrics(b.metrics.Registry())
+	b.retain = &retainer{db: b.db, rc: b.rc, nc: b.nc, nats: b.cfg.NATS, retention: b.cfg.Sales.Retention,
+		log: b.log, metrics: newRetentionMetrics(b.metrics.Registry()), streamCount: b.streamCount}
 	b.warmer.inFlight = b.warmRemaining
 	b.warmer.grace = b.lossGrace
 	return nil
@@ -218,10 +219,10 @@ func (b *Backend) leaderWork(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { b.reconcileLoop(ctx) })
 	if leaderSweepEvery > 0 {
-		wg.Go(func() { b.runSweeper(ctx, leaderSweepEvery) })
+		wg.Go(func() { b.life.runSweeper(ctx, leaderSweepEvery) })
 	}
 	if retireEvery > 0 {
-		wg.Go(func() { b.retireLoop(ctx) })
+		wg.Go(func() { b.retain.retireLoop(ctx) })
 	}
 	wg.Wait()
 }

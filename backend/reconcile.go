@@ -205,7 +205,7 @@ func (b *Backend) reconcile(ctx context.Context, id string, opt ReconcileOptions
 	if err := b.staleReservations(ctx, before, opt.StaleAfter, rep); err != nil {
 		return err
 	}
-	n, err := b.restockCanceled(ctx, id, opt.restockSince)
+	n, err := b.life.restockCanceled(ctx, id, opt.restockSince)
 	rep.Restocked += n
 	if err != nil {
 		return err
@@ -360,7 +360,7 @@ func (b *Backend) fixStock(ctx context.Context, sale string, onlyMissing bool, s
 	// Canceled orders whose restock never ran get it now (the bulk of them,
 	// before the lock; those of the last moments again under it).
 	since := time.Now().Add(-restockWindow)
-	if restocked, err = b.restockCanceled(ctx, sale, time.Time{}); err != nil {
+	if restocked, err = b.life.restockCanceled(ctx, sale, time.Time{}); err != nil {
 		return nil, restocked, "", err
 	}
 
@@ -428,7 +428,7 @@ func (b *Backend) lockStock(ctx context.Context, tx *sql.Tx, sale string, since 
 	// Under the lock no cancel commits: once these have had their restock, no
 	// late one can add units on top of the stock set below (the restocked set
 	// makes every later restock of an order a no-op).
-	n, err := b.restockCanceled(ctx, sale, since)
+	n, err := b.life.restockCanceled(ctx, sale, since)
 	if err != nil {
 		return nil, n, err
 	}
@@ -521,7 +521,7 @@ func (b *Backend) stockChanged(sale string, changes []lua.StockChange, onlyMissi
 		b.log.Warn("stock set from MySQL", "sale", sale, "region", c.Region, "before", ptrString(c.Before),
 			"after", *c.After, "only_missing", onlyMissing)
 		if c.Before == nil || *c.After > *c.Before {
-			b.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: c.Region})
+			b.events.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: c.Region})
 		}
 	}
 }

@@ -32,6 +32,8 @@ func idleBackend(t *testing.T, e *env) *Backend {
 		writer: e.w, warmer: e.warmer, metrics: metrics.NewBackend(), procCtx: context.Background()}
 	b.ops = newOpsMetrics(b.metrics.Registry())
 	b.warmer.inFlight = b.warmRemaining
+	b.events = &saleEvents{nc: nc, cfg: e.cfg.NATS, log: quiet}
+	b.life = &lifecycle{db: e.db, rc: e.rc, nc: nc, nats: e.cfg.NATS, scripts: e.scripts, log: quiet, events: b.events, procCtx: b.procCtx}
 	return b
 }
 
