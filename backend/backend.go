@@ -46,7 +46,7 @@ type Backend struct {
 	js      jetstream.JetStream
 	ops     *opsMetrics
 	leader  *leadership
-	caps    stallCaps // sales whose writes stalled lately (consumer.go)
+	ingest  *ingest // the consumer loop, the writer, dead letters (consumer.go)
 	events  *saleEvents
 	admin   *adminAPI
 	srv     *http.Server
@@ -144,6 +144,10 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 	if err := b.prepareOps(ctx, js); err != nil {
 		return nil, err
 	}
+	b.ingest = &ingest{
+		cfg: ingestConfig{NATS: cfg.NATS, Backend: cfg.Backend}, log: b.log, db: b.db, rc: b.rc, nc: b.nc, js: js,
+		cons: b.cons, scripts: b.scripts, writer: b.writer, metrics: b.metrics, ops: b.ops, procCtx: b.procCtx,
+	}
 	if err := b.startLeading(); err != nil {
 		return nil, err
 	}
@@ -185,10 +189,10 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 
 	fetchCtx, stop := context.WithCancel(context.Background())
 	b.stopFetch, b.loopDone = stop, make(chan struct{})
-	go b.consume(fetchCtx)
+	go b.ingest.consume(fetchCtx, b.loopDone)
 	lagCtx, stopLag := context.WithCancel(context.Background())
 	b.stopLag = stopLag
-	b.wg.Go(func() { b.pollLag(lagCtx) })
+	b.wg.Go(func() { b.ingest.pollLag(lagCtx) })
 
 	started = true
 	b.log.Info("backend ready", "admin", b.addr, "stream", cfg.NATS.Stream, "consumer", cfg.NATS.Consumer)
