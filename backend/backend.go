@@ -55,6 +55,8 @@ type Backend struct {
 
 	// retain is the leader's retention pass (retention.go).
 	retain *retainer
+	// rec reconciles sales, for the leader and the admin API (reconcile.go).
+	rec *reconciler
 
 	// stopFetch ends the consumer loop after the batch in hand; loopDone closes
 	// when it has. procCtx carries that batch's work and is cancelled only when
@@ -164,7 +166,7 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 	}
 	b.admin = &adminAPI{
 		token: cfg.Admin.Token, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
-		warmer: b.warmer, events: b.events, reconcile: b.ReconcileWith, isLeader: b.IsLeader,
+		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader,
 	}
 	ln, err := net.Listen("tcp", cfg.Backend.AdminListen)
 	if err != nil {

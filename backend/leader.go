@@ -104,10 +104,14 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 		return err
 	}
 	b.ops = newOpsMetrics(b.metrics.Registry())
+	b.rec = &reconciler{
+		cfg: reconcileConfig{NATS: b.cfg.NATS, PublishTimeout: b.cfg.Gateway.PublishTimeout}, log: b.log, db: b.db, rc: b.rc, js: js,
+		scripts: b.scripts, ops: b.ops, writer: b.writer, warmer: b.warmer, life: b.life, events: b.events,
+	}
 	b.retain = &retainer{db: b.db, rc: b.rc, nc: b.nc, nats: b.cfg.NATS, retention: b.cfg.Sales.Retention,
-		log: b.log, metrics: newRetentionMetrics(b.metrics.Registry()), streamCount: b.streamCount}
-	b.warmer.inFlight = b.warmRemaining
-	b.warmer.grace = b.lossGrace
+		log: b.log, metrics: newRetentionMetrics(b.metrics.Registry()), streamCount: b.rec.streamCount}
+	b.warmer.inFlight = b.rec.warmRemaining
+	b.warmer.grace = b.rec.lossGrace
 	return nil
 }
 
@@ -217,7 +221,7 @@ func (b *Backend) lead(ctx context.Context) {
 // when all of them have.
 func (b *Backend) leaderWork(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Go(func() { b.reconcileLoop(ctx) })
+	wg.Go(func() { b.rec.reconcileLoop(ctx) })
 	if leaderSweepEvery > 0 {
 		wg.Go(func() { b.life.runSweeper(ctx, leaderSweepEvery) })
 	}

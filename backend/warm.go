@@ -48,7 +48,7 @@ type warmer struct {
 	// units in the users hash (Backend.warmRemaining). Unset: total − sold.
 	inFlight func(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error)
 	// grace, if set, is how long to wait before reading a sale that Redis
-	// lost (Backend.lossGrace).
+	// lost (reconciler.lossGrace).
 	grace func(ctx context.Context, sale string) (time.Duration, error)
 
 	ctx    context.Context
@@ -284,13 +284,13 @@ func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
 // flight, and a retry of its Idempotency-Key would buy again. Every such
 // publish lands or fails within the gateways' publish timeout. A sale with
 // no order anywhere (a new one) is warmed at once.
-func (b *Backend) lossGrace(ctx context.Context, sale string) (time.Duration, error) {
-	found, err := mysql.HasOrders(ctx, b.db, sale)
+func (re *reconciler) lossGrace(ctx context.Context, sale string) (time.Duration, error) {
+	found, err := mysql.HasOrders(ctx, re.db, sale)
 	if err != nil {
 		return 0, err
 	}
 	if !found {
-		n, err := b.streamCount(ctx, sale)
+		n, err := re.streamCount(ctx, sale)
 		if err != nil {
 			return 0, err
 		}
@@ -298,7 +298,7 @@ func (b *Backend) lossGrace(ctx context.Context, sale string) (time.Duration, er
 			return 0, nil
 		}
 	}
-	return min(b.cfg.Gateway.PublishTimeout, warmTimeout/2), nil
+	return min(re.cfg.PublishTimeout, warmTimeout/2), nil
 }
 
 // request warms sale in the background, at most once per warmEvery: every
