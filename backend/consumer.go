@@ -37,7 +37,7 @@ const (
 )
 
 // consumerConfig is the durable pull consumer every backend shares.
-func consumerConfig(cfg config.Config) jetstream.ConsumerConfig {
+func consumerConfig(cfg config.BackendOptions) jetstream.ConsumerConfig {
 	ackWait := cfg.Backend.AckWait
 	if ackWait <= 0 {
 		ackWait = config.Default().Backend.AckWait

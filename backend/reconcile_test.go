@@ -28,7 +28,7 @@ func idleBackend(t *testing.T, e *env) *Backend {
 	if _, err := bus.EnsureStream(ctx(t), js, e.cfg.NATS); err != nil {
 		t.Fatal(err)
 	}
-	b := &Backend{cfg: e.cfg, log: quiet, db: e.db, rc: e.rc, nc: nc, js: js, scripts: e.scripts,
+	b := &Backend{opts: e.cfg.BackendOptions(), log: quiet, db: e.db, rc: e.rc, nc: nc, js: js, scripts: e.scripts,
 		writer: e.w, warmer: e.warmer, metrics: metrics.NewBackend(), procCtx: context.Background()}
 	b.ops = newOpsMetrics(b.metrics.Registry())
 	b.events = &saleEvents{nc: nc, cfg: e.cfg.NATS, log: quiet}
@@ -121,7 +121,7 @@ func TestReconcileAfterRedisLoss(t *testing.T) {
 	publishTo(t, r.js, e, later)
 
 	// A backend drains the stream.
-	s, err := Start(ctx(t), e.cfg)
+	s, err := dialAndStart(t, e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
