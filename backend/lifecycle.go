@@ -282,39 +282,7 @@ func retryTx[T any](ctx context.Context, attempts int, fn func() (T, error)) (T,
 // paid order answers ok again; a canceled, failed or expired one is closed (an
 // expired one the sweeper has not reached yet is expired here and now).
 func (l *lifecycle) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
-	type result struct {
-		o       flashgate.Order
-		missing bool
-		expired bool
-	}
-	res, err := retryTx(ctx, commandRetries, func() (result, error) {
-		tx, err := beginRC(ctx, l.db)
-		if err != nil {
-			return result{}, err
-		}
-		defer tx.Rollback()
-		// Only the order's row: a payment moves no unit, so it need not queue
-		// behind the sale's batches for the sale row.
-		o, err := lockOrder(ctx, tx, cmd.SaleID, cmd.OrderID)
-		if errors.Is(err, errNoOrder) {
-			return result{missing: true}, nil
-		}
-		if err != nil || o.UserID != cmd.UserID {
-			return result{o: o}, err
-		}
-		paid := o
-		if paid.Pay(now) != nil {
-			// Not confirmed, or confirmed past its deadline: expired.
-			return result{o: o, expired: o.Status == flashgate.OrderConfirmed}, nil
-		}
-		if err := mysql.MarkPaid(ctx, tx, o.ID, now); err != nil {
-			return result{}, fmt.Errorf("pay %d: %w", o.ID, err)
-		}
-		if err := tx.Commit(); err != nil {
-			return result{}, fmt.Errorf("pay %d: commit: %w", o.ID, err)
-		}
-		return result{o: paid}, nil
-	})
+	res, err := retryTx(ctx, commandRetries, func() (payResult, error) { return l.payTx(ctx, cmd, now) })
 	if err != nil {
 		return bus.OrderReply{}, err
 	}
@@ -333,19 +301,62 @@ func (l *lifecycle) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time
 		o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
 		return closed(&o), nil
 	case o.Status == flashgate.OrderPaid:
-		// Paid now or before: tell Redis (again: it heals a write-back a
-		// crash or a late confirm lost).
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
-		defer cancel()
-		if retired(rctx, l.db, o.SaleID) {
-			return reply(&o, "", ""), nil
-		}
-		if err := l.scripts.MarkPaid(rctx, l.rc, lua.KeysFor(o.SaleID, nil), o); err != nil {
-			l.log.Warn("paid status to redis", "sale", o.SaleID, "order", o.ID, "err", err)
-		}
+		l.paidToRedis(ctx, o)
 		return reply(&o, "", ""), nil
 	default:
 		return closed(&o), nil
+	}
+}
+
+// payResult is what pay's transaction found: the order (as paid, when it
+// paid it), none, or one whose deadline passed.
+type payResult struct {
+	o       flashgate.Order
+	missing bool
+	expired bool
+}
+
+// payTx is one attempt at pay's transaction.
+func (l *lifecycle) payTx(ctx context.Context, cmd bus.OrderCommand, now time.Time) (payResult, error) {
+	tx, err := beginRC(ctx, l.db)
+	if err != nil {
+		return payResult{}, err
+	}
+	defer tx.Rollback()
+	// Only the order's row: a payment moves no unit, so it need not queue
+	// behind the sale's batches for the sale row.
+	o, err := lockOrder(ctx, tx, cmd.SaleID, cmd.OrderID)
+	if errors.Is(err, errNoOrder) {
+		return payResult{missing: true}, nil
+	}
+	if err != nil || o.UserID != cmd.UserID {
+		return payResult{o: o}, err
+	}
+	paid := o
+	if paid.Pay(now) != nil {
+		// Not confirmed, or confirmed past its deadline: expired.
+		return payResult{o: o, expired: o.Status == flashgate.OrderConfirmed}, nil
+	}
+	if err := mysql.MarkPaid(ctx, tx, o.ID, now); err != nil {
+		return payResult{}, fmt.Errorf("pay %d: %w", o.ID, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return payResult{}, fmt.Errorf("pay %d: commit: %w", o.ID, err)
+	}
+	return payResult{o: paid}, nil
+}
+
+// paidToRedis tells Redis the order is paid, now or before (again: it heals a
+// write-back a crash or a late confirm lost), unless retention removed the
+// sale. It runs even when the command's own time is up.
+func (l *lifecycle) paidToRedis(ctx context.Context, o flashgate.Order) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
+	defer cancel()
+	if retired(rctx, l.db, o.SaleID) {
+		return
+	}
+	if err := l.scripts.MarkPaid(rctx, l.rc, lua.KeysFor(o.SaleID, nil), o); err != nil {
+		l.log.Warn("paid status to redis", "sale", o.SaleID, "order", o.ID, "err", err)
 	}
 }
 

@@ -215,8 +215,36 @@ func (re *reconciler) reconcile(ctx context.Context, id string, opt ReconcileOpt
 		return err
 	}
 	rep.Before = before.state()
+	if err := re.restoreLost(ctx, id, before, opt, rep); err != nil {
+		return err
+	}
+	if err := re.staleReservations(ctx, before, opt.StaleAfter, rep); err != nil {
+		return err
+	}
+	n, err := re.life.restockCanceled(ctx, id, opt.restockSince)
+	rep.Restocked += n
+	if err != nil {
+		return err
+	}
+	cur, err := re.repairStock(ctx, id, before, opt, rep)
+	if err != nil {
+		return err
+	}
+	after := cur
+	if rep.Repair.Done || opt.quiet == nil {
+		if after, err = re.readLedger(ctx, id); err != nil {
+			return err
+		}
+	}
+	rep.After = after.state()
+	rep.Invariant3Holds = after.holds()
+	return nil
+}
 
-	// Redis lost the sale, or some of its stock keys.
+// restoreLost warms the sale again if Redis lost it, or restores the stock
+// keys it lost.
+func (re *reconciler) restoreLost(ctx context.Context, id string, before *ledgerRead, opt ReconcileOptions, rep *ReconcileReport) error {
+	var err error
 	switch {
 	case !before.meta:
 		if rep.Rewarmed, err = re.warmer.warm(ctx, id); err != nil {
@@ -233,24 +261,21 @@ func (re *reconciler) reconcile(ctx context.Context, id string, opt ReconcileOpt
 		}
 		rep.Restored = changes
 	}
+	return nil
+}
 
-	if err := re.staleReservations(ctx, before, opt.StaleAfter, rep); err != nil {
-		return err
-	}
-	n, err := re.life.restockCanceled(ctx, id, opt.restockSince)
-	rep.Restocked += n
-	if err != nil {
-		return err
-	}
-
+// repairStock sets the stock from MySQL when the ledger does not hold and the
+// sale is warm (and, for the leader, quiet). It answers the ledger it judged.
+func (re *reconciler) repairStock(ctx context.Context, id string, before *ledgerRead, opt ReconcileOptions, rep *ReconcileReport) (*ledgerRead, error) {
 	// The leader reads again only if it moved something (a read costs an
 	// HGETALL of the reservations on the sale's shard); an operator gets the
 	// ledger as it is now.
 	manual := opt.quiet == nil
 	cur := before
+	var err error
 	if rep.changed() || manual {
 		if cur, err = re.readLedger(ctx, id); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	switch {
@@ -264,20 +289,11 @@ func (re *reconciler) reconcile(ctx context.Context, id string, opt ReconcileOpt
 		changes, restocked, skipped, err := re.fixStock(ctx, id, false, opt.StaleAfter)
 		rep.Restocked += restocked
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rep.Repair = StockRepair{Done: skipped == "", Skipped: skipped, Changes: changes}
 	}
-
-	after := cur
-	if rep.Repair.Done || manual {
-		if after, err = re.readLedger(ctx, id); err != nil {
-			return err
-		}
-	}
-	rep.After = after.state()
-	rep.Invariant3Holds = after.holds()
-	return nil
+	return cur, nil
 }
 
 // ledgerRead is a sale's ledger as read now: MySQL's sale row, Redis's meta,
@@ -713,26 +729,48 @@ func (re *reconciler) streamOrders(ctx context.Context, sale string) (map[uint64
 // first, MySQL after in one snapshot, so an order acked in between is counted
 // once, as sold.
 func (re *reconciler) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error) {
-	msgs, err := re.streamOrders(ctx, row.ID)
+	now, msgs, rows, err := re.inFlightSnapshot(ctx, row.ID, k)
 	if err != nil {
 		return nil, err
+	}
+	rem := now.Remaining()
+	if len(msgs) == 0 {
+		return rem, nil
+	}
+	flying, users, units := subtractInFlight(rem, msgs, rows)
+	if err := re.restoreInFlight(ctx, k, msgs, flying, users); err != nil {
+		return nil, err
+	}
+	if len(flying) > 0 {
+		re.log.Info("warm: orders in flight subtracted", "sale", row.ID, "orders", int64(len(flying)), "units", units)
+	}
+	return rem, nil
+}
+
+// inFlightSnapshot reads the sale's messages in the stream, then, in one
+// MySQL snapshot, the sale row, the buyers' units (rebuilt into Redis) and
+// which of those messages already have their order row.
+func (re *reconciler) inFlightSnapshot(ctx context.Context, id string, k *lua.Keys) (*saleRow, map[uint64]flashgate.Order, map[uint64]settlement, error) {
+	msgs, err := re.streamOrders(ctx, id)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	tx, err := mysql.BeginSnapshot(ctx, re.db)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	defer tx.Rollback()
-	now, err := loadSale(ctx, tx, row.ID)
+	now, err := loadSale(ctx, tx, id)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	// The buyers' units from the same snapshot as sold: an order acked since
 	// the stream was read is counted there, once.
 	if err := re.warmer.rebuildUsers(ctx, tx, k); err != nil {
-		return nil, fmt.Errorf("users: %w", err)
+		return nil, nil, nil, fmt.Errorf("users: %w", err)
 	}
 	if len(msgs) == 0 {
-		return now.Remaining(), nil
+		return now, nil, nil, nil
 	}
 	ids := make([]uint64, 0, len(msgs))
 	for id := range msgs {
@@ -740,34 +778,40 @@ func (re *reconciler) warmRemaining(ctx context.Context, row *saleRow, k *lua.Ke
 	}
 	rows, err := orderRows(ctx, tx, ids)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	_ = tx.Commit()
-	rem := now.Remaining()
-	users := map[string]int64{}
-	var orders, units int64
+	return now, msgs, rows, nil
+}
+
+// subtractInFlight takes the units of the messages MySQL has no row for out
+// of rem, and answers which those are and each buyer's units among them. A
+// message for a region the sale lacks is left out: MySQL fails it.
+func subtractInFlight(rem map[string]int64, msgs map[uint64]flashgate.Order, rows map[uint64]settlement) (flying []uint64, users map[string]int64, units int64) {
+	users = map[string]int64{}
 	for id, m := range msgs {
 		if _, ok := rows[id]; ok {
 			continue
 		}
 		if _, ok := rem[m.Region]; !ok {
-			continue // a region the sale lacks: MySQL fails it
+			continue
 		}
 		rem[m.Region] -= m.Quantity
 		users[m.UserID] += m.Quantity
-		orders, units = orders+1, units+m.Quantity
+		flying, units = append(flying, id), units+m.Quantity
 	}
+	return flying, users, units
+}
+
+// restoreInFlight writes the in-flight orders back into Redis: the buyers'
+// units, and each order as a reservation again.
+func (re *reconciler) restoreInFlight(ctx context.Context, k *lua.Keys, msgs map[uint64]flashgate.Order, flying []uint64, users map[string]int64) error {
 	cmds := make(rueidis.Commands, 0, len(users)+3*len(msgs))
 	for u, n := range users {
 		cmds = append(cmds, re.rc.B().Hincrby().Key(k.Users).Field(u).Increment(n).Build())
 	}
-	for id, m := range msgs {
-		if _, ok := rows[id]; ok {
-			continue
-		}
-		if _, ok := rem[m.Region]; !ok {
-			continue
-		}
+	for _, id := range flying {
+		m := msgs[id]
 		// The order is a reservation again, as admit left it, already claimed
 		// (it is in the stream): a retry of its Idempotency-Key replays it, GET
 		// shows it pending, and MySQL's word is written back to it — a failure
@@ -788,13 +832,10 @@ func (re *reconciler) warmRemaining(ctx context.Context, row *saleRow, k *lua.Ke
 	}
 	for _, r := range re.rc.DoMulti(ctx, cmds...) {
 		if err := r.Error(); err != nil {
-			return nil, fmt.Errorf("users in flight: %w", err)
+			return fmt.Errorf("users in flight: %w", err)
 		}
 	}
-	if orders > 0 {
-		re.log.Info("warm: orders in flight subtracted", "sale", row.ID, "orders", orders, "units", units)
-	}
-	return rem, nil
+	return nil
 }
 
 // reconcileLoop reconciles every recent sale every reconcileEvery until ctx
