@@ -601,11 +601,6 @@ func (re *reconciler) staleReservations(ctx context.Context, l *ledgerRead, stal
 	if err != nil {
 		return err
 	}
-	msgOf := func(id uint64) flashgate.Order {
-		m := l.resv[id]
-		m.FactsFromCharges(l.row.Limits)
-		return m
-	}
 	var decided []flashgate.Order
 	var missing []uint64
 	for _, id := range stale {
@@ -614,7 +609,7 @@ func (re *reconciler) staleReservations(ctx context.Context, l *ledgerRead, stal
 		case !ok:
 			missing = append(missing, id)
 		case st.status == flashgate.OrderConfirmed || st.status == flashgate.OrderPaid || st.status == flashgate.OrderFailed:
-			decided = append(decided, msgOf(id))
+			decided = append(decided, l.order(id))
 		default:
 			rep.Unsettled++
 		}
@@ -629,6 +624,22 @@ func (re *reconciler) staleReservations(ctx context.Context, l *ledgerRead, stal
 	if len(missing) == 0 {
 		return nil
 	}
+	return re.republish(ctx, l, missing, rep)
+}
+
+// order is the reservation id as the order message it came from, its limit
+// facts read back from its charges.
+func (l *ledgerRead) order(id uint64) flashgate.Order {
+	m := l.resv[id]
+	m.FactsFromCharges(l.row.Limits)
+	return m
+}
+
+// republish publishes again the stale reservations MySQL has no row for and
+// the stream no message (Nats-Msg-Id: the order id, so a copy still in the
+// dedup window is dropped).
+func (re *reconciler) republish(ctx context.Context, l *ledgerRead, missing []uint64, rep *ReconcileReport) error {
+	sale := l.row.ID
 	inStream, err := re.streamOrders(ctx, sale)
 	if err != nil {
 		return err
@@ -640,7 +651,7 @@ func (re *reconciler) staleReservations(ctx context.Context, l *ledgerRead, stal
 			rep.Waiting++
 			continue
 		}
-		m := msgOf(id)
+		m := l.order(id)
 		buf = bus.AppendOrder(buf[:0], &m)
 		ack, err := re.js.Publish(ctx, subject, buf, jetstream.WithMsgID(strconv.FormatUint(id, 10)))
 		if err != nil {

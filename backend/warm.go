@@ -113,21 +113,38 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 		return false, err
 	}
 
-	if w.grace != nil {
-		d, err := w.grace(ctx, sale)
-		if err != nil {
-			return false, fmt.Errorf("warm %s: %w", sale, err)
-		}
-		if d > 0 {
-			if err := sleep(ctx, d); err != nil {
-				return false, fmt.Errorf("warm %s: %w", sale, err)
-			}
-			// The orders that landed meanwhile are sold now.
-			if row, err = loadSale(ctx, w.db, sale); err != nil {
-				return false, err
-			}
-		}
+	if row, err = w.afterGrace(ctx, row); err != nil {
+		return false, err
 	}
+	return w.fill(ctx, row, k)
+}
+
+// afterGrace waits the loss grace (w.grace) and reads the sale again if it
+// waited: the orders that landed meanwhile are sold now.
+func (w *warmer) afterGrace(ctx context.Context, row *saleRow) (*saleRow, error) {
+	if w.grace == nil {
+		return row, nil
+	}
+	sale := row.ID
+	d, err := w.grace(ctx, sale)
+	if err != nil {
+		return nil, fmt.Errorf("warm %s: %w", sale, err)
+	}
+	if d <= 0 {
+		return row, nil
+	}
+	if err := sleep(ctx, d); err != nil {
+		return nil, fmt.Errorf("warm %s: %w", sale, err)
+	}
+	return loadSale(ctx, w.db, sale)
+}
+
+// fill writes the sale into Redis from MySQL, under the warm lock: the
+// buyers' units, the limit counters, the orders, and the stock less what is
+// in flight.
+func (w *warmer) fill(ctx context.Context, row *saleRow, k *lua.Keys) (bool, error) {
+	sale := row.ID
+	var err error
 	// With inFlight set the users hash is rebuilt there, from the MySQL
 	// snapshot it reads after the stream: read here, before the stream, an
 	// order acked in between would be counted nowhere.
