@@ -103,10 +103,11 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 	b.ops = newOpsMetrics(b.metrics.Registry())
 	b.rec = &reconciler{
 		cfg: reconcileConfig{NATS: b.opts.NATS, PublishTimeout: b.opts.PublishTimeout}, log: b.log, db: b.db, rc: b.rc, js: js,
+		stream:  &orderStream{js: js, nats: b.opts.NATS},
 		scripts: b.scripts, ops: b.ops, writer: b.writer, warmer: b.warmer, life: b.life, events: b.events,
 	}
 	b.retain = &retainer{db: b.db, rc: b.rc, nc: b.nc, nats: b.opts.NATS, retention: b.opts.Retention,
-		log: b.log, metrics: newRetentionMetrics(b.metrics.Registry()), streamCount: b.rec.streamCount}
+		log: b.log, metrics: newRetentionMetrics(b.metrics.Registry()), stream: b.rec.stream}
 	b.warmer.inFlight = b.rec.warmRemaining
 	b.warmer.grace = b.rec.lossGrace
 	return nil

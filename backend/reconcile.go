@@ -95,6 +95,7 @@ type reconciler struct {
 	db      *sql.DB
 	rc      rueidis.Client
 	js      jetstream.JetStream
+	stream  *orderStream
 	scripts *lua.Scripts
 	ops     *opsMetrics
 	writer  *orderWriter // its write-back settles stale reservations
@@ -451,10 +452,10 @@ func (re *reconciler) fixStock(ctx context.Context, sale string, onlyMissing boo
 // why it must wait (any message in the stream).
 func (re *reconciler) stockInFlight(ctx context.Context, sale string, onlyMissing bool) (map[uint64]flashgate.Order, string, error) {
 	if onlyMissing {
-		msgs, err := re.streamOrders(ctx, sale)
+		msgs, err := re.stream.streamOrders(ctx, sale)
 		return msgs, "", err
 	}
-	n, err := re.streamCount(ctx, sale)
+	n, err := re.stream.streamCount(ctx, sale)
 	if err != nil || n == 0 {
 		return nil, "", err
 	}
@@ -640,7 +641,7 @@ func (l *ledgerRead) order(id uint64) flashgate.Order {
 // dedup window is dropped).
 func (re *reconciler) republish(ctx context.Context, l *ledgerRead, missing []uint64, rep *ReconcileReport) error {
 	sale := l.row.ID
-	inStream, err := re.streamOrders(ctx, sale)
+	inStream, err := re.stream.streamOrders(ctx, sale)
 	if err != nil {
 		return err
 	}
@@ -683,56 +684,6 @@ func orderRows(ctx context.Context, q queryer, ids []uint64) (map[uint64]settlem
 	return res, nil
 }
 
-// streamCount is how many messages of sale the orders stream holds: under
-// work-queue retention, those not yet acked.
-func (re *reconciler) streamCount(ctx context.Context, sale string) (uint64, error) {
-	_, n, _, err := re.streamState(ctx, sale)
-	return n, err
-}
-
-func (re *reconciler) streamState(ctx context.Context, sale string) (jetstream.Stream, uint64, jetstream.StreamState, error) {
-	s, err := re.js.Stream(ctx, re.cfg.NATS.Stream)
-	if err != nil {
-		return nil, 0, jetstream.StreamState{}, fmt.Errorf("stream %s: %w", re.cfg.NATS.Stream, err)
-	}
-	subject := bus.OrderSubject(re.cfg.NATS, sale)
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
-	if err != nil {
-		return nil, 0, jetstream.StreamState{}, fmt.Errorf("stream %s: %w", re.cfg.NATS.Stream, err)
-	}
-	return s, info.State.Subjects[subject], info.State, nil
-}
-
-// streamOrders reads the sale's order messages still in the orders stream, by
-// order id, without consuming them: STREAM.MSG.GET next_by_subj, one message
-// per request, up to the stream's last sequence when it began (later messages
-// are admissions Redis knows). Undecodable messages are skipped (the consumer
-// dead-letters them).
-func (re *reconciler) streamOrders(ctx context.Context, sale string) (map[uint64]flashgate.Order, error) {
-	s, n, st, err := re.streamState(ctx, sale)
-	if err != nil || n == 0 {
-		return nil, err
-	}
-	subject := bus.OrderSubject(re.cfg.NATS, sale)
-	out := make(map[uint64]flashgate.Order, n)
-	for seq := st.FirstSeq; seq <= st.LastSeq; {
-		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("stream %s: reading %s: %w", re.cfg.NATS.Stream, subject, err)
-		}
-		if o, err := bus.DecodeOrder(m.Data); err == nil && o.SaleID == sale {
-			if _, dup := out[o.ID]; !dup {
-				out[o.ID] = o
-			}
-		}
-		seq = m.Sequence + 1
-	}
-	return out, nil
-}
-
 // warmRemaining is the warmer's in-flight count: what Redis should hold of a
 // sale it is warming, total − sold − the units of orders in the stream that
 // MySQL has no row of. It rebuilds the users hash from the same MySQL
@@ -762,7 +713,7 @@ func (re *reconciler) warmRemaining(ctx context.Context, row *saleRow, k *lua.Ke
 // MySQL snapshot, the sale row, the buyers' units (rebuilt into Redis) and
 // which of those messages already have their order row.
 func (re *reconciler) inFlightSnapshot(ctx context.Context, id string, k *lua.Keys) (*saleRow, map[uint64]flashgate.Order, map[uint64]settlement, error) {
-	msgs, err := re.streamOrders(ctx, id)
+	msgs, err := re.stream.streamOrders(ctx, id)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -61,8 +61,7 @@ type retainer struct {
 	retention time.Duration
 	log       *slog.Logger
 	metrics   *retentionMetrics // nil in tests
-	// streamCount is reconcile's count of the sale's messages in the stream.
-	streamCount func(ctx context.Context, sale string) (uint64, error)
+	stream    *orderStream      // its count of the sale's messages
 }
 
 // RetireReport is what one retention pass did.
@@ -162,7 +161,7 @@ func (r *retainer) unsettled(ctx context.Context, id string) (string, error) {
 	// Read after the reservations: an admission's message is published after
 	// its reservation is written and acked after it is settled, so an order
 	// is seen in one or the other.
-	inFlight, err := r.streamCount(ctx, id)
+	inFlight, err := r.stream.streamCount(ctx, id)
 	if err != nil {
 		return "", fmt.Errorf("retention %s: %w", id, err)
 	}

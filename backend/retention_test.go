@@ -218,8 +218,7 @@ func TestRetentionWaitsForTheStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A backend's retention without a consumer: the message stays in the stream.
-	rec := &reconciler{cfg: reconcileConfig{NATS: e.cfg.NATS}, db: e.db, rc: e.rc, js: js, log: quiet}
-	r := &retainer{db: e.db, rc: e.rc, nats: e.cfg.NATS, retention: e.cfg.Sales.Retention, log: quiet, streamCount: rec.streamCount}
+	r := &retainer{db: e.db, rc: e.rc, nats: e.cfg.NATS, retention: e.cfg.Sales.Retention, log: quiet, stream: &orderStream{js: js, nats: e.cfg.NATS}}
 	sale := spec(10, 2, nil)
 	e.createSale(sale)
 	e.end(sale.ID, time.Minute)

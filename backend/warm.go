@@ -307,7 +307,7 @@ func (re *reconciler) lossGrace(ctx context.Context, sale string) (time.Duration
 		return 0, err
 	}
 	if !found {
-		n, err := re.streamCount(ctx, sale)
+		n, err := re.stream.streamCount(ctx, sale)
 		if err != nil {
 			return 0, err
 		}
