@@ -24,7 +24,7 @@ var rooms = map[string]int{
 	"metrics/metricstest": 2,
 
 	"audit":         3, // reads MySQL and Redis through the store and the scripts
-	"internal/dial": 3, // dials Redis and NATS as the processes want them
+	"internal/dial": 3, // dials MySQL, Redis, NATS and the leader lock as the processes want them
 
 	"gateway": 4, "backend": 4, // the two processes; neither imports the other
 	// the clients the CLI wraps: the admin API's, and the load tool behind

@@ -2,13 +2,18 @@ package backend
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/audit"
@@ -19,10 +24,27 @@ import (
 	"github.com/flashgate/flashgate/mysql"
 )
 
+// adminAPI is the admin HTTP API: creating, closing and reconciling sales,
+// the ledger view, the probes, the metrics and pprof. It holds only what those
+// answers read; reconcile and leadership are the owner's, reached by function.
+type adminAPI struct {
+	token   string
+	log     *slog.Logger
+	db      *sql.DB
+	rc      rueidis.Client
+	nc      *nats.Conn
+	metrics *metrics.Backend
+	warmer  *warmer
+	events  *saleEvents
+	// reconcile is Backend.ReconcileWith; isLeader reports the election.
+	reconcile func(ctx context.Context, id string, opt ReconcileOptions) (ReconcileReport, error)
+	isLeader  func() bool
+}
+
 // maxAdminBody bounds an admin request body.
 const maxAdminBody = 64 << 10
 
-// adminHandler serves docs/design.md §4, the health probes, the metrics and pprof.
+// handler serves docs/design.md §4, the health probes, the metrics and pprof.
 // Everything under /admin/ needs the bearer token; the probes and /metrics need
 // none (Prometheus and orchestrators scrape them; they reveal counts, not
 // orders). /debug/pprof/ needs the token too: profiles expose internals (the
@@ -30,19 +52,19 @@ const maxAdminBody = 64 << 10
 // stack) and a CPU profile or trace costs the process while it runs. Fetch one
 // with the header, e.g. curl -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN"
 // -o cpu.pprof http://127.0.0.1:8082/debug/pprof/profile?seconds=30.
-func (b *Backend) adminHandler() http.Handler {
+func (a *adminAPI) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	mux.HandleFunc("GET /readyz", b.readyz)
-	mux.Handle("GET /metrics", b.metrics.Handler())
-	mux.Handle("/debug/pprof/", b.auth(metrics.PprofHandler().ServeHTTP))
-	mux.Handle("POST /admin/v1/sales", b.auth(b.createSale))
-	mux.Handle("GET /admin/v1/sales/{sale}", b.auth(b.ledger))
-	mux.Handle("POST /admin/v1/sales/{sale}/close", b.auth(b.closeSale))
-	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", b.auth(b.reconcileSale))
-	mux.Handle("/admin/", b.auth(func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /readyz", a.readyz)
+	mux.Handle("GET /metrics", a.metrics.Handler())
+	mux.Handle("/debug/pprof/", a.auth(metrics.PprofHandler().ServeHTTP))
+	mux.Handle("POST /admin/v1/sales", a.auth(a.createSale))
+	mux.Handle("GET /admin/v1/sales/{sale}", a.auth(a.ledger))
+	mux.Handle("POST /admin/v1/sales/{sale}/close", a.auth(a.closeSale))
+	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", a.auth(a.reconcileSale))
+	mux.Handle("/admin/", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such admin route: "+r.Method+" "+r.URL.Path)
 	}))
 	return mux
@@ -51,8 +73,8 @@ func (b *Backend) adminHandler() http.Handler {
 // auth lets a request through only with "Authorization: Bearer <admin.token>"
 // (the gateway's admin port uses the same guard). An empty configured token
 // refuses everything.
-func (b *Backend) auth(h http.HandlerFunc) http.Handler {
-	return auth.RequireAdmin(b.cfg.Admin.Token, h)
+func (a *adminAPI) auth(h http.HandlerFunc) http.Handler {
+	return auth.RequireAdmin(a.token, h)
 }
 
 // saleSpec is the body of POST /admin/v1/sales. per_order_max may be left out:
@@ -101,7 +123,7 @@ func decodeStrict(w http.ResponseWriter, r *http.Request, v any) error {
 	return nil
 }
 
-func (b *Backend) createSale(w http.ResponseWriter, r *http.Request) {
+func (a *adminAPI) createSale(w http.ResponseWriter, r *http.Request) {
 	var spec saleSpec
 	if err := decodeStrict(w, r, &spec); err != nil {
 		writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, "body: "+err.Error())
@@ -112,36 +134,28 @@ func (b *Backend) createSale(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
 		return
 	}
-	err := insertSale(r.Context(), b.db, sale, time.Now().UTC())
+	err := insertSale(r.Context(), a.db, sale, time.Now().UTC())
 	switch {
 	case errors.Is(err, errSaleExists):
 		writeError(w, http.StatusConflict, flashgate.CodeConflict, "sale "+sale.ID+" exists")
 		return
 	case err != nil:
-		b.log.Error("create sale", "sale", sale.ID, "err", err)
+		a.log.Error("create sale", "sale", sale.ID, "err", err)
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
 		return
 	}
 	// The sale is in MySQL: the answer is 201 even if Redis fails now, because a
 	// gateway that meets the sale cold asks for a warm (bus.EventWarm).
-	did, err := b.warmer.warm(r.Context(), sale.ID)
+	did, err := a.warmer.warm(r.Context(), sale.ID)
 	switch {
 	case err != nil:
-		b.log.Error("warm new sale", "sale", sale.ID, "err", err)
+		a.log.Error("warm new sale", "sale", sale.ID, "err", err)
 	case !did:
-		b.log.Warn("Redis already held the new sale: stale keys of an earlier sale with this id?", "sale", sale.ID)
+		a.log.Warn("Redis already held the new sale: stale keys of an earlier sale with this id?", "sale", sale.ID)
 	}
-	b.publish(bus.SaleEvent{Type: bus.EventCreated, SaleID: sale.ID, Sale: sale})
-	b.log.Info("sale created", "sale", sale.ID, "total", sale.Total)
+	a.events.publish(bus.SaleEvent{Type: bus.EventCreated, SaleID: sale.ID, Sale: sale})
+	a.log.Info("sale created", "sale", sale.ID, "total", sale.Total)
 	writeJSON(w, http.StatusCreated, sale)
-}
-
-// publish sends a sale event; a lost event heals (gateways refresh), so a
-// failure is only logged.
-func (b *Backend) publish(ev bus.SaleEvent) {
-	if err := bus.PublishEvent(b.nc, b.cfg.NATS, ev); err != nil {
-		b.log.Warn("publish sale event", "sale", ev.SaleID, "type", ev.Type, "err", err)
-	}
 }
 
 // ledgerView is GET /admin/v1/sales/{sale}: MySQL and Redis side by side, and
@@ -174,18 +188,18 @@ type invariant3 struct {
 	Diff int64 `json:"diff"`
 }
 
-func (b *Backend) ledger(w http.ResponseWriter, r *http.Request) {
+func (a *adminAPI) ledger(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sale")
-	row, ok := b.saleOr404(w, r, id)
+	row, ok := a.saleOr404(w, r, id)
 	if !ok {
 		return
 	}
-	byStatus, err := mysql.OrdersByStatus(r.Context(), b.db, id)
+	byStatus, err := mysql.OrdersByStatus(r.Context(), a.db, id)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
 		return
 	}
-	retired, err := saleRetired(r.Context(), b.db, id)
+	retired, err := saleRetired(r.Context(), a.db, id)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
 		return
@@ -201,7 +215,7 @@ func (b *Backend) ledger(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	red, err := audit.RedisLedger(r.Context(), b.rc, id, row.RegionNames())
+	red, err := audit.RedisLedger(r.Context(), a.rc, id, row.RegionNames())
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
@@ -217,12 +231,12 @@ func (b *Backend) ledger(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (b *Backend) saleOr404(w http.ResponseWriter, r *http.Request, id string) (*saleRow, bool) {
+func (a *adminAPI) saleOr404(w http.ResponseWriter, r *http.Request, id string) (*saleRow, bool) {
 	if !flashgate.ValidID(id) {
 		writeError(w, http.StatusNotFound, flashgate.CodeSaleNotFound, "no sale "+id)
 		return nil, false
 	}
-	row, err := loadSale(r.Context(), b.db, id)
+	row, err := loadSale(r.Context(), a.db, id)
 	switch {
 	case errors.Is(err, errSaleNotFound):
 		writeError(w, http.StatusNotFound, flashgate.CodeSaleNotFound, "no sale "+id)
@@ -237,38 +251,38 @@ func (b *Backend) saleOr404(w http.ResponseWriter, r *http.Request, id string) (
 // closeSale stops selling now: MySQL first (from then on the guard fails every
 // order of the sale: sale_closed), then Redis (the admit script answers ended),
 // then the gateways' caches.
-func (b *Backend) closeSale(w http.ResponseWriter, r *http.Request) {
+func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sale")
-	if _, ok := b.saleOr404(w, r, id); !ok {
+	if _, ok := a.saleOr404(w, r, id); !ok {
 		return
 	}
-	if err := closeSaleRow(r.Context(), b.db, id, time.Now().UTC()); err != nil {
+	if err := closeSaleRow(r.Context(), a.db, id, time.Now().UTC()); err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
 		return
 	}
-	row, ok := b.saleOr404(w, r, id)
+	row, ok := a.saleOr404(w, r, id)
 	if !ok {
 		return
 	}
 	// A cold sale is warmed as closed (lua.Close alone would leave a meta with
 	// nothing but the state); a warm one is closed in place.
-	if _, err := b.warmer.warm(r.Context(), id); err != nil {
+	if _, err := a.warmer.warm(r.Context(), id); err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}
-	if err := lua.Close(r.Context(), b.rc, lua.KeysFor(id, nil)); err != nil {
+	if err := lua.Close(r.Context(), a.rc, lua.KeysFor(id, nil)); err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}
-	b.publish(bus.SaleEvent{Type: bus.EventClosed, SaleID: id, Sale: &row.Sale})
-	b.log.Info("sale closed", "sale", id)
+	a.events.publish(bus.SaleEvent{Type: bus.EventClosed, SaleID: id, Sale: &row.Sale})
+	a.log.Info("sale closed", "sale", id)
 	writeJSON(w, http.StatusOK, &row.Sale)
 }
 
 // reconcileSale repairs the sale now and answers the report (reconcile.go):
 // any backend may run it, leader or not. ?older_than=<duration> (default 30s)
 // is the age past which a reservation is stale.
-func (b *Backend) reconcileSale(w http.ResponseWriter, r *http.Request) {
+func (a *adminAPI) reconcileSale(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sale")
 	var opt ReconcileOptions
 	if v := r.URL.Query().Get("older_than"); v != "" {
@@ -279,38 +293,38 @@ func (b *Backend) reconcileSale(w http.ResponseWriter, r *http.Request) {
 		}
 		opt.StaleAfter = d
 	}
-	if _, ok := b.saleOr404(w, r, id); !ok {
+	if _, ok := a.saleOr404(w, r, id); !ok {
 		return
 	}
-	rep, err := b.ReconcileWith(r.Context(), id, opt)
+	rep, err := a.reconcile(r.Context(), id, opt)
 	switch {
 	case errors.Is(err, errSaleNotFound):
 		writeError(w, http.StatusNotFound, flashgate.CodeSaleNotFound, "no sale "+id)
 		return
 	case err != nil:
-		b.log.Error("reconcile", "sale", id, "err", err)
+		a.log.Error("reconcile", "sale", id, "err", err)
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "reconcile: "+err.Error())
 		return
 	}
-	b.log.Info("reconciled on request", "sale", id, "rewarmed", rep.Rewarmed, "republished", rep.Republished,
+	a.log.Info("reconciled on request", "sale", id, "rewarmed", rep.Rewarmed, "republished", rep.Republished,
 		"repaired", rep.Repair.Done, "diff_before", rep.Before.Diff, "diff_after", rep.After.Diff)
 	writeJSON(w, http.StatusOK, rep)
 }
 
 // readyz answers 200 only when MySQL, Redis and NATS all answer.
-func (b *Backend) readyz(w http.ResponseWriter, r *http.Request) {
+func (a *adminAPI) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	checks := map[string]string{"mysql": "ok", "redis": "ok", "nats": "ok"}
 	var failed []string
-	if err := b.db.PingContext(ctx); err != nil {
+	if err := a.db.PingContext(ctx); err != nil {
 		checks["mysql"], failed = err.Error(), append(failed, "mysql")
 	}
-	if err := b.rc.Do(ctx, b.rc.B().Ping().Build()).Error(); err != nil {
+	if err := a.rc.Do(ctx, a.rc.B().Ping().Build()).Error(); err != nil {
 		checks["redis"], failed = err.Error(), append(failed, "redis")
 	}
-	if !b.nc.IsConnected() {
-		checks["nats"], failed = "not connected: "+b.nc.Status().String(), append(failed, "nats")
+	if !a.nc.IsConnected() {
+		checks["nats"], failed = "not connected: "+a.nc.Status().String(), append(failed, "nats")
 	}
 	if len(failed) > 0 {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{
@@ -320,7 +334,7 @@ func (b *Backend) readyz(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "checks": checks, "leader": b.IsLeader()})
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "checks": checks, "leader": a.isLeader()})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -19,39 +19,57 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidislock"
 
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
-	"github.com/flashgate/flashgate/mysql"
 )
 
-// Backend is one running backend process.
+// Deps are the clients a backend works with, dialed by the caller
+// (internal/dial, wired by internal/wire). The backend never closes them: the
+// caller does, after Shutdown. DB has had its schema checked.
+type Deps struct {
+	DB        *sql.DB
+	Redis     rueidis.Client
+	NATS      *nats.Conn
+	JetStream jetstream.JetStream
+	// Locker is the leader lock's (LeaderLockerOption); Shutdown closes it,
+	// which releases the lock at once.
+	Locker rueidislock.Locker
+}
+
+// Backend is one running backend process: the owner of its parts. It builds
+// them, starts them (the leader's work under the election), and stops them in
+// order; each part holds only what it uses.
 type Backend struct {
-	cfg     config.Config
+	opts    config.BackendOptions
 	log     *slog.Logger
 	db      *sql.DB
 	rc      rueidis.Client
 	nc      *nats.Conn
+	js      jetstream.JetStream
 	cons    jetstream.Consumer
 	scripts *lua.Scripts
-	writer  *orderWriter
-	warmer  *warmer
-	sub     *nats.Subscription
-	cmds    *commandServer // pay and cancel (lifecycle.go)
-	// js publishes dead letters and republished orders; ops counts them;
-	// leader runs the leader-elected work (deadletter.go, reconcile.go, leader.go).
-	js      jetstream.JetStream
-	ops     *opsMetrics
-	leader  *leadership
-	caps    stallCaps // sales whose writes stalled lately (consumer.go)
-	srv     *http.Server
-	addr    string
 	metrics *metrics.Backend
+	ops     *opsMetrics
 
-	// retention counts what the leader's retention passes do (retention.go).
-	retention *retentionMetrics
+	writer *orderWriter
+	warmer *warmer
+	events *saleEvents
+	ingest *ingest     // the consumer loop, the writer, dead letters (consumer.go)
+	life   *lifecycle  // pay, cancel, expiry (lifecycle.go)
+	rec    *reconciler // for the leader and the admin API (reconcile.go)
+	retain *retainer   // the leader's retention pass (retention.go)
+	admin  *adminAPI
+
+	sub    *nats.Subscription
+	cmds   *commandServer // the queue group life serves
+	leader *leadership
+	locker rueidislock.Locker
+	srv    *http.Server
+	addr   string
 
 	// stopFetch ends the consumer loop after the batch in hand; loopDone closes
 	// when it has. procCtx carries that batch's work and is cancelled only when
@@ -69,97 +87,94 @@ type Backend struct {
 	shutdownErr  error
 }
 
-// Start connects to MySQL (and checks its schema version, migrating it when
-// mysql.auto_migrate is on), Redis and NATS, ensures the stream
-// and the durable consumer, warms every open sale Redis does not know, and starts
-// the consumer loop and the admin server. It returns when the backend is ready.
-func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
-	b := &Backend{cfg: cfg, log: slog.Default().With("component", "backend"), scripts: lua.Load(), metrics: metrics.NewBackend()}
+// Start ensures the stream and the durable consumer on the clients it is
+// given, warms every open sale Redis does not know, and starts the consumer
+// loop, the order commands, the election and the admin server. It returns
+// when the backend is ready. When it fails, what it started is stopped; the
+// clients stay the caller's to close.
+func Start(ctx context.Context, deps Deps, opts config.BackendOptions) (*Backend, error) {
+	b := &Backend{
+		opts: opts, log: slog.Default().With("component", "backend"), scripts: lua.Load(), metrics: metrics.NewBackend(),
+		db: deps.DB, rc: deps.Redis, nc: deps.NATS, js: deps.JetStream, locker: deps.Locker,
+	}
 	b.procCtx, b.procCancel = context.WithCancel(context.Background())
 	started := false
 	defer func() {
 		if !started {
-			if b.sub != nil {
-				_ = b.sub.Unsubscribe()
-			}
-			_ = b.cmds.stop(context.Background())
-			b.stopLeading()
-			if b.warmer != nil {
-				b.warmer.stop(context.Background())
-			}
-			b.procCancel()
-			b.closeClients()
+			b.abandon()
 		}
 	}()
-
-	var err error
-	if b.db, err = mysql.OpenDB(cfg.MySQL.DSN); err != nil {
-		return nil, err
-	}
-	if cfg.MySQL.MaxOpenConns > 0 {
-		b.db.SetMaxOpenConns(cfg.MySQL.MaxOpenConns)
-		b.db.SetMaxIdleConns(cfg.MySQL.MaxOpenConns)
-	}
-	// Recycle connections well inside any server or proxy idle timeout.
-	b.db.SetConnMaxLifetime(30 * time.Minute)
-	if err := b.db.PingContext(ctx); err != nil {
-		return nil, fmt.Errorf("mysql: %w", err)
-	}
-	if err := checkSchema(ctx, b.db, cfg.MySQL.AutoMigrate); err != nil {
-		return nil, err
-	}
-
-	if b.rc, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: cfg.Redis.Addrs, Username: cfg.Redis.Username, Password: cfg.Redis.Password, DisableCache: true}); err != nil {
-		return nil, fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
-	}
-
-	if b.nc, err = bus.Connect(cfg.NATS, "flashgate-backend"); err != nil {
-		return nil, err
-	}
-	js, err := jetstream.New(b.nc)
-	if err != nil {
-		return nil, fmt.Errorf("jetstream: %w", err)
-	}
-	if _, err := bus.EnsureStream(ctx, js, cfg.NATS); err != nil {
-		return nil, err
-	}
-	if b.cons, err = js.CreateOrUpdateConsumer(ctx, cfg.NATS.Stream, consumerConfig(cfg)); err != nil {
-		return nil, fmt.Errorf("consumer %s: %w", cfg.NATS.Consumer, err)
-	}
-
-	b.writer = newOrderWriter(b.db, b.rc, b.scripts, b.log, b.metrics)
-	// Units MySQL refused go back on sale: gateways clear their sold-out marks.
-	b.writer.restocked = func(sale, region string) {
-		ev := bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: region}
-		if err := bus.PublishEvent(b.nc, cfg.NATS, ev); err != nil {
-			b.log.Warn("restocked event", "sale", sale, "err", err) // gateways' refresh heals it
-		}
-	}
-	b.warmer = newWarmer(b.db, b.rc, b.scripts, b.log)
-	if err := b.prepareOps(ctx, js); err != nil {
+	if err := b.build(ctx); err != nil {
 		return nil, err
 	}
 	if err := b.startLeading(); err != nil {
 		return nil, err
 	}
 	b.warmOpenSales(ctx)
-	if b.sub, err = bus.SubscribeEvents(b.nc, cfg.NATS, b.onEvent); err != nil {
+	var err error
+	if b.sub, err = bus.SubscribeEvents(b.nc, opts.NATS, b.onEvent); err != nil {
 		return nil, fmt.Errorf("sale events: %w", err)
 	}
-	if err := b.serveCommands(); err != nil {
+	if b.cmds, err = b.life.serveCommands(); err != nil {
 		return nil, err
 	}
+	if err := b.serveAdmin(); err != nil {
+		return nil, err
+	}
+	b.startConsuming()
+	started = true
+	b.log.Info("backend ready", "admin", b.addr, "stream", opts.NATS.Stream, "consumer", opts.NATS.Consumer)
+	return b, nil
+}
 
-	if cfg.Admin.Token == "" {
+// build ensures the stream and the consumer and builds the parts, each on
+// the clients and options it uses.
+func (b *Backend) build(ctx context.Context) error {
+	opts := b.opts
+	if _, err := bus.EnsureStream(ctx, b.js, opts.NATS); err != nil {
+		return err
+	}
+	var err error
+	if b.cons, err = b.js.CreateOrUpdateConsumer(ctx, opts.NATS.Stream, consumerConfig(opts)); err != nil {
+		return fmt.Errorf("consumer %s: %w", opts.NATS.Consumer, err)
+	}
+	b.writer = newOrderWriter(b.db, b.rc, b.scripts, b.log, b.metrics)
+	// Units MySQL refused go back on sale: gateways clear their sold-out marks.
+	b.writer.restocked = func(sale, region string) {
+		ev := bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: region}
+		if err := bus.PublishEvent(b.nc, opts.NATS, ev); err != nil {
+			b.log.Warn("restocked event", "sale", sale, "err", err) // gateways' refresh heals it
+		}
+	}
+	b.warmer = newWarmer(b.db, b.rc, b.scripts, b.log)
+	b.events = &saleEvents{nc: b.nc, cfg: opts.NATS, log: b.log}
+	b.life = &lifecycle{db: b.db, rc: b.rc, nc: b.nc, nats: opts.NATS, scripts: b.scripts, log: b.log, events: b.events, procCtx: b.procCtx}
+	if err := b.prepareOps(ctx, b.js); err != nil {
+		return err
+	}
+	b.ingest = &ingest{
+		cfg: ingestConfig{NATS: opts.NATS, Backend: opts.Backend}, log: b.log, db: b.db, rc: b.rc, nc: b.nc, js: b.js,
+		cons: b.cons, scripts: b.scripts, writer: b.writer, metrics: b.metrics, ops: b.ops, procCtx: b.procCtx,
+	}
+	b.admin = &adminAPI{
+		token: opts.AdminToken, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
+		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader,
+	}
+	return nil
+}
+
+// serveAdmin listens on backend.admin_listen and serves the admin API.
+func (b *Backend) serveAdmin() error {
+	if b.opts.AdminToken == "" {
 		b.log.Warn("admin.token is empty: the admin API refuses every request (set FLASHGATE_ADMIN_TOKEN)")
 	}
-	ln, err := net.Listen("tcp", cfg.Backend.AdminListen)
+	ln, err := net.Listen("tcp", b.opts.Backend.AdminListen)
 	if err != nil {
-		return nil, fmt.Errorf("admin listen: %w", err)
+		return fmt.Errorf("admin listen: %w", err)
 	}
 	b.addr = ln.Addr().String()
 	b.srv = &http.Server{
-		Handler:           b.adminHandler(),
+		Handler:           b.admin.handler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -173,24 +188,45 @@ func Start(ctx context.Context, cfg config.Config) (*Backend, error) {
 			b.log.Error("admin server stopped", "err", err)
 		}
 	}()
+	return nil
+}
 
+// startConsuming starts the consumer loop and its lag poller.
+func (b *Backend) startConsuming() {
 	fetchCtx, stop := context.WithCancel(context.Background())
 	b.stopFetch, b.loopDone = stop, make(chan struct{})
-	go b.consume(fetchCtx)
+	go b.ingest.consume(fetchCtx, b.loopDone)
 	lagCtx, stopLag := context.WithCancel(context.Background())
 	b.stopLag = stopLag
-	b.wg.Go(func() { b.pollLag(lagCtx) })
+	b.wg.Go(func() { b.ingest.pollLag(lagCtx) })
+}
 
-	started = true
-	b.log.Info("backend ready", "admin", b.addr, "stream", cfg.NATS.Stream, "consumer", cfg.NATS.Consumer)
-	return b, nil
+// abandon stops what a failed Start had started.
+func (b *Backend) abandon() {
+	if b.sub != nil {
+		_ = b.sub.Unsubscribe()
+	}
+	_ = b.cmds.stop(context.Background())
+	if b.leader == nil && b.locker != nil {
+		b.locker.Close() // handed over with Deps: the backend closes it
+	}
+	b.stopLeading()
+	if b.srv != nil {
+		_ = b.srv.Close()
+		b.wg.Wait()
+	}
+	if b.warmer != nil {
+		b.warmer.stop(context.Background())
+	}
+	b.procCancel()
 }
 
 // AdminAddr is the host:port the admin API listens on.
 func (b *Backend) AdminAddr() string { return b.addr }
 
 // Shutdown stops fetching, finishes the batch in hand (acking what was
-// committed), stops the admin server and the warms, and closes the clients. When
+// committed), releases the leadership, stops the admin server and the warms.
+// The clients stay open (acks are flushed when the caller closes them). When
 // ctx ends first, the batch in hand is abandoned: its messages are redelivered.
 // It is idempotent.
 func (b *Backend) Shutdown(ctx context.Context) error {
@@ -225,50 +261,6 @@ func (b *Backend) shutdown(ctx context.Context) error {
 	b.wg.Wait()
 	b.warmer.stop(ctx)
 	b.procCancel()
-	b.closeClients()
 	b.log.Info("backend stopped")
 	return errors.Join(errs...)
-}
-
-// closeClients closes whatever Start opened. Acks are fire-and-forget
-// publishes: flush them before the connection goes.
-func (b *Backend) closeClients() {
-	if b.nc != nil {
-		_ = b.nc.FlushTimeout(2 * time.Second)
-		b.nc.Close()
-	}
-	if b.rc != nil {
-		b.rc.Close()
-	}
-	if b.db != nil {
-		b.db.Close()
-	}
-}
-
-// Run starts a backend, serves until ctx ends, then shuts down within
-// cfg.Backend.ShutdownTimeout.
-func Run(ctx context.Context, cfg config.Config) error {
-	b, err := Start(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	<-ctx.Done()
-	timeout := cfg.Backend.ShutdownTimeout
-	if timeout <= 0 {
-		timeout = config.Default().Backend.ShutdownTimeout
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	return b.Shutdown(sctx)
-}
-
-// checkSchema refuses a schema this binary cannot run on. A backend applies
-// pending migrations itself only when told to (auto): otherwise an old schema
-// stops it with the command that fixes it. A half-applied or newer schema is
-// refused either way.
-func checkSchema(ctx context.Context, db *sql.DB, auto bool) error {
-	if auto {
-		return mysql.Migrate(ctx, db)
-	}
-	return mysql.CheckSchema(ctx, db)
 }

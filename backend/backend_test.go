@@ -39,7 +39,7 @@ func start(t *testing.T, redisAddrs []string, cfgFn func(*config.Config)) *start
 	if cfgFn != nil {
 		cfgFn(&e.cfg)
 	}
-	b, err := Start(ctx(t), e.cfg)
+	b, err := dialAndStart(t, e.cfg)
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
@@ -370,7 +370,7 @@ func TestWarming(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	b, err := Start(ctx(t), e.cfg)
+	b, err := dialAndStart(t, e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +426,7 @@ func TestWarming(t *testing.T) {
 func TestShutdownIdempotentAndRun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, testenv.RedisAddrs())
-	b, err := Start(ctx(t), e.cfg)
+	b, err := dialAndStart(t, e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,24 +443,12 @@ func TestShutdownIdempotentAndRun(t *testing.T) {
 		t.Error("admin server still answers after shutdown")
 	}
 
-	rctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Run(rctx, e.cfg) }()
-	time.Sleep(300 * time.Millisecond)
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("run: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after its context ended")
-	}
+	// Run (now internal/wire.RunBackend) is tested in internal/wire.
 
 	// Start fails cleanly when a dependency is missing.
 	bad := e.cfg
 	bad.MySQL.DSN = "root@tcp(127.0.0.1:1)/nothing?timeout=1s"
-	if _, err := Start(ctx(t), bad); err == nil {
+	if _, err := dialAndStart(t, bad); err == nil {
 		t.Error("start without MySQL succeeded")
 	}
 }
@@ -512,7 +500,7 @@ func cleanRedisID(t testing.TB, rc rueidis.Client, id string) {
 func TestTwoBackendsUnderLoad(t *testing.T) {
 	t.Parallel()
 	s := start(t, testenv.RedisAddrs(), func(c *config.Config) { c.Backend.BatchSize = 7 })
-	other, err := Start(ctx(t), s.cfg)
+	other, err := dialAndStart(t, s.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -608,12 +596,12 @@ func TestStartRefusesOldSchema(t *testing.T) {
 	t.Parallel()
 	cfg := testenv.Config(t)
 	cfg.MySQL.AutoMigrate = false
-	_, err := Start(ctx(t), cfg)
+	_, err := dialAndStart(t, cfg)
 	if err == nil || !strings.Contains(err.Error(), "schema at version 0, this binary needs 6: run `flashgate migrate up`") {
 		t.Fatalf("Start on an empty schema without auto_migrate: %v", err)
 	}
 	cfg.MySQL.AutoMigrate = true
-	b, err := Start(ctx(t), cfg)
+	b, err := dialAndStart(t, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,16 +2,21 @@ package backend
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
 )
 
@@ -32,7 +37,7 @@ const (
 )
 
 // consumerConfig is the durable pull consumer every backend shares.
-func consumerConfig(cfg config.Config) jetstream.ConsumerConfig {
+func consumerConfig(cfg config.BackendOptions) jetstream.ConsumerConfig {
 	ackWait := cfg.Backend.AckWait
 	if ackWait <= 0 {
 		ackWait = config.Default().Backend.AckWait
@@ -66,16 +71,43 @@ func backOff(ackWait time.Duration, maxDeliver int) []time.Duration {
 	return out
 }
 
+// ingest turns admitted orders from JetStream into MySQL rows: the consumer
+// loop, the batch writer and the dead letters. It holds the clients, the
+// consumer and the metrics that path uses, and the two config sections it reads.
+type ingest struct {
+	cfg     ingestConfig
+	log     *slog.Logger
+	db      *sql.DB
+	rc      rueidis.Client
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	cons    jetstream.Consumer
+	scripts *lua.Scripts
+	writer  *orderWriter
+	metrics *metrics.Backend
+	ops     *opsMetrics
+	caps    stallCaps // sales whose writes stalled lately
+	// procCtx carries the batch in hand's work: cancelled only when Shutdown
+	// runs out of time.
+	procCtx context.Context
+}
+
+// ingestConfig is what ingest reads of the configuration.
+type ingestConfig struct {
+	NATS    config.NATS
+	Backend config.Backend
+}
+
 // consume is the consumer loop: fetch a batch, write it, repeat, until ctx ends.
 // It rides out NATS, MySQL and Redis outages: a failed batch is nak'ed with a
 // delay and the loop pauses before the next.
-func (b *Backend) consume(ctx context.Context) {
-	defer close(b.loopDone)
+func (ig *ingest) consume(ctx context.Context, done chan<- struct{}) {
+	defer close(done)
 	failures := 0
 	for ctx.Err() == nil {
-		msgs, err := b.fetch()
+		msgs, err := ig.fetch()
 		if err != nil {
-			b.log.Warn("fetching orders", "err", err)
+			ig.log.Warn("fetching orders", "err", err)
 		}
 		if len(msgs) == 0 {
 			if err != nil {
@@ -84,7 +116,7 @@ func (b *Backend) consume(ctx context.Context) {
 			}
 			continue
 		}
-		if b.handle(msgs) {
+		if ig.handle(msgs) {
 			failures = 0
 			continue
 		}
@@ -101,17 +133,17 @@ func pause(failures int) time.Duration {
 // cfg.Backend.BatchWait for more. (A single pull of BatchSize would hold every
 // message until the batch is full or the pull expires; on nats-server 2.9 a
 // no-wait pull does not see redeliveries.)
-func (b *Backend) fetch() ([]jetstream.Msg, error) {
-	first, err := b.cons.Fetch(1, jetstream.FetchMaxWait(idlePoll))
+func (ig *ingest) fetch() ([]jetstream.Msg, error) {
+	first, err := ig.cons.Fetch(1, jetstream.FetchMaxWait(idlePoll))
 	if err != nil {
 		return nil, err
 	}
 	msgs := drain(first, nil)
-	if err := first.Error(); err != nil || len(msgs) == 0 || b.cfg.Backend.BatchSize <= 1 {
+	if err := first.Error(); err != nil || len(msgs) == 0 || ig.cfg.Backend.BatchSize <= 1 {
 		return msgs, err
 	}
-	wait := max(b.cfg.Backend.BatchWait, time.Millisecond)
-	more, err := b.cons.Fetch(b.cfg.Backend.BatchSize-1, jetstream.FetchMaxWait(wait))
+	wait := max(ig.cfg.Backend.BatchWait, time.Millisecond)
+	more, err := ig.cons.Fetch(ig.cfg.Backend.BatchSize-1, jetstream.FetchMaxWait(wait))
 	if err != nil {
 		return msgs, err
 	}
@@ -135,16 +167,16 @@ type entry struct {
 // handle writes one fetched batch, each sale's orders as one transaction (sales
 // in parallel: their rows do not meet), and acks or naks every message. It
 // reports whether every group succeeded.
-func (b *Backend) handle(msgs []jetstream.Msg) bool {
+func (ig *ingest) handle(msgs []jetstream.Msg) bool {
 	groups := map[string][]entry{}
 	for _, m := range msgs {
 		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
-			b.metrics.Redelivered()
+			ig.metrics.Redelivered()
 		}
 		o, err := bus.DecodeOrder(m.Data())
 		if err != nil {
 			// It can never be parsed: it must not block the consumer.
-			b.unparseable(m, err)
+			ig.unparseable(m, err)
 			continue
 		}
 		groups[o.SaleID] = append(groups[o.SaleID], entry{msg: m, order: o})
@@ -153,7 +185,7 @@ func (b *Backend) handle(msgs []jetstream.Msg) bool {
 	var failed atomic.Bool
 	for sale, es := range groups {
 		wg.Go(func() {
-			if !b.writeSale(sale, es) {
+			if !ig.writeSale(sale, es) {
 				failed.Store(true)
 			}
 		})
@@ -163,11 +195,11 @@ func (b *Backend) handle(msgs []jetstream.Msg) bool {
 }
 
 // ackWait bounds the processing of one batch (then the server redelivers it).
-func (b *Backend) ackWait() time.Duration {
-	if b.cfg.Backend.AckWait <= 0 {
+func (ig *ingest) ackWait() time.Duration {
+	if ig.cfg.Backend.AckWait <= 0 {
 		return config.Default().Backend.AckWait
 	}
-	return b.cfg.Backend.AckWait
+	return ig.cfg.Backend.AckWait
 }
 
 // errSaleStalled is the cause given to orders that were not tried because an
@@ -180,29 +212,29 @@ var errSaleStalled = errors.New("the sale's writes are stalled: not tried")
 // deadline is written in smaller transactions (a lock held elsewhere only
 // costs one small try per fetch); once the sale writes again the cap doubles
 // per successful group until it is gone.
-func (b *Backend) writeSale(sale string, es []entry) bool {
+func (ig *ingest) writeSale(sale string, es []entry) bool {
 	size := len(es)
-	if c := b.caps.get(sale); c > 0 {
+	if c := ig.caps.get(sale); c > 0 {
 		size = min(size, c)
 	}
 	ok := true
 	for i := 0; i < len(es); i += size {
 		part := es[i:min(i+size, len(es))]
-		done, stalled := b.handleSale(sale, part)
+		done, stalled := ig.handleSale(sale, part)
 		if done {
 			continue
 		}
 		ok = false
 		if stalled {
-			b.caps.stalled(sale, len(part))
+			ig.caps.stalled(sale, len(part))
 			for _, e := range es[i+len(part):] {
-				b.retryLater(e, true, errSaleStalled, b.ackWait())
+				ig.retryLater(e, true, errSaleStalled, ig.ackWait())
 			}
 			return false
 		}
 	}
 	if ok {
-		b.caps.wrote(sale, b.cfg.Backend.BatchSize)
+		ig.caps.wrote(sale, ig.cfg.Backend.BatchSize)
 	}
 	return ok
 }
@@ -251,36 +283,36 @@ func (c *stallCaps) wrote(sale string, batch int) {
 // message of the group, so nothing uncommitted (or not written back to Redis) is
 // ever acked. A redelivery of a committed order only writes it back again. It
 // reports whether the group was written and, if not, whether MySQL stalled.
-func (b *Backend) handleSale(sale string, es []entry) (done, stalledErr bool) {
-	timeout := b.ackWait()
-	ctx, cancel := context.WithTimeout(b.procCtx, timeout)
+func (ig *ingest) handleSale(sale string, es []entry) (done, stalledErr bool) {
+	timeout := ig.ackWait()
+	ctx, cancel := context.WithTimeout(ig.procCtx, timeout)
 	defer cancel()
 	began := time.Now()
 	orders := make([]flashgate.Order, len(es))
 	for i, e := range es {
 		orders[i] = e.order
 	}
-	outs, err := b.writer.process(ctx, sale, orders)
+	outs, err := ig.writer.process(ctx, sale, orders)
 	if err != nil {
-		b.metrics.BatchFailed()
+		ig.metrics.BatchFailed()
 		// A write MySQL could not make for now (a lock held elsewhere, a
 		// deadline, no connection left, read-only) is an outage of this sale,
 		// however fast the probe answers: the order waits, it is not poison.
 		stalledErr = stalled(err)
-		outage := stalledErr || b.outage(sale)
+		outage := stalledErr || ig.outage(sale)
 		if !outage && len(es) > 1 {
 			// Not an outage: maybe an order is poison. The halves are tried
 			// now, and theirs, so the others do not wait for it: a poison order
 			// among n costs 2·log2(n) transactions (deadletter.go).
-			b.log.Warn("order batch failed; retrying it in halves", "sale", sale, "orders", len(es), "err", err)
+			ig.log.Warn("order batch failed; retrying it in halves", "sale", sale, "orders", len(es), "err", err)
 			half := len(es) / 2
-			left, ls := b.handleSale(sale, es[:half])
-			right, rs := b.handleSale(sale, es[half:])
+			left, ls := ig.handleSale(sale, es[:half])
+			right, rs := ig.handleSale(sale, es[half:])
 			return left && right, ls || rs
 		}
-		b.log.Error("order batch failed; nak'ed for redelivery", "sale", sale, "orders", len(es), "outage", outage, "err", err)
+		ig.log.Error("order batch failed; nak'ed for redelivery", "sale", sale, "orders", len(es), "outage", outage, "err", err)
 		for _, e := range es {
-			b.retryLater(e, outage, err, timeout)
+			ig.retryLater(e, outage, err, timeout)
 		}
 		return false, stalledErr
 	}
@@ -297,14 +329,14 @@ func (b *Backend) handleSale(sale string, es []entry) (done, stalledErr bool) {
 		default:
 			confirmed++
 		}
-		b.recordOutcome(o)
+		ig.recordOutcome(o)
 		if err := e.msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 			// The row is committed and written back: a redelivery is a no-op.
-			b.log.Warn("ack", "sale", sale, "err", err)
+			ig.log.Warn("ack", "sale", sale, "err", err)
 		}
 	}
-	b.metrics.Batch(len(es), time.Since(began))
-	b.log.Debug("order batch written", "sale", sale, "confirmed", confirmed, "failed", failedN,
+	ig.metrics.Batch(len(es), time.Since(began))
+	ig.log.Debug("order batch written", "sale", sale, "confirmed", confirmed, "failed", failedN,
 		"dropped", dropped, "redelivered", existed)
 	return true, false
 }
@@ -327,35 +359,35 @@ func retryDelay(n uint64, limit time.Duration) time.Duration {
 // recordOutcome counts one message's outcome: each order decided once (a copy
 // of an order earlier in the same batch shares its outcome and counts as
 // existing, like an order MySQL already held).
-func (b *Backend) recordOutcome(o outcome) {
+func (ig *ingest) recordOutcome(o outcome) {
 	switch {
 	case o.Existed || o.Copy:
-		b.metrics.Existing()
+		ig.metrics.Existing()
 	case o.Dropped:
-		b.metrics.Outcome(metrics.StatusDropped, "")
+		ig.metrics.Outcome(metrics.StatusDropped, "")
 	default:
-		b.metrics.Outcome(o.Status, o.Reason)
+		ig.metrics.Outcome(o.Status, o.Reason)
 		if o.Status == flashgate.OrderFailed && o.Reason == flashgate.ReasonBadCharges {
-			b.metrics.ChargesRefused()
+			ig.metrics.ChargesRefused()
 		}
 	}
 }
 
 // pollLag records the durable consumer's lag every lagPoll until ctx ends.
 // Every backend reports the same shared consumer: aggregate with max, not sum.
-func (b *Backend) pollLag(ctx context.Context) {
+func (ig *ingest) pollLag(ctx context.Context) {
 	t := time.NewTicker(lagPoll)
 	defer t.Stop()
 	for {
 		c, cancel := context.WithTimeout(ctx, lagPoll)
-		info, err := b.cons.Info(c)
+		info, err := ig.cons.Info(c)
 		cancel()
 		switch {
 		case err == nil:
-			b.metrics.Lag(info.NumPending, info.NumAckPending)
+			ig.metrics.Lag(info.NumPending, info.NumAckPending)
 		case ctx.Err() == nil:
 			// The consumer loop already warns about NATS being away.
-			b.log.Debug("reading consumer lag", "err", err)
+			ig.log.Debug("reading consumer lag", "err", err)
 		}
 		select {
 		case <-ctx.Done():

@@ -79,19 +79,19 @@ func streamSeq(m jetstream.Msg) uint64 {
 // outage reports whether a dependency of sale's orders is away: NATS, MySQL
 // (its tables, not only the connection: a missing table fails every order),
 // or the Redis shard of the sale. A failure then is not the orders' fault.
-func (b *Backend) outage(sale string) bool {
-	if !b.nc.IsConnected() {
+func (ig *ingest) outage(sale string) bool {
+	if !ig.nc.IsConnected() {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(b.procCtx, probeTimeout)
+	ctx, cancel := context.WithTimeout(ig.procCtx, probeTimeout)
 	defer cancel()
-	if err := mysql.Probe(ctx, b.db, sale); err != nil {
-		b.log.Warn("MySQL probe failed: treating the failed batch as an outage", "sale", sale, "err", err)
+	if err := mysql.Probe(ctx, ig.db, sale); err != nil {
+		ig.log.Warn("MySQL probe failed: treating the failed batch as an outage", "sale", sale, "err", err)
 		return true
 	}
 	k := lua.KeysFor(sale, nil)
-	if err := b.rc.Do(ctx, b.rc.B().Exists().Key(k.Meta).Build()).Error(); err != nil {
-		b.log.Warn("Redis probe failed: treating the failed batch as an outage", "sale", sale, "err", err)
+	if err := ig.rc.Do(ctx, ig.rc.B().Exists().Key(k.Meta).Build()).Error(); err != nil {
+		ig.log.Warn("Redis probe failed: treating the failed batch as an outage", "sale", sale, "err", err)
 		return true
 	}
 	return false
@@ -105,44 +105,44 @@ func stalled(err error) bool { return mysql.Stalled(err) }
 // retryLater handles a message whose processing failed with cause: nak'ed
 // with a delay before its last try; on it, dead-lettered (poison) or
 // re-enqueued fresh (outage).
-func (b *Backend) retryLater(e entry, outage bool, cause error, limit time.Duration) {
+func (ig *ingest) retryLater(e entry, outage bool, cause error, limit time.Duration) {
 	n := deliveries(e.msg)
 	sale, id := e.order.SaleID, e.order.ID
-	if n < lastTry(b.cfg.Backend.MaxDeliver) || (outage && b.cfg.Backend.MaxDeliver <= 0) {
+	if n < lastTry(ig.cfg.Backend.MaxDeliver) || (outage && ig.cfg.Backend.MaxDeliver <= 0) {
 		if err := e.msg.NakWithDelay(nakDelay(e.msg, limit)); err != nil {
-			b.log.Warn("nak", "sale", sale, "order", id, "err", err)
+			ig.log.Warn("nak", "sale", sale, "order", id, "err", err)
 		}
 		return
 	}
-	ctx, cancel := context.WithTimeout(b.procCtx, deadLetterTimeout)
+	ctx, cancel := context.WithTimeout(ig.procCtx, deadLetterTimeout)
 	defer cancel()
 	var err error
 	if outage {
-		if err = b.recycle(ctx, e); err == nil {
-			b.ops.recycled.Inc()
-			b.log.Warn("order outlived its deliveries in an outage: re-enqueued fresh", "sale", sale, "order", id,
+		if err = ig.recycle(ctx, e); err == nil {
+			ig.ops.recycled.Inc()
+			ig.log.Warn("order outlived its deliveries in an outage: re-enqueued fresh", "sale", sale, "order", id,
 				"deliveries", n, "err", cause)
 			return
 		}
 	} else {
-		if err = b.deadLetter(ctx, e, cause); err == nil {
-			b.ops.deadLetters.WithLabelValues(bus.DeadPoison).Inc()
-			b.log.Error("poison order dead-lettered: it ends failed and its units went back", "sale", sale, "order", id,
+		if err = ig.deadLetter(ctx, e, cause); err == nil {
+			ig.ops.deadLetters.WithLabelValues(bus.DeadPoison).Inc()
+			ig.log.Error("poison order dead-lettered: it ends failed and its units went back", "sale", sale, "order", id,
 				"deliveries", n, "reason", ReasonDeadLetter, "err", cause)
 			return
 		}
 	}
 	// Redelivered if the server has deliveries left (lastTry keeps one); if
 	// not, the order's reservation is republished by reconcile.
-	b.log.Error("giving up on an order failed; nak'ed", "sale", sale, "order", id, "deliveries", n,
+	ig.log.Error("giving up on an order failed; nak'ed", "sale", sale, "order", id, "deliveries", n,
 		"outage", outage, "err", err, "cause", cause)
 	if err := e.msg.NakWithDelay(nakDelay(e.msg, limit)); err != nil {
-		b.log.Warn("nak", "sale", sale, "order", id, "err", err)
+		ig.log.Warn("nak", "sale", sale, "order", id, "err", err)
 	}
 }
 
 // deadHeader is the header of a dead-lettered copy of m.
-func (b *Backend) deadHeader(m jetstream.Msg, kind string, cause error) nats.Header {
+func (ig *ingest) deadHeader(m jetstream.Msg, kind string, cause error) nats.Header {
 	h := nats.Header{}
 	h.Set(bus.HdrDeadKind, kind)
 	if cause != nil {
@@ -152,7 +152,7 @@ func (b *Backend) deadHeader(m jetstream.Msg, kind string, cause error) nats.Hea
 	h.Set(bus.HdrDeadSequence, strconv.FormatUint(streamSeq(m), 10))
 	h.Set(bus.HdrDeadDeliveries, strconv.FormatUint(deliveries(m), 10))
 	h.Set(bus.HdrDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
-	h.Set(bus.HdrDeadConsumer, b.cfg.NATS.Consumer)
+	h.Set(bus.HdrDeadConsumer, ig.cfg.NATS.Consumer)
 	return h
 }
 
@@ -160,30 +160,30 @@ func (b *Backend) deadHeader(m jetstream.Msg, kind string, cause error) nats.Hea
 // stream, the order ends failed (dead_letter) in MySQL unless MySQL has decided
 // it already, its reservation goes back to Redis, and the original is
 // terminated. Each step is idempotent, so a rerun after a crash is harmless.
-func (b *Backend) deadLetter(ctx context.Context, e entry, cause error) error {
+func (ig *ingest) deadLetter(ctx context.Context, e entry, cause error) error {
 	o := e.order
 	id := strconv.FormatUint(o.ID, 10)
-	h := b.deadHeader(e.msg, bus.DeadPoison, cause)
+	h := ig.deadHeader(e.msg, bus.DeadPoison, cause)
 	h.Set(bus.HdrDeadOrder, id)
-	copyMsg := &nats.Msg{Subject: bus.DeadLetterSubject(b.cfg.NATS, bus.DeadPoison, o.SaleID), Header: h, Data: e.msg.Data()}
-	if _, err := b.js.PublishMsg(ctx, copyMsg, jetstream.WithMsgID("dlq-"+id)); err != nil {
+	copyMsg := &nats.Msg{Subject: bus.DeadLetterSubject(ig.cfg.NATS, bus.DeadPoison, o.SaleID), Header: h, Data: e.msg.Data()}
+	if _, err := ig.js.PublishMsg(ctx, copyMsg, jetstream.WithMsgID("dlq-"+id)); err != nil {
 		return fmt.Errorf("dead-letter %s/%d: publish: %w", o.SaleID, o.ID, err)
 	}
-	st, inserted, err := failOrderRow(ctx, b.db, o, ReasonDeadLetter, time.Now().UTC())
+	st, inserted, err := failOrderRow(ctx, ig.db, o, ReasonDeadLetter, time.Now().UTC())
 	if err != nil {
 		return fmt.Errorf("dead-letter %s/%d: %w", o.SaleID, o.ID, err)
 	}
 	if st.status == flashgate.OrderFailed {
-		if err := b.releaseFailed(ctx, o, st.reason); err != nil {
+		if err := ig.releaseFailed(ctx, o, st.reason); err != nil {
 			return fmt.Errorf("dead-letter %s/%d: %w", o.SaleID, o.ID, err)
 		}
 		if inserted {
-			b.metrics.Outcome(flashgate.OrderFailed, ReasonDeadLetter)
+			ig.metrics.Outcome(flashgate.OrderFailed, ReasonDeadLetter)
 		}
 	} else {
 		// MySQL counted the order: only the write-back to Redis failed. Its
 		// reservation stays until reconcile writes MySQL's word back.
-		b.log.Warn("dead-lettered order is in MySQL already: left as it is", "sale", o.SaleID, "order", o.ID, "status", st.status)
+		ig.log.Warn("dead-lettered order is in MySQL already: left as it is", "sale", o.SaleID, "order", o.ID, "status", st.status)
 	}
 	if err := e.msg.Term(); err != nil {
 		return fmt.Errorf("dead-letter %s/%d: term: %w", o.SaleID, o.ID, err)
@@ -195,26 +195,26 @@ func (b *Backend) deadLetter(ctx context.Context, e entry, cause error) error {
 // the region and charges of its reservation (the message's may be what made
 // it poison). A
 // Redis that does not know the order is told it failed, so the buyer sees why.
-func (b *Backend) releaseFailed(ctx context.Context, o flashgate.Order, reason string) error {
+func (ig *ingest) releaseFailed(ctx context.Context, o flashgate.Order, reason string) error {
 	region, charges := o.Region, o.Charges
-	rec, ok, err := lua.Order(ctx, b.rc, lua.KeysFor(o.SaleID, nil), o.ID)
+	rec, ok, err := lua.Order(ctx, ig.rc, lua.KeysFor(o.SaleID, nil), o.ID)
 	if err != nil {
 		return err
 	}
 	if ok {
 		region, charges = rec.Region, rec.Charges
 	}
-	r, err := b.scripts.Release(ctx, b.rc, regionKeys(o.SaleID, region), o.ID, region, charges, lua.ReleaseBackend, reason)
+	r, err := ig.scripts.Release(ctx, ig.rc, regionKeys(o.SaleID, region), o.ID, region, charges, lua.ReleaseBackend, reason)
 	if err != nil {
 		return err
 	}
-	if r.Released && b.writer.restocked != nil {
-		b.writer.restocked(o.SaleID, region)
+	if r.Released && ig.writer.restocked != nil {
+		ig.writer.restocked(o.SaleID, region)
 	}
 	if r.Unknown {
 		failed := o
 		failed.Status, failed.Reason = flashgate.OrderFailed, reason
-		if _, err := b.scripts.Confirm(ctx, b.rc, lua.KeysFor(o.SaleID, nil), []flashgate.Order{failed}); err != nil {
+		if _, err := ig.scripts.Confirm(ctx, ig.rc, lua.KeysFor(o.SaleID, nil), []flashgate.Order{failed}); err != nil {
 			return err
 		}
 	}
@@ -276,14 +276,14 @@ func priorTries(h nats.Header) uint64 {
 // fresh copy (its own delivery count) under a message id of its own (the
 // order's may still be in the duplicate window), then the original goes. A
 // crash in between republishes the same id: deduplicated.
-func (b *Backend) recycle(ctx context.Context, e entry) error {
+func (ig *ingest) recycle(ctx context.Context, e entry) error {
 	msgID := strconv.FormatUint(e.order.ID, 10) + "-r" + strconv.FormatUint(streamSeq(e.msg), 10)
 	fresh := &nats.Msg{Subject: e.msg.Subject(), Data: e.msg.Data(), Header: nats.Header{}}
 	// The copy's back-off goes on from where the original's ended, rather
 	// than start again at its first step: a long outage is retried every
 	// ack wait or so, not in a burst per recycle.
 	fresh.Header.Set(hdrOutageTries, strconv.FormatUint(priorTries(e.msg.Headers())+deliveries(e.msg), 10))
-	if _, err := b.js.PublishMsg(ctx, fresh, jetstream.WithMsgID(msgID)); err != nil {
+	if _, err := ig.js.PublishMsg(ctx, fresh, jetstream.WithMsgID(msgID)); err != nil {
 		return fmt.Errorf("recycle %s/%d: %w", e.order.SaleID, e.order.ID, err)
 	}
 	if err := e.msg.Term(); err != nil {
@@ -296,26 +296,26 @@ func (b *Backend) recycle(ctx context.Context, e entry) error {
 // the consumer. It goes to the dead-letter stream as it is and is terminated;
 // if that fails it is retried later, and on its last try terminated anyway
 // with its body in the log.
-func (b *Backend) unparseable(m jetstream.Msg, cause error) {
-	ctx, cancel := context.WithTimeout(b.procCtx, deadLetterTimeout)
+func (ig *ingest) unparseable(m jetstream.Msg, cause error) {
+	ctx, cancel := context.WithTimeout(ig.procCtx, deadLetterTimeout)
 	defer cancel()
-	sale := bus.SaleOfSubject(b.cfg.NATS, m.Subject())
+	sale := bus.SaleOfSubject(ig.cfg.NATS, m.Subject())
 	seq := streamSeq(m)
-	copyMsg := &nats.Msg{Subject: bus.DeadLetterSubject(b.cfg.NATS, bus.DeadUnparseable, sale),
-		Header: b.deadHeader(m, bus.DeadUnparseable, cause), Data: m.Data()}
-	_, err := b.js.PublishMsg(ctx, copyMsg, jetstream.WithMsgID("dlq-seq-"+strconv.FormatUint(seq, 10)))
+	copyMsg := &nats.Msg{Subject: bus.DeadLetterSubject(ig.cfg.NATS, bus.DeadUnparseable, sale),
+		Header: ig.deadHeader(m, bus.DeadUnparseable, cause), Data: m.Data()}
+	_, err := ig.js.PublishMsg(ctx, copyMsg, jetstream.WithMsgID("dlq-seq-"+strconv.FormatUint(seq, 10)))
 	if err == nil {
-		b.ops.deadLetters.WithLabelValues(bus.DeadUnparseable).Inc()
-		b.log.Error("unparseable order message dead-lettered", "subject", m.Subject(), "seq", seq, "err", cause)
+		ig.ops.deadLetters.WithLabelValues(bus.DeadUnparseable).Inc()
+		ig.log.Error("unparseable order message dead-lettered", "subject", m.Subject(), "seq", seq, "err", cause)
 		if err := m.Term(); err != nil {
-			b.log.Warn("term", "subject", m.Subject(), "err", err)
+			ig.log.Warn("term", "subject", m.Subject(), "err", err)
 		}
 		return
 	}
-	if deliveries(m) < lastTry(b.cfg.Backend.MaxDeliver) {
-		b.log.Warn("dead-lettering an unparseable message failed; nak'ed", "subject", m.Subject(), "err", err)
+	if deliveries(m) < lastTry(ig.cfg.Backend.MaxDeliver) {
+		ig.log.Warn("dead-lettering an unparseable message failed; nak'ed", "subject", m.Subject(), "err", err)
 		if err := m.NakWithDelay(nakDelay(m, time.Second)); err != nil {
-			b.log.Warn("nak", "subject", m.Subject(), "err", err)
+			ig.log.Warn("nak", "subject", m.Subject(), "err", err)
 		}
 		return
 	}
@@ -323,9 +323,9 @@ func (b *Backend) unparseable(m jetstream.Msg, cause error) {
 	if len(body) > maxLoggedBody {
 		body = body[:maxLoggedBody]
 	}
-	b.log.Error("terminating an unparseable order message that could not be dead-lettered: the log keeps it",
+	ig.log.Error("terminating an unparseable order message that could not be dead-lettered: the log keeps it",
 		"subject", m.Subject(), "seq", seq, "body", string(body), "err", cause, "dlq_err", err)
 	if err := m.Term(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-		b.log.Warn("term", "subject", m.Subject(), "err", err)
+		ig.log.Warn("term", "subject", m.Subject(), "err", err)
 	}
 }

@@ -139,7 +139,7 @@ func TestRewarmRestoresOrdersAndKeys(t *testing.T) {
 	}
 
 	// The order in flight lands; its status is written back over the record.
-	b, err := Start(ctx(t), e.cfg)
+	b, err := dialAndStart(t, e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

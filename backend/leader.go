@@ -3,18 +3,15 @@ package backend
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidislock"
 
 	"github.com/flashgate/flashgate/bus"
-	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
 )
 
@@ -100,25 +97,31 @@ func newOpsMetrics(reg prometheus.Registerer) *opsMetrics {
 // dead-letter stream, the metrics, the in-flight count for warms.
 func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error {
 	b.js = js
-	if _, err := bus.EnsureDeadLetterStream(ctx, js, b.cfg.NATS); err != nil {
+	if _, err := bus.EnsureDeadLetterStream(ctx, js, b.opts.NATS); err != nil {
 		return err
 	}
 	b.ops = newOpsMetrics(b.metrics.Registry())
-	b.retention = newRetentionMetrics(b.metrics.Registry())
-	b.warmer.inFlight = b.warmRemaining
-	b.warmer.grace = b.lossGrace
+	b.rec = &reconciler{
+		cfg: reconcileConfig{NATS: b.opts.NATS, PublishTimeout: b.opts.PublishTimeout}, log: b.log, db: b.db, rc: b.rc, js: js,
+		stream:  &orderStream{js: js, nats: b.opts.NATS},
+		scripts: b.scripts, ops: b.ops, writer: b.writer, warmer: b.warmer, life: b.life, events: b.events,
+	}
+	b.retain = &retainer{db: b.db, rc: b.rc, nc: b.nc, nats: b.opts.NATS, retention: b.opts.Retention,
+		log: b.log, metrics: newRetentionMetrics(b.metrics.Registry()), stream: b.rec.stream}
+	b.warmer.inFlight = b.rec.warmRemaining
+	b.warmer.grace = b.rec.lossGrace
 	return nil
 }
 
 // startLeading joins the election: a goroutine queues for the lock and runs the
 // leader's work while it holds it, until stopLeading.
 func (b *Backend) startLeading() error {
-	locker, err := newLeaderLocker(b.cfg.Redis, leaderValidity)
-	if err != nil {
-		return err
+	locker := b.locker
+	if locker == nil {
+		return errors.New("leader lock: no locker (Deps.Locker)")
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	b.leader = &leadership{locker: locker, name: b.cfg.NATS.Consumer, stop: stop, done: make(chan struct{})}
+	b.leader = &leadership{locker: locker, name: b.opts.NATS.Consumer, stop: stop, done: make(chan struct{})}
 	go func() {
 		defer close(b.leader.done)
 		b.lead(ctx)
@@ -126,22 +129,22 @@ func (b *Backend) startLeading() error {
 	return nil
 }
 
-// newLeaderLocker is the leader lock's locker: one key (KeyMajority 1: one
-// Redis, or one shard of a Cluster), renewed every validity/2, watched with
-// client-side caching so that a deleted or taken key cancels the holder's
-// context at once and wakes those queuing.
 // electionPoll is how often a follower tries to take the leader lock.
 const electionPoll = 250 * time.Millisecond
 
 // lockAttemptTimeout bounds one attempt to take or extend the leader lock.
 const lockAttemptTimeout = 500 * time.Millisecond
 
-func newLeaderLocker(rc config.Redis, validity time.Duration) (rueidislock.Locker, error) {
-	l, err := rueidislock.NewLocker(rueidislock.LockerOption{
-		ClientOption: rueidis.ClientOption{InitAddress: rc.Addrs, Username: rc.Username, Password: rc.Password},
-		KeyPrefix:    leaderKeyPrefix,
-		KeyValidity:  validity,
-		KeyMajority:  1,
+// LeaderLockerOption is the leader lock's locker, but for its client (the
+// caller dials it with internal/dial's Locker): one key (KeyMajority 1: one
+// Redis, or one shard of a Cluster), renewed every validity/2, watched with
+// client-side caching so that a deleted or taken key cancels the holder's
+// context at once and wakes those queuing.
+func LeaderLockerOption(validity time.Duration) rueidislock.LockerOption {
+	return rueidislock.LockerOption{
+		KeyPrefix:   leaderKeyPrefix,
+		KeyValidity: validity,
+		KeyMajority: 1,
 		// rueidislock's per-attempt timeout (default 20 ms): on a loaded
 		// machine a round trip takes longer, and leadership would flap.
 		TryNextAfter: lockAttemptTimeout,
@@ -151,12 +154,12 @@ func newLeaderLocker(rc config.Redis, validity time.Duration) (rueidislock.Locke
 		// (half a core of the backend, a tenth of Redis) instead of every
 		// validity/2. Others' writes (the key deleted or taken) still reach it.
 		NoLoopTracking: true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("leader lock on %v: %w", rc.Addrs, err)
 	}
-	return l, nil
 }
+
+// LeaderValidity is how long the leader lock outlives a leader that stopped
+// renewing it, for LeaderLockerOption.
+const LeaderValidity = leaderValidity
 
 // stopLeading stops the leader's work, releases the lock (the next backend
 // takes it at once, not after its validity) and leaves the election.
@@ -216,12 +219,12 @@ func (b *Backend) lead(ctx context.Context) {
 // when all of them have.
 func (b *Backend) leaderWork(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Go(func() { b.reconcileLoop(ctx) })
+	wg.Go(func() { b.rec.reconcileLoop(ctx) })
 	if leaderSweepEvery > 0 {
-		wg.Go(func() { b.runSweeper(ctx, leaderSweepEvery) })
+		wg.Go(func() { b.life.runSweeper(ctx, leaderSweepEvery) })
 	}
 	if retireEvery > 0 {
-		wg.Go(func() { b.retireLoop(ctx) })
+		wg.Go(func() { b.retain.retireLoop(ctx) })
 	}
 	wg.Wait()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/rueidis/rueidislock"
 
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/dial"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 )
@@ -37,7 +38,7 @@ func testLocker(t *testing.T, addrs []string, validity time.Duration, noCache bo
 			KeyPrefix:    leaderKeyPrefix, KeyValidity: validity, KeyMajority: 1, TryNextAfter: lockAttemptTimeout,
 		})
 	} else {
-		l, err = newLeaderLocker(config.Redis{Addrs: addrs, Username: testenv.RedisUsername(), Password: testenv.RedisPassword()}, validity)
+		l, err = dial.Locker(config.Redis{Addrs: addrs, Username: testenv.RedisUsername(), Password: testenv.RedisPassword()}, LeaderLockerOption(validity))
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +179,7 @@ func leaders(bs ...*Backend) int {
 func TestOneLeader(t *testing.T) {
 	t.Parallel()
 	s := start(t, testenv.RedisAddrs(), nil)
-	other, err := Start(ctx(t), s.cfg)
+	other, err := dialAndStart(t, s.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +233,7 @@ func TestLeaderKilledTakenOver(t *testing.T) {
 	proc := spawnBackend(t, bin, e.cfg, admin)
 	eventually(t, 10*time.Second, "the process leads", func() bool { return readyzLeader(t, admin) })
 
-	b, err := Start(ctx(t), e.cfg)
+	b, err := dialAndStart(t, e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -12,9 +13,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
 )
@@ -55,6 +58,21 @@ const (
 	sweepChunk = 500
 )
 
+// lifecycle carries out what happens to an order after MySQL confirmed it:
+// the gateways' pay and cancel commands, the expiry sweep, and the restock of
+// what a cancel or expiry gave back. It holds only the clients it writes to.
+type lifecycle struct {
+	db      *sql.DB
+	rc      rueidis.Client
+	nc      *nats.Conn
+	nats    config.NATS
+	scripts *lua.Scripts
+	log     *slog.Logger
+	events  *saleEvents
+	// procCtx is the backend's: cancelled only when Shutdown runs out of time.
+	procCtx context.Context
+}
+
 // commandServer carries out order commands for the gateways: the subscriptions
 // of the backends' queue group and the handlers in progress.
 type commandServer struct {
@@ -78,32 +96,31 @@ func (cs *commandServer) enter() bool {
 
 // serveCommands joins the queue group of order commands (bus.ServeCommands)
 // commandWorkers times.
-func (b *Backend) serveCommands() error {
+func (l *lifecycle) serveCommands() (*commandServer, error) {
 	cs := &commandServer{}
 	handle := func(cmd bus.OrderCommand) bus.OrderReply {
 		if !cs.enter() {
 			return bus.OrderReply{Code: string(flashgate.CodeUnavailable), Message: "backend shutting down; retry"}
 		}
 		defer cs.wg.Done()
-		return b.handleCommand(cmd)
+		return l.handleCommand(cmd)
 	}
 	for range commandWorkers {
-		sub, err := bus.ServeCommands(b.nc, b.cfg.NATS, handle)
+		sub, err := bus.ServeCommands(l.nc, l.nats, handle)
 		if err != nil {
 			for _, s := range cs.subs {
 				_ = s.Unsubscribe()
 			}
-			return fmt.Errorf("order commands: %w", err)
+			return nil, fmt.Errorf("order commands: %w", err)
 		}
 		cs.subs = append(cs.subs, sub)
 	}
-	b.cmds = cs
 	// Ready means answering: the server must know the subscriptions before
 	// a gateway's first pay, or that pay finds no responder (503).
-	if err := b.nc.Flush(); err != nil {
-		return fmt.Errorf("order commands: %w", err)
+	if err := l.nc.Flush(); err != nil {
+		return cs, fmt.Errorf("order commands: %w", err)
 	}
-	return nil
+	return cs, nil
 }
 
 // stop leaves the queue group and answers the commands already received
@@ -146,8 +163,8 @@ func (cs *commandServer) stop(ctx context.Context) error {
 // handleCommand carries out one pay or cancel. A failure of MySQL or Redis
 // answers unavailable (the gateway's 503): the buyer may retry, both commands
 // being idempotent.
-func (b *Backend) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
-	ctx, cancel := context.WithTimeout(b.procCtx, commandTimeout)
+func (l *lifecycle) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
+	ctx, cancel := context.WithTimeout(l.procCtx, commandTimeout)
 	defer cancel()
 	var (
 		r   bus.OrderReply
@@ -155,16 +172,16 @@ func (b *Backend) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
 	)
 	switch cmd.Op {
 	case bus.CmdPay:
-		r, err = b.pay(ctx, cmd, time.Now())
+		r, err = l.pay(ctx, cmd, time.Now())
 	case bus.CmdCancel:
-		r, err = b.cancel(ctx, cmd, time.Now())
+		r, err = l.cancel(ctx, cmd, time.Now())
 	case bus.CmdGet:
-		r, err = b.getOrder(ctx, cmd)
+		r, err = l.getOrder(ctx, cmd)
 	default:
 		return bus.OrderReply{Code: string(flashgate.CodeInvalidRequest), Message: "unknown order command"}
 	}
 	if err != nil {
-		b.log.Error("order command failed", "op", cmd.Op, "sale", cmd.SaleID, "order", cmd.OrderID, "err", err)
+		l.log.Error("order command failed", "op", cmd.Op, "sale", cmd.SaleID, "order", cmd.OrderID, "err", err)
 		return bus.OrderReply{Code: string(flashgate.CodeUnavailable), Message: "order service unavailable; retry"}
 	}
 	return r
@@ -172,8 +189,8 @@ func (b *Backend) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
 
 // getOrder answers an order MySQL holds, to its owner only, and writes its
 // record back to a Redis that lost it (HSETNX: a record there is newer).
-func (b *Backend) getOrder(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
-	o, err := mysql.Order(ctx, b.db, cmd.SaleID, cmd.OrderID)
+func (l *lifecycle) getOrder(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
+	o, err := mysql.Order(ctx, l.db, cmd.SaleID, cmd.OrderID)
 	if errors.Is(err, mysql.ErrNoOrder) {
 		return notFound, nil
 	}
@@ -184,8 +201,8 @@ func (b *Backend) getOrder(ctx context.Context, cmd bus.OrderCommand) (bus.Order
 		return notFound, nil
 	}
 	k := lua.KeysFor(cmd.SaleID, nil)
-	if err := b.rc.Do(ctx, b.rc.B().Hsetnx().Key(k.Orders).Field(strconv.FormatUint(o.ID, 10)).Value(lua.EncodeRecord(&o)).Build()).Error(); err != nil {
-		b.log.Warn("writing back an order Redis lost", "sale", cmd.SaleID, "order", o.ID, "err", err)
+	if err := l.rc.Do(ctx, l.rc.B().Hsetnx().Key(k.Orders).Field(strconv.FormatUint(o.ID, 10)).Value(lua.EncodeRecord(&o)).Build()).Error(); err != nil {
+		l.log.Warn("writing back an order Redis lost", "sale", cmd.SaleID, "order", o.ID, "err", err)
 	}
 	return reply(&o, "", ""), nil
 }
@@ -229,8 +246,8 @@ func lockOrder(ctx context.Context, tx *sql.Tx, sale string, id uint64) (flashga
 // absent answers a command on an order MySQL has no row of: one Redis still
 // holds as pending is on its way (conflict: retry); anything else, like another
 // user's order, is not found.
-func (b *Backend) absent(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
-	rec, ok, err := lua.Order(ctx, b.rc, lua.KeysFor(cmd.SaleID, nil), cmd.OrderID)
+func (l *lifecycle) absent(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
+	rec, ok, err := lua.Order(ctx, l.rc, lua.KeysFor(cmd.SaleID, nil), cmd.OrderID)
 	if err != nil {
 		return bus.OrderReply{}, fmt.Errorf("order %d in redis: %w", cmd.OrderID, err)
 	}
@@ -264,84 +281,95 @@ func retryTx[T any](ctx context.Context, attempts int, fn func() (T, error)) (T,
 // pay records the payment of a confirmed order before its deadline. Paying a
 // paid order answers ok again; a canceled, failed or expired one is closed (an
 // expired one the sweeper has not reached yet is expired here and now).
-func (b *Backend) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
-	type result struct {
-		o       flashgate.Order
-		missing bool
-		expired bool
-	}
-	res, err := retryTx(ctx, commandRetries, func() (result, error) {
-		tx, err := beginRC(ctx, b.db)
-		if err != nil {
-			return result{}, err
-		}
-		defer tx.Rollback()
-		// Only the order's row: a payment moves no unit, so it need not queue
-		// behind the sale's batches for the sale row.
-		o, err := lockOrder(ctx, tx, cmd.SaleID, cmd.OrderID)
-		if errors.Is(err, errNoOrder) {
-			return result{missing: true}, nil
-		}
-		if err != nil || o.UserID != cmd.UserID {
-			return result{o: o}, err
-		}
-		paid := o
-		if paid.Pay(now) != nil {
-			// Not confirmed, or confirmed past its deadline: expired.
-			return result{o: o, expired: o.Status == flashgate.OrderConfirmed}, nil
-		}
-		if err := mysql.MarkPaid(ctx, tx, o.ID, now); err != nil {
-			return result{}, fmt.Errorf("pay %d: %w", o.ID, err)
-		}
-		if err := tx.Commit(); err != nil {
-			return result{}, fmt.Errorf("pay %d: commit: %w", o.ID, err)
-		}
-		return result{o: paid}, nil
-	})
+func (l *lifecycle) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
+	res, err := retryTx(ctx, commandRetries, func() (payResult, error) { return l.payTx(ctx, cmd, now) })
 	if err != nil {
 		return bus.OrderReply{}, err
 	}
 	o := res.o
 	switch {
 	case res.missing:
-		return b.absent(ctx, cmd)
+		return l.absent(ctx, cmd)
 	case o.UserID != cmd.UserID:
 		return notFound, nil
 	case res.expired:
 		// Expire it now, under the sale lock like the sweeper (it may beat us
 		// to it: then there is nothing left to do).
-		if _, err := b.expireOrders(ctx, cmd.SaleID, []uint64{o.ID}, now); err != nil {
-			b.log.Warn("expiring an order at payment", "sale", cmd.SaleID, "order", o.ID, "err", err) // the sweeper retries
+		if _, err := l.expireOrders(ctx, cmd.SaleID, []uint64{o.ID}, now); err != nil {
+			l.log.Warn("expiring an order at payment", "sale", cmd.SaleID, "order", o.ID, "err", err) // the sweeper retries
 		}
 		o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
 		return closed(&o), nil
 	case o.Status == flashgate.OrderPaid:
-		// Paid now or before: tell Redis (again: it heals a write-back a
-		// crash or a late confirm lost).
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
-		defer cancel()
-		if b.retired(rctx, o.SaleID) {
-			return reply(&o, "", ""), nil
-		}
-		if err := b.scripts.MarkPaid(rctx, b.rc, lua.KeysFor(o.SaleID, nil), o); err != nil {
-			b.log.Warn("paid status to redis", "sale", o.SaleID, "order", o.ID, "err", err)
-		}
+		l.paidToRedis(ctx, o)
 		return reply(&o, "", ""), nil
 	default:
 		return closed(&o), nil
 	}
 }
 
+// payResult is what pay's transaction found: the order (as paid, when it
+// paid it), none, or one whose deadline passed.
+type payResult struct {
+	o       flashgate.Order
+	missing bool
+	expired bool
+}
+
+// payTx is one attempt at pay's transaction.
+func (l *lifecycle) payTx(ctx context.Context, cmd bus.OrderCommand, now time.Time) (payResult, error) {
+	tx, err := beginRC(ctx, l.db)
+	if err != nil {
+		return payResult{}, err
+	}
+	defer tx.Rollback()
+	// Only the order's row: a payment moves no unit, so it need not queue
+	// behind the sale's batches for the sale row.
+	o, err := lockOrder(ctx, tx, cmd.SaleID, cmd.OrderID)
+	if errors.Is(err, errNoOrder) {
+		return payResult{missing: true}, nil
+	}
+	if err != nil || o.UserID != cmd.UserID {
+		return payResult{o: o}, err
+	}
+	paid := o
+	if paid.Pay(now) != nil {
+		// Not confirmed, or confirmed past its deadline: expired.
+		return payResult{o: o, expired: o.Status == flashgate.OrderConfirmed}, nil
+	}
+	if err := mysql.MarkPaid(ctx, tx, o.ID, now); err != nil {
+		return payResult{}, fmt.Errorf("pay %d: %w", o.ID, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return payResult{}, fmt.Errorf("pay %d: commit: %w", o.ID, err)
+	}
+	return payResult{o: paid}, nil
+}
+
+// paidToRedis tells Redis the order is paid, now or before (again: it heals a
+// write-back a crash or a late confirm lost), unless retention removed the
+// sale. It runs even when the command's own time is up.
+func (l *lifecycle) paidToRedis(ctx context.Context, o flashgate.Order) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
+	defer cancel()
+	if retired(rctx, l.db, o.SaleID) {
+		return
+	}
+	if err := l.scripts.MarkPaid(rctx, l.rc, lua.KeysFor(o.SaleID, nil), o); err != nil {
+		l.log.Warn("paid status to redis", "sale", o.SaleID, "order", o.ID, "err", err)
+	}
+}
+
 // cancel cancels a confirmed order for its buyer and gives its units back.
 // Canceling a canceled order answers ok again (its units are not returned
 // twice); a paid or failed order is closed.
-func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
+func (l *lifecycle) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
 	type result struct {
 		o       flashgate.Order
 		missing bool
 	}
 	res, err := retryTx(ctx, commandRetries, func() (result, error) {
-		tx, err := beginRC(ctx, b.db)
+		tx, err := beginRC(ctx, l.db)
 		if err != nil {
 			return result{}, err
 		}
@@ -372,14 +400,14 @@ func (b *Backend) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Tim
 	o := res.o
 	switch {
 	case res.missing:
-		return b.absent(ctx, cmd)
+		return l.absent(ctx, cmd)
 	case o.UserID != cmd.UserID:
 		return notFound, nil
 	case o.Status == flashgate.OrderCanceled:
 		// Canceled now, or before (by the buyer or the sweeper): restock is
 		// idempotent, so running it again heals a Redis step that failed.
-		if !b.retired(ctx, o.SaleID) {
-			b.restock(ctx, o.SaleID, []flashgate.Order{o})
+		if !retired(ctx, l.db, o.SaleID) {
+			l.restock(ctx, o.SaleID, []flashgate.Order{o})
 		}
 		return reply(&o, "", ""), nil
 	default:
@@ -397,12 +425,12 @@ func returnUnits(ctx context.Context, tx *sql.Tx, sale string, orders []flashgat
 // the gateways. It runs after the commit, so it only logs a failure: MySQL is
 // the truth, and running it again (a repeated cancel, reconcile's
 // restockCanceled) is safe. It answers how many orders' units went back.
-func (b *Backend) restock(ctx context.Context, sale string, orders []flashgate.Order) int {
+func (l *lifecycle) restock(ctx context.Context, sale string, orders []flashgate.Order) int {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
 	defer cancel()
-	n, err := b.restockOrders(ctx, sale, orders)
+	n, err := l.restockOrders(ctx, sale, orders)
 	if err != nil {
-		b.log.Error("restock in redis failed; a retried cancel or reconcile repairs it", "sale", sale,
+		l.log.Error("restock in redis failed; a retried cancel or reconcile repairs it", "sale", sale,
 			"orders", len(orders), "restocked", n, "err", err)
 	}
 	return n
@@ -410,7 +438,7 @@ func (b *Backend) restock(ctx context.Context, sale string, orders []flashgate.O
 
 // restockOrders runs lua.RestockMany over orders (canceled in MySQL) in calls of
 // sweepChunk, and publishes one restocked event per region that got units back.
-func (b *Backend) restockOrders(ctx context.Context, sale string, orders []flashgate.Order) (int, error) {
+func (l *lifecycle) restockOrders(ctx context.Context, sale string, orders []flashgate.Order) (int, error) {
 	var regions []string
 	for _, o := range orders {
 		if o.Region != "" && !slices.Contains(regions, o.Region) {
@@ -427,7 +455,7 @@ func (b *Backend) restockOrders(ctx context.Context, sale string, orders []flash
 			batch[i] = o
 		}
 		var out []lua.RestockOutcome
-		if out, err = b.scripts.RestockMany(ctx, b.rc, k, batch); err != nil {
+		if out, err = l.scripts.RestockMany(ctx, l.rc, k, batch); err != nil {
 			break
 		}
 		for i, r := range out {
@@ -438,7 +466,7 @@ func (b *Backend) restockOrders(ctx context.Context, sale string, orders []flash
 		}
 	}
 	for _, region := range sortedKeys(back) {
-		b.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: region})
+		l.events.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: region})
 	}
 	return n, err
 }
@@ -451,17 +479,17 @@ func (b *Backend) restockOrders(ctx context.Context, sale string, orders []flash
 // BEFORE setting stock from MySQL (under the sale row lock), so the orders are
 // marked settled and a late restock cannot add their units on top of the new
 // stock. It answers how many orders' units went back.
-func (b *Backend) restockCanceled(ctx context.Context, sale string, since time.Time) (int, error) {
+func (l *lifecycle) restockCanceled(ctx context.Context, sale string, since time.Time) (int, error) {
 	n := 0
 	batch := make([]flashgate.Order, 0, sweepChunk)
 	flush := func() error {
-		m, err := b.restockOrders(ctx, sale, batch)
+		m, err := l.restockOrders(ctx, sale, batch)
 		n += m
 		batch = batch[:0]
 		return err
 	}
 	var flushErr error
-	err := mysql.EachCanceledSince(ctx, b.db, sale, since, func(o flashgate.Order) error {
+	err := mysql.EachCanceledSince(ctx, l.db, sale, since, func(o flashgate.Order) error {
 		if batch = append(batch, o); len(batch) == sweepChunk {
 			if flushErr = flush(); flushErr != nil {
 				return flushErr
@@ -482,19 +510,19 @@ func (b *Backend) restockCanceled(ctx context.Context, sale string, since time.T
 // and past their deadline at now, in one transaction under the sale row lock,
 // then restocks them. It answers how many it expired: an order paid, canceled
 // or expired meanwhile (by another sweeper) is left alone.
-func (b *Backend) expireOrders(ctx context.Context, sale string, ids []uint64, now time.Time) (int, error) {
-	orders, err := b.expireTx(ctx, sale, ids, now)
+func (l *lifecycle) expireOrders(ctx context.Context, sale string, ids []uint64, now time.Time) (int, error) {
+	orders, err := l.expireTx(ctx, sale, ids, now)
 	if err != nil || len(orders) == 0 {
 		return 0, err
 	}
-	b.restock(ctx, sale, orders)
+	l.restock(ctx, sale, orders)
 	return len(orders), nil
 }
 
 // expireTx is the MySQL half of expireOrders: it answers the orders it expired.
-func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now time.Time) ([]flashgate.Order, error) {
+func (l *lifecycle) expireTx(ctx context.Context, sale string, ids []uint64, now time.Time) ([]flashgate.Order, error) {
 	return retryTx(ctx, txRetries, func() ([]flashgate.Order, error) {
-		tx, err := beginRC(ctx, b.db)
+		tx, err := beginRC(ctx, l.db)
 		if err != nil {
 			return nil, err
 		}
@@ -530,8 +558,8 @@ func (b *Backend) expireTx(ctx context.Context, sale string, ids []uint64, now t
 // at or before now, oldest deadline first, sale by sale in transactions of up to
 // sweepChunk orders. It answers how many it expired. Sweepers may run at once
 // (a leader hand-over): each order is expired by one of them.
-func (b *Backend) sweepExpired(ctx context.Context, now time.Time, limit int) (int, error) {
-	sales, bySale, err := mysql.DueOrders(ctx, b.db, now, limit)
+func (l *lifecycle) sweepExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+	sales, bySale, err := mysql.DueOrders(ctx, l.db, now, limit)
 	if err != nil {
 		return 0, fmt.Errorf("sweep: %w", err)
 	}
@@ -543,7 +571,7 @@ func (b *Backend) sweepExpired(ctx context.Context, now time.Time, limit int) (i
 	var errs []error
 	for _, sale := range sales {
 		for part := range slices.Chunk(bySale[sale], sweepChunk) {
-			orders, err := b.expireTx(ctx, sale, part, now)
+			orders, err := l.expireTx(ctx, sale, part, now)
 			if err != nil {
 				if ctx.Err() != nil {
 					return expired, err
@@ -554,7 +582,7 @@ func (b *Backend) sweepExpired(ctx context.Context, now time.Time, limit int) (i
 			expired += len(orders)
 			restocking.Wait()
 			if len(orders) > 0 {
-				restocking.Go(func() { b.restock(ctx, sale, orders) })
+				restocking.Go(func() { l.restock(ctx, sale, orders) })
 			}
 		}
 	}
@@ -564,21 +592,21 @@ func (b *Backend) sweepExpired(ctx context.Context, now time.Time, limit int) (i
 // runSweeper expires unpaid orders every interval until ctx ends, taking the
 // whole backlog at once. Only the leader runs it (one sweeper suffices, though
 // two at once do no harm).
-func (b *Backend) runSweeper(ctx context.Context, every time.Duration) {
+func (l *lifecycle) runSweeper(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		for {
 			start := time.Now()
-			n, err := b.sweepExpired(ctx, start, sweepLimit)
+			n, err := l.sweepExpired(ctx, start, sweepLimit)
 			if ctx.Err() != nil {
 				return
 			}
 			if err != nil {
-				b.log.Error("expiry sweep", "expired", n, "err", err)
+				l.log.Error("expiry sweep", "expired", n, "err", err)
 			}
 			if n > 0 {
-				b.log.Info("expired unpaid orders", "orders", n, "took", time.Since(start))
+				l.log.Info("expired unpaid orders", "orders", n, "took", time.Since(start))
 			}
 			if err != nil || n < sweepLimit {
 				break

@@ -55,7 +55,7 @@ func (e *env) confirmed(k *lua.Keys, user string, qty int64, region string) flas
 // command carries out an order command as a backend receives it.
 func (s *started) command(op string, m flashgate.Order, user string) bus.OrderReply {
 	s.t.Helper()
-	return s.b.handleCommand(bus.OrderCommand{Op: op, SaleID: m.SaleID, OrderID: m.ID, UserID: user})
+	return s.b.life.handleCommand(bus.OrderCommand{Op: op, SaleID: m.SaleID, OrderID: m.ID, UserID: user})
 }
 
 func wantReply(t *testing.T, what string, r bus.OrderReply, code, status, reason string) {
@@ -338,7 +338,7 @@ func TestCancelHealsRedis(t *testing.T) {
 	m2, m3 := s.confirmed(k, "u2", 2, ""), s.confirmed(k, "u3", 1, "")
 	cancelInMySQL(m2)
 	for i, want := range []int{1, 0} {
-		n, err := s.b.restockCanceled(ctx(t), sale.ID, time.Time{})
+		n, err := s.b.life.restockCanceled(ctx(t), sale.ID, time.Time{})
 		if err != nil || n != want {
 			t.Fatalf("restockCanceled #%d = %d, %v; want %d", i, n, err, want)
 		}
@@ -350,7 +350,7 @@ func TestCancelHealsRedis(t *testing.T) {
 	if st, _ := redisStatus(t, s.rc, k, m3.ID); st != "confirmed" {
 		t.Fatalf("a live order was touched: %q", st)
 	}
-	if n, err := s.b.restockCanceled(ctx(t), sale.ID, time.Now().Add(time.Minute)); err != nil || n != 0 {
+	if n, err := s.b.life.restockCanceled(ctx(t), sale.ID, time.Now().Add(time.Minute)); err != nil || n != 0 {
 		t.Fatalf("restockCanceled of nothing = %d, %v", n, err)
 	}
 }
@@ -410,7 +410,7 @@ func TestSweepExpired(t *testing.T) {
 	}
 
 	begin := time.Now()
-	n, err := s.b.sweepExpired(ctx(t), time.Now(), sweepLimit)
+	n, err := s.b.life.sweepExpired(ctx(t), time.Now(), sweepLimit)
 	took := time.Since(begin)
 	if err != nil || n != past {
 		t.Fatalf("sweep = %d, %v; want %d", n, err, past)
@@ -439,7 +439,7 @@ func TestSweepExpired(t *testing.T) {
 	s.auditOK(sale.ID)
 	nextEvent(t, events)
 
-	if n, err := s.b.sweepExpired(ctx(t), time.Now(), sweepLimit); err != nil || n != 0 {
+	if n, err := s.b.life.sweepExpired(ctx(t), time.Now(), sweepLimit); err != nil || n != 0 {
 		t.Fatalf("second sweep = %d, %v", n, err)
 	}
 }
@@ -466,7 +466,7 @@ func TestConcurrentSweepers(t *testing.T) {
 	for w := range counts {
 		wg.Go(func() {
 			for {
-				n, err := s.b.sweepExpired(ctx(t), time.Now(), 300)
+				n, err := s.b.life.sweepExpired(ctx(t), time.Now(), 300)
 				if err != nil {
 					t.Error(err)
 					return
@@ -512,7 +512,7 @@ func TestSweepStorm(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.b.runSweeper(sctx, 10*time.Millisecond)
+		s.b.life.runSweeper(sctx, 10*time.Millisecond)
 	}()
 	eventually(t, 60*time.Second, "every order expired", func() bool { return s.sold(sale.ID) == 0 })
 	took := time.Since(begin)

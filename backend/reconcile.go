@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
 )
@@ -82,6 +84,32 @@ type ReconcileOptions struct {
 	quiet func(fingerprint string) bool
 	// restockSince: orders canceled since then are restocked (zero: all).
 	restockSince time.Time
+}
+
+// reconciler compares MySQL, Redis and the stream for a sale and repairs
+// Redis from MySQL: the leader's periodic pass, the admin API's request, and
+// the warmer's count of units still in flight.
+type reconciler struct {
+	cfg     reconcileConfig
+	log     *slog.Logger
+	db      *sql.DB
+	rc      rueidis.Client
+	js      jetstream.JetStream
+	stream  *orderStream
+	scripts *lua.Scripts
+	ops     *opsMetrics
+	writer  *orderWriter // its write-back settles stale reservations
+	warmer  *warmer
+	life    *lifecycle // restocks canceled orders
+	events  *saleEvents
+}
+
+// reconcileConfig is what reconcile reads of the configuration.
+type reconcileConfig struct {
+	NATS config.NATS
+	// PublishTimeout is the gateways' (gateway.publish_timeout): how long an
+	// admission's publish may still be on its way.
+	PublishTimeout time.Duration
 }
 
 // ReconcileReport is what one reconcile found and did (the body of POST
@@ -154,71 +182,101 @@ func (r *ReconcileReport) changed() bool {
 
 // Reconcile reconciles saleID with the default options.
 func (b *Backend) Reconcile(ctx context.Context, saleID string) (ReconcileReport, error) {
-	return b.ReconcileWith(ctx, saleID, ReconcileOptions{})
+	return b.rec.ReconcileWith(ctx, saleID, ReconcileOptions{})
 }
 
 // ReconcileWith reconciles saleID: see the top of this file.
 func (b *Backend) ReconcileWith(ctx context.Context, saleID string, opt ReconcileOptions) (ReconcileReport, error) {
+	return b.rec.ReconcileWith(ctx, saleID, opt)
+}
+
+// ReconcileWith reconciles saleID: see the top of this file.
+func (re *reconciler) ReconcileWith(ctx context.Context, saleID string, opt ReconcileOptions) (ReconcileReport, error) {
 	if opt.StaleAfter <= 0 {
 		opt.StaleAfter = DefaultStaleAfter
 	}
 	rep := ReconcileReport{SaleID: saleID, StaleAfter: opt.StaleAfter.String()}
-	err := b.reconcile(ctx, saleID, opt, &rep)
+	err := re.reconcile(ctx, saleID, opt, &rep)
 	result := "ok"
 	if err != nil {
 		result = "error"
 	}
-	b.ops.reconciles.WithLabelValues(result).Inc()
+	re.ops.reconciles.WithLabelValues(result).Inc()
 	return rep, err
 }
 
-func (b *Backend) reconcile(ctx context.Context, id string, opt ReconcileOptions, rep *ReconcileReport) error {
-	retired, err := saleRetired(ctx, b.db, id)
+func (re *reconciler) reconcile(ctx context.Context, id string, opt ReconcileOptions, rep *ReconcileReport) error {
+	retired, err := saleRetired(ctx, re.db, id)
 	if err != nil || retired != nil {
 		rep.RetiredAt, rep.Invariant3Holds = retired, retired != nil
 		return err
 	}
-	before, err := b.readLedger(ctx, id)
+	before, err := re.readLedger(ctx, id)
 	if err != nil {
 		return err
 	}
 	rep.Before = before.state()
+	if err := re.restoreLost(ctx, id, before, opt, rep); err != nil {
+		return err
+	}
+	if err := re.staleReservations(ctx, before, opt.StaleAfter, rep); err != nil {
+		return err
+	}
+	n, err := re.life.restockCanceled(ctx, id, opt.restockSince)
+	rep.Restocked += n
+	if err != nil {
+		return err
+	}
+	cur, err := re.repairStock(ctx, id, before, opt, rep)
+	if err != nil {
+		return err
+	}
+	after := cur
+	if rep.Repair.Done || opt.quiet == nil {
+		if after, err = re.readLedger(ctx, id); err != nil {
+			return err
+		}
+	}
+	rep.After = after.state()
+	rep.Invariant3Holds = after.holds()
+	return nil
+}
 
-	// Redis lost the sale, or some of its stock keys.
+// restoreLost warms the sale again if Redis lost it, or restores the stock
+// keys it lost.
+func (re *reconciler) restoreLost(ctx context.Context, id string, before *ledgerRead, opt ReconcileOptions, rep *ReconcileReport) error {
+	var err error
 	switch {
 	case !before.meta:
-		if rep.Rewarmed, err = b.warmer.warm(ctx, id); err != nil {
+		if rep.Rewarmed, err = re.warmer.warm(ctx, id); err != nil {
 			return err
 		}
 	case before.missingStock():
-		changes, restocked, skipped, err := b.fixStock(ctx, id, true, opt.StaleAfter)
+		changes, restocked, skipped, err := re.fixStock(ctx, id, true, opt.StaleAfter)
 		rep.Restocked += restocked
 		if err != nil {
 			return err
 		}
 		if skipped != "" {
-			b.log.Warn("restoring lost stock keys postponed", "sale", id, "why", skipped)
+			re.log.Warn("restoring lost stock keys postponed", "sale", id, "why", skipped)
 		}
 		rep.Restored = changes
 	}
+	return nil
+}
 
-	if err := b.staleReservations(ctx, before, opt.StaleAfter, rep); err != nil {
-		return err
-	}
-	n, err := b.restockCanceled(ctx, id, opt.restockSince)
-	rep.Restocked += n
-	if err != nil {
-		return err
-	}
-
+// repairStock sets the stock from MySQL when the ledger does not hold and the
+// sale is warm (and, for the leader, quiet). It answers the ledger it judged.
+func (re *reconciler) repairStock(ctx context.Context, id string, before *ledgerRead, opt ReconcileOptions, rep *ReconcileReport) (*ledgerRead, error) {
 	// The leader reads again only if it moved something (a read costs an
 	// HGETALL of the reservations on the sale's shard); an operator gets the
 	// ledger as it is now.
 	manual := opt.quiet == nil
 	cur := before
+	var err error
 	if rep.changed() || manual {
-		if cur, err = b.readLedger(ctx, id); err != nil {
-			return err
+		if cur, err = re.readLedger(ctx, id); err != nil {
+			return nil, err
 		}
 	}
 	switch {
@@ -229,23 +287,14 @@ func (b *Backend) reconcile(ctx context.Context, id string, opt ReconcileOptions
 	case opt.quiet != nil && !opt.quiet(cur.fingerprint()):
 		rep.Repair.Skipped = "waiting for the sale to be quiet for " + repairQuiet.String()
 	default:
-		changes, restocked, skipped, err := b.fixStock(ctx, id, false, opt.StaleAfter)
+		changes, restocked, skipped, err := re.fixStock(ctx, id, false, opt.StaleAfter)
 		rep.Restocked += restocked
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rep.Repair = StockRepair{Done: skipped == "", Skipped: skipped, Changes: changes}
 	}
-
-	after := cur
-	if rep.Repair.Done || manual {
-		if after, err = b.readLedger(ctx, id); err != nil {
-			return err
-		}
-	}
-	rep.After = after.state()
-	rep.Invariant3Holds = after.holds()
-	return nil
+	return cur, nil
 }
 
 // ledgerRead is a sale's ledger as read now: MySQL's sale row, Redis's meta,
@@ -258,21 +307,21 @@ type ledgerRead struct {
 	orphans int64                    // reserved units of regions the sale lacks
 }
 
-func (b *Backend) readLedger(ctx context.Context, id string) (*ledgerRead, error) {
-	row, err := loadSale(ctx, b.db, id)
+func (re *reconciler) readLedger(ctx context.Context, id string) (*ledgerRead, error) {
+	row, err := loadSale(ctx, re.db, id)
 	if err != nil {
 		return nil, err
 	}
 	k := lua.KeysFor(id, row.RegionNames())
-	n, err := b.rc.Do(ctx, b.rc.B().Exists().Key(k.Meta).Build()).AsInt64()
+	n, err := re.rc.Do(ctx, re.rc.B().Exists().Key(k.Meta).Build()).AsInt64()
 	if err != nil {
 		return nil, fmt.Errorf("ledger %s: %w", id, err)
 	}
-	rem, err := lua.Remaining(ctx, b.rc, k)
+	rem, err := lua.Remaining(ctx, re.rc, k)
 	if err != nil {
 		return nil, err
 	}
-	resv, err := lua.Reservations(ctx, b.rc, k)
+	resv, err := lua.Reservations(ctx, re.rc, k)
 	if err != nil {
 		return nil, err
 	}
@@ -351,39 +400,39 @@ func (l *ledgerRead) fingerprint() string {
 // the ledger repair, only when nothing is in flight) or only the absent ones
 // (counting what is in flight). It answers the changes, or why it changed
 // nothing.
-func (b *Backend) fixStock(ctx context.Context, sale string, onlyMissing bool, staleAfter time.Duration) (changes []lua.StockChange, restocked int, skipped string, err error) {
+func (re *reconciler) fixStock(ctx context.Context, sale string, onlyMissing bool, staleAfter time.Duration) (changes []lua.StockChange, restocked int, skipped string, err error) {
 	// The stream first, MySQL after: an order acked in between is a row below.
-	msgs, skipped, err := b.stockInFlight(ctx, sale, onlyMissing)
+	msgs, skipped, err := re.stockInFlight(ctx, sale, onlyMissing)
 	if err != nil || skipped != "" {
 		return nil, 0, skipped, err
 	}
 	// Canceled orders whose restock never ran get it now (the bulk of them,
 	// before the lock; those of the last moments again under it).
 	since := time.Now().Add(-restockWindow)
-	if restocked, err = b.restockCanceled(ctx, sale, time.Time{}); err != nil {
+	if restocked, err = re.life.restockCanceled(ctx, sale, time.Time{}); err != nil {
 		return nil, restocked, "", err
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, repairTimeout)
 	defer cancel()
-	tx, err := beginRC(ctx, b.db)
+	tx, err := beginRC(ctx, re.db)
 	if err != nil {
 		return nil, restocked, "", fmt.Errorf("stock of %s: %w", sale, err)
 	}
 	defer tx.Rollback()
-	row, n, err := b.lockStock(ctx, tx, sale, since)
+	row, n, err := re.lockStock(ctx, tx, sale, since)
 	if restocked += n; err != nil {
 		return nil, restocked, "", err
 	}
 	k := lua.KeysFor(sale, row.RegionNames())
-	p, err := b.stockPlan(ctx, tx, k, msgs, staleAfter)
+	p, err := re.stockPlan(ctx, tx, k, msgs, staleAfter)
 	if err != nil {
 		return nil, restocked, "", err
 	}
 	if why := p.busy(staleAfter); !onlyMissing && why != "" {
 		return nil, restocked, why, nil
 	}
-	changes, err = b.scripts.ResetStock(ctx, b.rc, k, onlyMissing, p.plans(row.Remaining()))
+	changes, err = re.scripts.ResetStock(ctx, re.rc, k, onlyMissing, p.plans(row.Remaining()))
 	if errors.Is(err, lua.ErrReservationsChanged) {
 		return nil, restocked, "the reservations changed meanwhile", nil
 	}
@@ -392,21 +441,21 @@ func (b *Backend) fixStock(ctx context.Context, sale string, onlyMissing bool, s
 	}
 	if err := tx.Commit(); err != nil {
 		// The stock is set; the lock was only a lock.
-		b.log.Warn("releasing the sale row lock", "sale", sale, "err", err)
+		re.log.Warn("releasing the sale row lock", "sale", sale, "err", err)
 	}
-	b.stockChanged(sale, changes, onlyMissing)
+	re.stockChanged(sale, changes, onlyMissing)
 	return changes, restocked, "", nil
 }
 
 // stockInFlight reads the sale's orders in the stream: all of them when only
 // missing keys are set (they count as in flight), or, for the full repair,
 // why it must wait (any message in the stream).
-func (b *Backend) stockInFlight(ctx context.Context, sale string, onlyMissing bool) (map[uint64]flashgate.Order, string, error) {
+func (re *reconciler) stockInFlight(ctx context.Context, sale string, onlyMissing bool) (map[uint64]flashgate.Order, string, error) {
 	if onlyMissing {
-		msgs, err := b.streamOrders(ctx, sale)
+		msgs, err := re.stream.streamOrders(ctx, sale)
 		return msgs, "", err
 	}
-	n, err := b.streamCount(ctx, sale)
+	n, err := re.stream.streamCount(ctx, sale)
 	if err != nil || n == 0 {
 		return nil, "", err
 	}
@@ -417,7 +466,7 @@ func (b *Backend) stockInFlight(ctx context.Context, sale string, onlyMissing bo
 // moves sold until the stock is set), restocks the orders canceled since
 // since, and reads the sale under the lock. It answers the sale and how many
 // orders it restocked.
-func (b *Backend) lockStock(ctx context.Context, tx *sql.Tx, sale string, since time.Time) (*saleRow, int, error) {
+func (re *reconciler) lockStock(ctx context.Context, tx *sql.Tx, sale string, since time.Time) (*saleRow, int, error) {
 	found, err := mysql.LockSale(ctx, tx, sale)
 	if err != nil {
 		return nil, 0, fmt.Errorf("stock of %s: lock: %w", sale, err)
@@ -428,7 +477,7 @@ func (b *Backend) lockStock(ctx context.Context, tx *sql.Tx, sale string, since 
 	// Under the lock no cancel commits: once these have had their restock, no
 	// late one can add units on top of the stock set below (the restocked set
 	// makes every later restock of an order a no-op).
-	n, err := b.restockCanceled(ctx, sale, since)
+	n, err := re.life.restockCanceled(ctx, sale, since)
 	if err != nil {
 		return nil, n, err
 	}
@@ -446,8 +495,8 @@ type stockPlan struct {
 	young, decided int
 }
 
-func (b *Backend) stockPlan(ctx context.Context, tx *sql.Tx, k *lua.Keys, msgs map[uint64]flashgate.Order, staleAfter time.Duration) (*stockPlan, error) {
-	resv, err := lua.Reservations(ctx, b.rc, k)
+func (re *reconciler) stockPlan(ctx context.Context, tx *sql.Tx, k *lua.Keys, msgs map[uint64]flashgate.Order, staleAfter time.Duration) (*stockPlan, error) {
+	resv, err := lua.Reservations(ctx, re.rc, k)
 	if err != nil {
 		return nil, err
 	}
@@ -512,16 +561,16 @@ func (p *stockPlan) plans(avail map[string]int64) []lua.StockPlan {
 
 // stockChanged counts and logs the stock set from MySQL, and tells gateways
 // of the regions that got units back.
-func (b *Backend) stockChanged(sale string, changes []lua.StockChange, onlyMissing bool) {
+func (re *reconciler) stockChanged(sale string, changes []lua.StockChange, onlyMissing bool) {
 	for _, c := range changes {
 		if c.After == nil {
 			continue
 		}
-		b.ops.stockRepairs.Inc()
-		b.log.Warn("stock set from MySQL", "sale", sale, "region", c.Region, "before", ptrString(c.Before),
+		re.ops.stockRepairs.Inc()
+		re.log.Warn("stock set from MySQL", "sale", sale, "region", c.Region, "before", ptrString(c.Before),
 			"after", *c.After, "only_missing", onlyMissing)
 		if c.Before == nil || *c.After > *c.Before {
-			b.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: c.Region})
+			re.events.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: c.Region})
 		}
 	}
 }
@@ -535,7 +584,7 @@ func ptrString(p *int64) string {
 
 // staleReservations republishes the stale reservations whose order MySQL
 // lacks and writes back MySQL's decision on those it has.
-func (b *Backend) staleReservations(ctx context.Context, l *ledgerRead, staleAfter time.Duration, rep *ReconcileReport) error {
+func (re *reconciler) staleReservations(ctx context.Context, l *ledgerRead, staleAfter time.Duration, rep *ReconcileReport) error {
 	sale := l.row.ID
 	cutoff := time.Now().Add(-staleAfter).UnixMilli()
 	var stale []uint64
@@ -549,14 +598,9 @@ func (b *Backend) staleReservations(ctx context.Context, l *ledgerRead, staleAft
 		return nil
 	}
 	slices.Sort(stale)
-	rows, err := orderRows(ctx, b.db, stale)
+	rows, err := orderRows(ctx, re.db, stale)
 	if err != nil {
 		return err
-	}
-	msgOf := func(id uint64) flashgate.Order {
-		m := l.resv[id]
-		m.FactsFromCharges(l.row.Limits)
-		return m
 	}
 	var decided []flashgate.Order
 	var missing []uint64
@@ -566,35 +610,51 @@ func (b *Backend) staleReservations(ctx context.Context, l *ledgerRead, staleAft
 		case !ok:
 			missing = append(missing, id)
 		case st.status == flashgate.OrderConfirmed || st.status == flashgate.OrderPaid || st.status == flashgate.OrderFailed:
-			decided = append(decided, msgOf(id))
+			decided = append(decided, l.order(id))
 		default:
 			rep.Unsettled++
 		}
 	}
 	if len(decided) > 0 {
-		if err := b.writer.writeBack(ctx, sale, decided, rows); err != nil {
+		if err := re.writer.writeBack(ctx, sale, decided, rows); err != nil {
 			return err
 		}
 		rep.Settled = len(decided)
-		b.log.Warn("reconcile wrote back MySQL's decision on stale reservations", "sale", sale, "orders", len(decided))
+		re.log.Warn("reconcile wrote back MySQL's decision on stale reservations", "sale", sale, "orders", len(decided))
 	}
 	if len(missing) == 0 {
 		return nil
 	}
-	inStream, err := b.streamOrders(ctx, sale)
+	return re.republish(ctx, l, missing, rep)
+}
+
+// order is the reservation id as the order message it came from, its limit
+// facts read back from its charges.
+func (l *ledgerRead) order(id uint64) flashgate.Order {
+	m := l.resv[id]
+	m.FactsFromCharges(l.row.Limits)
+	return m
+}
+
+// republish publishes again the stale reservations MySQL has no row for and
+// the stream no message (Nats-Msg-Id: the order id, so a copy still in the
+// dedup window is dropped).
+func (re *reconciler) republish(ctx context.Context, l *ledgerRead, missing []uint64, rep *ReconcileReport) error {
+	sale := l.row.ID
+	inStream, err := re.stream.streamOrders(ctx, sale)
 	if err != nil {
 		return err
 	}
-	subject := bus.OrderSubject(b.cfg.NATS, sale)
+	subject := bus.OrderSubject(re.cfg.NATS, sale)
 	var buf []byte
 	for _, id := range missing {
 		if _, ok := inStream[id]; ok {
 			rep.Waiting++
 			continue
 		}
-		m := msgOf(id)
+		m := l.order(id)
 		buf = bus.AppendOrder(buf[:0], &m)
-		ack, err := b.js.Publish(ctx, subject, buf, jetstream.WithMsgID(strconv.FormatUint(id, 10)))
+		ack, err := re.js.Publish(ctx, subject, buf, jetstream.WithMsgID(strconv.FormatUint(id, 10)))
 		if err != nil {
 			return fmt.Errorf("republish %s/%d: %w", sale, id, err)
 		}
@@ -602,10 +662,10 @@ func (b *Backend) staleReservations(ctx context.Context, l *ledgerRead, staleAft
 			rep.RepublishDeduplicated++
 		}
 		rep.Republished++
-		b.ops.republished.Inc()
+		re.ops.republished.Inc()
 	}
 	if rep.Republished > 0 {
-		b.log.Warn("reconcile republished stale reservations MySQL lacks", "sale", sale, "orders", rep.Republished,
+		re.log.Warn("reconcile republished stale reservations MySQL lacks", "sale", sale, "orders", rep.Republished,
 			"deduplicated", rep.RepublishDeduplicated)
 	}
 	return nil
@@ -624,83 +684,55 @@ func orderRows(ctx context.Context, q queryer, ids []uint64) (map[uint64]settlem
 	return res, nil
 }
 
-// streamCount is how many messages of sale the orders stream holds: under
-// work-queue retention, those not yet acked.
-func (b *Backend) streamCount(ctx context.Context, sale string) (uint64, error) {
-	_, n, _, err := b.streamState(ctx, sale)
-	return n, err
-}
-
-func (b *Backend) streamState(ctx context.Context, sale string) (jetstream.Stream, uint64, jetstream.StreamState, error) {
-	s, err := b.js.Stream(ctx, b.cfg.NATS.Stream)
-	if err != nil {
-		return nil, 0, jetstream.StreamState{}, fmt.Errorf("stream %s: %w", b.cfg.NATS.Stream, err)
-	}
-	subject := bus.OrderSubject(b.cfg.NATS, sale)
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
-	if err != nil {
-		return nil, 0, jetstream.StreamState{}, fmt.Errorf("stream %s: %w", b.cfg.NATS.Stream, err)
-	}
-	return s, info.State.Subjects[subject], info.State, nil
-}
-
-// streamOrders reads the sale's order messages still in the orders stream, by
-// order id, without consuming them: STREAM.MSG.GET next_by_subj, one message
-// per request, up to the stream's last sequence when it began (later messages
-// are admissions Redis knows). Undecodable messages are skipped (the consumer
-// dead-letters them).
-func (b *Backend) streamOrders(ctx context.Context, sale string) (map[uint64]flashgate.Order, error) {
-	s, n, st, err := b.streamState(ctx, sale)
-	if err != nil || n == 0 {
-		return nil, err
-	}
-	subject := bus.OrderSubject(b.cfg.NATS, sale)
-	out := make(map[uint64]flashgate.Order, n)
-	for seq := st.FirstSeq; seq <= st.LastSeq; {
-		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("stream %s: reading %s: %w", b.cfg.NATS.Stream, subject, err)
-		}
-		if o, err := bus.DecodeOrder(m.Data); err == nil && o.SaleID == sale {
-			if _, dup := out[o.ID]; !dup {
-				out[o.ID] = o
-			}
-		}
-		seq = m.Sequence + 1
-	}
-	return out, nil
-}
-
 // warmRemaining is the warmer's in-flight count: what Redis should hold of a
 // sale it is warming, total − sold − the units of orders in the stream that
 // MySQL has no row of. It rebuilds the users hash from the same MySQL
 // snapshot and adds the in-flight orders' units to it. The stream is read
 // first, MySQL after in one snapshot, so an order acked in between is counted
 // once, as sold.
-func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error) {
-	msgs, err := b.streamOrders(ctx, row.ID)
+func (re *reconciler) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error) {
+	now, msgs, rows, err := re.inFlightSnapshot(ctx, row.ID, k)
 	if err != nil {
 		return nil, err
 	}
-	tx, err := mysql.BeginSnapshot(ctx, b.db)
-	if err != nil {
+	rem := now.Remaining()
+	if len(msgs) == 0 {
+		return rem, nil
+	}
+	flying, users, units := subtractInFlight(rem, msgs, rows)
+	if err := re.restoreInFlight(ctx, k, msgs, flying, users); err != nil {
 		return nil, err
+	}
+	if len(flying) > 0 {
+		re.log.Info("warm: orders in flight subtracted", "sale", row.ID, "orders", int64(len(flying)), "units", units)
+	}
+	return rem, nil
+}
+
+// inFlightSnapshot reads the sale's messages in the stream, then, in one
+// MySQL snapshot, the sale row, the buyers' units (rebuilt into Redis) and
+// which of those messages already have their order row.
+func (re *reconciler) inFlightSnapshot(ctx context.Context, id string, k *lua.Keys) (*saleRow, map[uint64]flashgate.Order, map[uint64]settlement, error) {
+	msgs, err := re.stream.streamOrders(ctx, id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tx, err := mysql.BeginSnapshot(ctx, re.db)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	defer tx.Rollback()
-	now, err := loadSale(ctx, tx, row.ID)
+	now, err := loadSale(ctx, tx, id)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	// The buyers' units from the same snapshot as sold: an order acked since
 	// the stream was read is counted there, once.
-	if err := b.warmer.rebuildUsers(ctx, tx, k); err != nil {
-		return nil, fmt.Errorf("users: %w", err)
+	if err := re.warmer.rebuildUsers(ctx, tx, k); err != nil {
+		return nil, nil, nil, fmt.Errorf("users: %w", err)
 	}
 	if len(msgs) == 0 {
-		return now.Remaining(), nil
+		return now, nil, nil, nil
 	}
 	ids := make([]uint64, 0, len(msgs))
 	for id := range msgs {
@@ -708,34 +740,40 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 	}
 	rows, err := orderRows(ctx, tx, ids)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	_ = tx.Commit()
-	rem := now.Remaining()
-	users := map[string]int64{}
-	var orders, units int64
+	return now, msgs, rows, nil
+}
+
+// subtractInFlight takes the units of the messages MySQL has no row for out
+// of rem, and answers which those are and each buyer's units among them. A
+// message for a region the sale lacks is left out: MySQL fails it.
+func subtractInFlight(rem map[string]int64, msgs map[uint64]flashgate.Order, rows map[uint64]settlement) (flying []uint64, users map[string]int64, units int64) {
+	users = map[string]int64{}
 	for id, m := range msgs {
 		if _, ok := rows[id]; ok {
 			continue
 		}
 		if _, ok := rem[m.Region]; !ok {
-			continue // a region the sale lacks: MySQL fails it
+			continue
 		}
 		rem[m.Region] -= m.Quantity
 		users[m.UserID] += m.Quantity
-		orders, units = orders+1, units+m.Quantity
+		flying, units = append(flying, id), units+m.Quantity
 	}
+	return flying, users, units
+}
+
+// restoreInFlight writes the in-flight orders back into Redis: the buyers'
+// units, and each order as a reservation again.
+func (re *reconciler) restoreInFlight(ctx context.Context, k *lua.Keys, msgs map[uint64]flashgate.Order, flying []uint64, users map[string]int64) error {
 	cmds := make(rueidis.Commands, 0, len(users)+3*len(msgs))
 	for u, n := range users {
-		cmds = append(cmds, b.rc.B().Hincrby().Key(k.Users).Field(u).Increment(n).Build())
+		cmds = append(cmds, re.rc.B().Hincrby().Key(k.Users).Field(u).Increment(n).Build())
 	}
-	for id, m := range msgs {
-		if _, ok := rows[id]; ok {
-			continue
-		}
-		if _, ok := rem[m.Region]; !ok {
-			continue
-		}
+	for _, id := range flying {
+		m := msgs[id]
 		// The order is a reservation again, as admit left it, already claimed
 		// (it is in the stream): a retry of its Idempotency-Key replays it, GET
 		// shows it pending, and MySQL's word is written back to it — a failure
@@ -746,29 +784,26 @@ func (b *Backend) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) 
 		r.Status, r.Reason, r.Charges = lua.StatusProcessing, "", ""
 		sid := strconv.FormatUint(id, 10)
 		cmds = append(cmds,
-			b.rc.B().Hsetnx().Key(k.Resv).Field(sid).Value(lua.EncodeResv(&r)).Build(),
-			b.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(lua.EncodeRecord(&r)).Build())
+			re.rc.B().Hsetnx().Key(k.Resv).Field(sid).Value(lua.EncodeResv(&r)).Build(),
+			re.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(lua.EncodeRecord(&r)).Build())
 		if m.IdemKey != "" {
 			// MySQL's order of the key, written first, wins: this one then
 			// fails as a duplicate when it lands.
-			cmds = append(cmds, b.rc.B().Hsetnx().Key(k.Idem).Field(m.UserID+"|"+m.IdemKey).Value(sid).Build())
+			cmds = append(cmds, re.rc.B().Hsetnx().Key(k.Idem).Field(m.UserID+"|"+m.IdemKey).Value(sid).Build())
 		}
 	}
-	for _, r := range b.rc.DoMulti(ctx, cmds...) {
+	for _, r := range re.rc.DoMulti(ctx, cmds...) {
 		if err := r.Error(); err != nil {
-			return nil, fmt.Errorf("users in flight: %w", err)
+			return fmt.Errorf("users in flight: %w", err)
 		}
 	}
-	if orders > 0 {
-		b.log.Info("warm: orders in flight subtracted", "sale", row.ID, "orders", orders, "units", units)
-	}
-	return rem, nil
+	return nil
 }
 
 // reconcileLoop reconciles every recent sale every reconcileEvery until ctx
 // (the leader lock's) ends. A sale's ledger is repaired only once it has been
 // still for repairQuiet.
-func (b *Backend) reconcileLoop(ctx context.Context) {
+func (re *reconciler) reconcileLoop(ctx context.Context) {
 	type mark struct {
 		fp    string
 		since time.Time
@@ -782,10 +817,10 @@ func (b *Backend) reconcileLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		ids, err := mysql.RecentSaleIDs(ctx, b.db, time.Now().UTC().Add(-reconcileRecent))
+		ids, err := mysql.RecentSaleIDs(ctx, re.db, time.Now().UTC().Add(-reconcileRecent))
 		if err != nil {
 			if ctx.Err() == nil {
-				b.log.Warn("reconcile: listing sales", "err", err)
+				re.log.Warn("reconcile: listing sales", "err", err)
 			}
 			continue
 		}
@@ -804,13 +839,13 @@ func (b *Backend) reconcileLoop(ctx context.Context) {
 				return time.Since(m.since) >= repairQuiet
 			}}
 			sctx, cancel := context.WithTimeout(ctx, reconcileSaleTimeout)
-			rep, err := b.ReconcileWith(sctx, id, opt)
+			rep, err := re.ReconcileWith(sctx, id, opt)
 			cancel()
 			switch {
 			case err != nil && ctx.Err() == nil:
-				b.log.Warn("reconcile", "sale", id, "err", err)
+				re.log.Warn("reconcile", "sale", id, "err", err)
 			case err == nil && rep.changed():
-				b.log.Info("reconciled", "sale", id, "rewarmed", rep.Rewarmed, "restored", len(rep.Restored),
+				re.log.Info("reconciled", "sale", id, "rewarmed", rep.Rewarmed, "restored", len(rep.Restored),
 					"republished", rep.Republished, "settled", rep.Settled, "repaired", rep.Repair.Done,
 					"diff_before", rep.Before.Diff, "diff_after", rep.After.Diff)
 			}

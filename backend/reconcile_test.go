@@ -28,10 +28,14 @@ func idleBackend(t *testing.T, e *env) *Backend {
 	if _, err := bus.EnsureStream(ctx(t), js, e.cfg.NATS); err != nil {
 		t.Fatal(err)
 	}
-	b := &Backend{cfg: e.cfg, log: quiet, db: e.db, rc: e.rc, nc: nc, js: js, scripts: e.scripts,
+	b := &Backend{opts: e.cfg.BackendOptions(), log: quiet, db: e.db, rc: e.rc, nc: nc, js: js, scripts: e.scripts,
 		writer: e.w, warmer: e.warmer, metrics: metrics.NewBackend(), procCtx: context.Background()}
 	b.ops = newOpsMetrics(b.metrics.Registry())
-	b.warmer.inFlight = b.warmRemaining
+	b.events = &saleEvents{nc: nc, cfg: e.cfg.NATS, log: quiet}
+	b.life = &lifecycle{db: e.db, rc: e.rc, nc: nc, nats: e.cfg.NATS, scripts: e.scripts, log: quiet, events: b.events, procCtx: b.procCtx}
+	b.rec = &reconciler{cfg: reconcileConfig{NATS: e.cfg.NATS, PublishTimeout: e.cfg.Gateway.PublishTimeout}, log: quiet,
+		db: e.db, rc: e.rc, js: js, stream: &orderStream{js: js, nats: e.cfg.NATS}, scripts: e.scripts, ops: b.ops, writer: e.w, warmer: e.warmer, life: b.life, events: b.events}
+	b.warmer.inFlight = b.rec.warmRemaining
 	return b
 }
 
@@ -117,7 +121,7 @@ func TestReconcileAfterRedisLoss(t *testing.T) {
 	publishTo(t, r.js, e, later)
 
 	// A backend drains the stream.
-	s, err := Start(ctx(t), e.cfg)
+	s, err := dialAndStart(t, e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +130,7 @@ func TestReconcileAfterRedisLoss(t *testing.T) {
 		return e.queryInt(`SELECT COUNT(*) FROM orders WHERE sale_id = ?`, sale.ID) == 6
 	})
 	eventually(t, 10*time.Second, "stream drained", func() bool {
-		n, err := r.streamCount(ctx(t), sale.ID)
+		n, err := r.rec.stream.streamCount(ctx(t), sale.ID)
 		return err == nil && n == 0
 	})
 	if st, why, _ := e.order(refused.ID); st != "failed" || why != "limit_reached" {

@@ -2,13 +2,18 @@ package backend
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
 )
@@ -46,6 +51,19 @@ func newRetentionMetrics(reg prometheus.Registerer) *retentionMetrics {
 	return m
 }
 
+// retainer is the leader's retention pass: it reads MySQL, the sale's Redis
+// keys and the stream's count of its messages, and removes a settled sale.
+type retainer struct {
+	db        *sql.DB
+	rc        rueidis.Client
+	nc        *nats.Conn // nil: no retired event (tests)
+	nats      config.NATS
+	retention time.Duration
+	log       *slog.Logger
+	metrics   *retentionMetrics // nil in tests
+	stream    *orderStream      // its count of the sale's messages
+}
+
 // RetireReport is what one retention pass did.
 type RetireReport struct {
 	Retired []string          // removed from Redis now
@@ -55,11 +73,11 @@ type RetireReport struct {
 // retireLoop runs a retention pass every retireEvery until ctx (the leader
 // lock's) ends. The first pass also scores in the live index the sales warmed
 // before it existed, so that gateways' refresh sees them.
-func (b *Backend) retireLoop(ctx context.Context) {
-	if n, err := lua.BackfillLive(ctx, b.rc); err != nil {
-		b.log.Warn("retention: backfilling the live sales index", "err", err)
+func (r *retainer) retireLoop(ctx context.Context) {
+	if n, err := lua.BackfillLive(ctx, r.rc); err != nil {
+		r.log.Warn("retention: backfilling the live sales index", "err", err)
 	} else if n > 0 {
-		b.log.Info("retention: sales added to the live index", "sales", n)
+		r.log.Info("retention: sales added to the live index", "sales", n)
 	}
 	t := time.NewTicker(retireEvery)
 	defer t.Stop()
@@ -69,12 +87,12 @@ func (b *Backend) retireLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		rep, err := b.retireSales(ctx, time.Now())
+		rep, err := r.retireSales(ctx, time.Now())
 		if err != nil && ctx.Err() == nil {
-			b.log.Warn("retention pass", "err", err)
+			r.log.Warn("retention pass", "err", err)
 		}
 		if len(rep.Retired) > 0 {
-			b.log.Info("sales retired from redis", "sales", len(rep.Retired), "held", len(rep.Held))
+			r.log.Info("sales retired from redis", "sales", len(rep.Retired), "held", len(rep.Held))
 		}
 	}
 }
@@ -82,13 +100,13 @@ func (b *Backend) retireLoop(ctx context.Context) {
 // retireSales retires every sale that ended or closed sales.retention before
 // now and is settled. An error on one sale is reported after the others are
 // done.
-func (b *Backend) retireSales(ctx context.Context, now time.Time) (RetireReport, error) {
+func (r *retainer) retireSales(ctx context.Context, now time.Time) (RetireReport, error) {
 	rep := RetireReport{Held: map[string]string{}}
-	cutoff := now.Add(-b.cfg.Sales.Retention).UTC()
+	cutoff := now.Add(-r.retention).UTC()
 	var errs []error
 	after, afterID := time.Unix(0, 0).UTC(), ""
 	for {
-		ids, last, lastID, err := mysql.RetireCandidates(ctx, b.db, cutoff, after, afterID, retirePage)
+		ids, last, lastID, err := mysql.RetireCandidates(ctx, r.db, cutoff, after, afterID, retirePage)
 		if err != nil {
 			return rep, errors.Join(append(errs, err)...)
 		}
@@ -96,9 +114,9 @@ func (b *Backend) retireSales(ctx context.Context, now time.Time) (RetireReport,
 			if ctx.Err() != nil {
 				return rep, ctx.Err()
 			}
-			why, err := b.unsettled(ctx, id)
+			why, err := r.unsettled(ctx, id)
 			if err == nil && why == "" {
-				err = b.retire(ctx, id, now)
+				err = r.retire(ctx, id, now)
 			}
 			switch {
 			case err != nil:
@@ -114,26 +132,26 @@ func (b *Backend) retireSales(ctx context.Context, now time.Time) (RetireReport,
 		}
 		after, afterID = last, lastID
 	}
-	if b.retention != nil {
-		b.retention.held.Set(float64(len(rep.Held)))
-		b.retention.retired.Add(float64(len(rep.Retired)))
+	if r.metrics != nil {
+		r.metrics.held.Set(float64(len(rep.Held)))
+		r.metrics.retired.Add(float64(len(rep.Retired)))
 	}
 	return rep, errors.Join(errs...)
 }
 
 // unsettled answers why the sale cannot leave Redis yet ("" when it can).
-func (b *Backend) unsettled(ctx context.Context, id string) (string, error) {
+func (r *retainer) unsettled(ctx context.Context, id string) (string, error) {
 	// An unpaid order, even past its deadline: the sweeper will cancel it and
 	// restock its units into Redis. (pending: written by nothing today, but
 	// not final either.)
-	open, err := mysql.UnpaidOrders(ctx, b.db, id)
+	open, err := mysql.UnpaidOrders(ctx, r.db, id)
 	if err != nil {
 		return "", fmt.Errorf("retention %s: orders: %w", id, err)
 	}
 	if open > 0 {
 		return fmt.Sprintf("%d orders unpaid", open), nil
 	}
-	resv, err := b.rc.Do(ctx, b.rc.B().Hlen().Key(lua.KeysFor(id, nil).Resv).Build()).AsInt64()
+	resv, err := r.rc.Do(ctx, r.rc.B().Hlen().Key(lua.KeysFor(id, nil).Resv).Build()).AsInt64()
 	if err != nil {
 		return "", fmt.Errorf("retention %s: reservations: %w", id, err)
 	}
@@ -143,7 +161,7 @@ func (b *Backend) unsettled(ctx context.Context, id string) (string, error) {
 	// Read after the reservations: an admission's message is published after
 	// its reservation is written and acked after it is settled, so an order
 	// is seen in one or the other.
-	inFlight, err := b.streamCount(ctx, id)
+	inFlight, err := r.stream.streamCount(ctx, id)
 	if err != nil {
 		return "", fmt.Errorf("retention %s: %w", id, err)
 	}
@@ -156,25 +174,25 @@ func (b *Backend) unsettled(ctx context.Context, id string) (string, error) {
 // retire removes the sale from Redis, then records it in MySQL. A crash in
 // between leaves the sale a candidate: the next pass deletes nothing more and
 // records it.
-func (b *Backend) retire(ctx context.Context, id string, now time.Time) error {
-	row, err := loadSale(ctx, b.db, id)
+func (r *retainer) retire(ctx context.Context, id string, now time.Time) error {
+	row, err := loadSale(ctx, r.db, id)
 	if err != nil {
 		return fmt.Errorf("retention: %w", err)
 	}
-	keys, err := lua.Retire(ctx, b.rc, &row.Sale)
+	keys, err := lua.Retire(ctx, r.rc, &row.Sale)
 	if err != nil {
 		return fmt.Errorf("retention: %w", err)
 	}
-	if err := mysql.MarkRetired(ctx, b.db, id, now); err != nil {
+	if err := mysql.MarkRetired(ctx, r.db, id, now); err != nil {
 		return fmt.Errorf("retention %s: %w", id, err)
 	}
-	b.log.Debug("sale retired from redis", "sale", id, "keys", keys)
+	r.log.Debug("sale retired from redis", "sale", id, "keys", keys)
 	// Gateways forget a sale once it is live_grace past its end; this tells
 	// them now, for a sale closed early. A lost event leaves it answering 410
 	// from memory until then.
-	if b.nc != nil {
-		if err := bus.PublishEvent(b.nc, b.cfg.NATS, bus.SaleEvent{Type: bus.EventRetired, SaleID: id}); err != nil {
-			b.log.Warn("retired event", "sale", id, "err", err)
+	if r.nc != nil {
+		if err := bus.PublishEvent(r.nc, r.nats, bus.SaleEvent{Type: bus.EventRetired, SaleID: id}); err != nil {
+			r.log.Warn("retired event", "sale", id, "err", err)
 		}
 	}
 	return nil
@@ -184,8 +202,8 @@ func (b *Backend) retire(ctx context.Context, id string, now time.Time) error {
 // write-backs of a repeated pay or cancel, which would bring a key of it back.
 // Unknown (MySQL failed) counts as not retired: the write-back heals more than
 // a stray key costs.
-func (b *Backend) retired(ctx context.Context, sale string) bool {
-	at, err := saleRetired(ctx, b.db, sale)
+func retired(ctx context.Context, db *sql.DB, sale string) bool {
+	at, err := saleRetired(ctx, db, sale)
 	return err == nil && at != nil
 }
 

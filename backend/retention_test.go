@@ -101,7 +101,7 @@ func TestRetention(t *testing.T) {
 	}
 
 	// Within retention nothing leaves.
-	rep, err := s.b.retireSales(ctx(t), time.Now().Add(retention-time.Hour))
+	rep, err := s.b.retain.retireSales(ctx(t), time.Now().Add(retention-time.Hour))
 	if err != nil || len(rep.Retired) != 0 || len(rep.Held) != 0 {
 		t.Fatalf("before retention: %+v, %v", rep, err)
 	}
@@ -119,7 +119,7 @@ func TestRetention(t *testing.T) {
 	if err := s.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	rep, err = s.b.retireSales(ctx(t), time.Now().Add(retention+time.Minute))
+	rep, err = s.b.retain.retireSales(ctx(t), time.Now().Add(retention+time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestRetention(t *testing.T) {
 	}
 
 	// A second pass finds nothing new; the unsettled ones stay held.
-	rep, err = s.b.retireSales(ctx(t), time.Now().Add(retention+time.Minute))
+	rep, err = s.b.retain.retireSales(ctx(t), time.Now().Add(retention+time.Minute))
 	if err != nil || len(rep.Retired) != 0 || len(rep.Held) != 2 {
 		t.Fatalf("second pass: %+v, %v", rep, err)
 	}
@@ -218,7 +218,7 @@ func TestRetentionWaitsForTheStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A backend's retention without a consumer: the message stays in the stream.
-	b := &Backend{cfg: e.cfg, db: e.db, rc: e.rc, js: js, log: quiet}
+	r := &retainer{db: e.db, rc: e.rc, nats: e.cfg.NATS, retention: e.cfg.Sales.Retention, log: quiet, stream: &orderStream{js: js, nats: e.cfg.NATS}}
 	sale := spec(10, 2, nil)
 	e.createSale(sale)
 	e.end(sale.ID, time.Minute)
@@ -227,7 +227,7 @@ func TestRetentionWaitsForTheStream(t *testing.T) {
 	if _, err := js.Publish(ctx(t), bus.OrderSubject(e.cfg.NATS, sale.ID), bus.AppendOrder(nil, &m)); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := b.retireSales(ctx(t), time.Now().Add(e.cfg.Sales.Retention+time.Minute))
+	rep, err := r.retireSales(ctx(t), time.Now().Add(e.cfg.Sales.Retention+time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}

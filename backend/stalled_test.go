@@ -124,7 +124,7 @@ func startOn(t *testing.T, dsn string, cfgFn func(*config.Config)) *started {
 	e.w = newOrderWriter(db, rc, e.scripts, quiet, metrics.NewBackend())
 	e.warmer = newWarmer(db, rc, e.scripts, quiet)
 	t.Cleanup(func() { e.warmer.stop(context.Background()) })
-	b, err := Start(ctx(t), cfg)
+	b, err := dialAndStart(t, cfg)
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}

@@ -48,7 +48,7 @@ type warmer struct {
 	// units in the users hash (Backend.warmRemaining). Unset: total − sold.
 	inFlight func(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error)
 	// grace, if set, is how long to wait before reading a sale that Redis
-	// lost (Backend.lossGrace).
+	// lost (reconciler.lossGrace).
 	grace func(ctx context.Context, sale string) (time.Duration, error)
 
 	ctx    context.Context
@@ -113,21 +113,38 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 		return false, err
 	}
 
-	if w.grace != nil {
-		d, err := w.grace(ctx, sale)
-		if err != nil {
-			return false, fmt.Errorf("warm %s: %w", sale, err)
-		}
-		if d > 0 {
-			if err := sleep(ctx, d); err != nil {
-				return false, fmt.Errorf("warm %s: %w", sale, err)
-			}
-			// The orders that landed meanwhile are sold now.
-			if row, err = loadSale(ctx, w.db, sale); err != nil {
-				return false, err
-			}
-		}
+	if row, err = w.afterGrace(ctx, row); err != nil {
+		return false, err
 	}
+	return w.fill(ctx, row, k)
+}
+
+// afterGrace waits the loss grace (w.grace) and reads the sale again if it
+// waited: the orders that landed meanwhile are sold now.
+func (w *warmer) afterGrace(ctx context.Context, row *saleRow) (*saleRow, error) {
+	if w.grace == nil {
+		return row, nil
+	}
+	sale := row.ID
+	d, err := w.grace(ctx, sale)
+	if err != nil {
+		return nil, fmt.Errorf("warm %s: %w", sale, err)
+	}
+	if d <= 0 {
+		return row, nil
+	}
+	if err := sleep(ctx, d); err != nil {
+		return nil, fmt.Errorf("warm %s: %w", sale, err)
+	}
+	return loadSale(ctx, w.db, sale)
+}
+
+// fill writes the sale into Redis from MySQL, under the warm lock: the
+// buyers' units, the limit counters, the orders, and the stock less what is
+// in flight.
+func (w *warmer) fill(ctx context.Context, row *saleRow, k *lua.Keys) (bool, error) {
+	sale := row.ID
+	var err error
 	// With inFlight set the users hash is rebuilt there, from the MySQL
 	// snapshot it reads after the stream: read here, before the stream, an
 	// order acked in between would be counted nowhere.
@@ -284,13 +301,13 @@ func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
 // flight, and a retry of its Idempotency-Key would buy again. Every such
 // publish lands or fails within the gateways' publish timeout. A sale with
 // no order anywhere (a new one) is warmed at once.
-func (b *Backend) lossGrace(ctx context.Context, sale string) (time.Duration, error) {
-	found, err := mysql.HasOrders(ctx, b.db, sale)
+func (re *reconciler) lossGrace(ctx context.Context, sale string) (time.Duration, error) {
+	found, err := mysql.HasOrders(ctx, re.db, sale)
 	if err != nil {
 		return 0, err
 	}
 	if !found {
-		n, err := b.streamCount(ctx, sale)
+		n, err := re.stream.streamCount(ctx, sale)
 		if err != nil {
 			return 0, err
 		}
@@ -298,7 +315,7 @@ func (b *Backend) lossGrace(ctx context.Context, sale string) (time.Duration, er
 			return 0, nil
 		}
 	}
-	return min(b.cfg.Gateway.PublishTimeout, warmTimeout/2), nil
+	return min(re.cfg.PublishTimeout, warmTimeout/2), nil
 }
 
 // request warms sale in the background, at most once per warmEvery: every

@@ -21,7 +21,6 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/auth"
-	"github.com/flashgate/flashgate/backend"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/internal/wire"
@@ -73,11 +72,11 @@ func startGateway(t *testing.T, cfg config.Config) *wire.Gateway {
 	return g
 }
 
-func startBackend(t *testing.T, cfg config.Config) *backend.Backend {
+func startBackend(t *testing.T, cfg config.Config) *wire.Backend {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	b, err := backend.Start(ctx, cfg)
+	b, err := wire.StartBackend(ctx, cfg)
 	if err != nil {
 		t.Fatalf("backend: %v", err)
 	}

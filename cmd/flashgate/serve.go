@@ -11,7 +11,6 @@ import (
 	"syscall"
 
 	"github.com/flashgate/flashgate/auth"
-	"github.com/flashgate/flashgate/backend"
 	"github.com/flashgate/flashgate/internal/wire"
 )
 
@@ -43,7 +42,7 @@ func serve(name string, args []string, stderr io.Writer) error {
 
 	runner := wire.RunGateway
 	if name == "backend" {
-		runner = backend.Run
+		runner = wire.RunBackend
 	} else if mb := cfg.Gateway.MemoryLimitMB; mb > 0 {
 		// The soft limit is the process's: set here, where the process is
 		// the gateway, not in gateway.Start or internal/wire (tests run a

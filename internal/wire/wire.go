@@ -7,7 +7,9 @@ package wire
 import (
 	"context"
 	"log/slog"
+	"sync"
 
+	"github.com/flashgate/flashgate/backend"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/gateway"
 	"github.com/flashgate/flashgate/internal/dial"
@@ -59,4 +61,54 @@ func RunGateway(ctx context.Context, cfg config.Config) error {
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Gateway.ShutdownTimeout)
 	defer cancel()
 	return g.Shutdown(sctx)
+}
+
+// Backend is a running backend together with the clients it was started on.
+type Backend struct {
+	*backend.Backend
+	clients   *dial.BackendClients
+	closeOnce sync.Once
+}
+
+// StartBackend dials MySQL (checking its schema), Redis, NATS and the leader
+// lock, and starts a backend on them. If the backend does not start, the
+// clients are closed again.
+func StartBackend(ctx context.Context, cfg config.Config) (*Backend, error) {
+	c, err := dial.Backend(ctx, cfg, backend.LeaderLockerOption(backend.LeaderValidity))
+	if err != nil {
+		return nil, err
+	}
+	deps := backend.Deps{DB: c.DB, Redis: c.Redis, NATS: c.NATS, JetStream: c.JetStream, Locker: c.Locker}
+	b, err := backend.Start(ctx, deps, cfg.BackendOptions())
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &Backend{Backend: b, clients: c}, nil
+}
+
+// Shutdown stops consuming and drains the batch in hand and the order
+// commands, releases the leadership (backend.Shutdown), and only then closes
+// the clients, flushing the last acks. Idempotent.
+func (b *Backend) Shutdown(ctx context.Context) error {
+	err := b.Backend.Shutdown(ctx)
+	b.closeOnce.Do(b.clients.Close)
+	return err
+}
+
+// RunBackend serves a backend until ctx ends, then shuts it down within
+// backend.shutdown_timeout.
+func RunBackend(ctx context.Context, cfg config.Config) error {
+	b, err := StartBackend(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	timeout := cfg.Backend.ShutdownTimeout
+	if timeout <= 0 {
+		timeout = config.Default().Backend.ShutdownTimeout
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return b.Shutdown(sctx)
 }

@@ -1,0 +1,33 @@
+package config
+
+import "time"
+
+// BackendOptions is the part of the configuration a backend runs with: its
+// own section and the few values it takes from other sections. The backend is
+// handed this, never the whole Config; its clients (MySQL, Redis, NATS, the
+// leader lock) are dialed by the caller from the mysql, redis and nats blocks.
+type BackendOptions struct {
+	Backend Backend
+	// NATS names the stream, the durable consumer and the subjects of orders,
+	// dead letters, sale events and order commands.
+	NATS NATS
+	// AdminToken guards the admin API and pprof.
+	AdminToken string
+	// Retention is sales.retention: how long after its end a settled sale
+	// stays in Redis.
+	Retention time.Duration
+	// PublishTimeout is the gateways' gateway.publish_timeout: how long an
+	// admission's publish may still be on its way when Redis lost the sale.
+	PublishTimeout time.Duration
+}
+
+// BackendOptions picks the backend's options out of the configuration.
+func (c Config) BackendOptions() BackendOptions {
+	return BackendOptions{
+		Backend:        c.Backend,
+		NATS:           c.NATS,
+		AdminToken:     c.Admin.Token,
+		Retention:      c.Sales.Retention,
+		PublishTimeout: c.Gateway.PublishTimeout,
+	}
+}
