@@ -646,15 +646,14 @@ func (re *reconciler) republish(ctx context.Context, l *ledgerRead, missing []ui
 		return err
 	}
 	subject := bus.OrderSubject(re.cfg.NATS, sale)
-	var buf []byte
+	buf := make([]byte, 0, 256)
 	for _, id := range missing {
 		if _, ok := inStream[id]; ok {
 			rep.Waiting++
 			continue
 		}
 		m := l.order(id)
-		buf = bus.AppendOrder(buf[:0], &m)
-		ack, err := re.js.Publish(ctx, subject, buf, jetstream.WithMsgID(strconv.FormatUint(id, 10)))
+		ack, err := bus.PublishOrder(ctx, re.js, subject, &m, buf)
 		if err != nil {
 			return fmt.Errorf("republish %s/%d: %w", sale, id, err)
 		}

@@ -1,11 +1,14 @@
 package bus
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flashgate/flashgate"
 )
@@ -38,6 +41,15 @@ type orderWire struct {
 
 // EncodeOrder is o as the orders stream carries it.
 func EncodeOrder(o *flashgate.Order) []byte { return AppendOrder(make([]byte, 0, 192), o) }
+
+// PublishOrder stores order o in the order stream on subject (OrderSubject of
+// its sale) with Nats-Msg-Id = the order id, so that publishing the same order
+// again (a replay, a republish by reconcile) is a duplicate JetStream drops
+// within its dedup window. It returns once the stream has stored it; buf's
+// room is reused for the encoding.
+func PublishOrder(ctx context.Context, js jetstream.JetStream, subject string, o *flashgate.Order, buf []byte) (*jetstream.PubAck, error) {
+	return js.Publish(ctx, subject, AppendOrder(buf[:0], o), jetstream.WithMsgID(strconv.FormatUint(o.ID, 10)))
+}
 
 // AppendOrder encodes o onto b without reflection (the gateway's hot path).
 // Every string field is already validated (ids to [A-Za-z0-9_-], charges and

@@ -34,8 +34,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sony/gobreaker/v2"
 	"github.com/valyala/fasthttp"
 
@@ -515,9 +513,7 @@ func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.Relea
 func (g *Gateway) send(s *sale, m *flashgate.Order) error {
 	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
 	defer cancel()
-	msg := nats.NewMsg(g.cfg.NATS.OrderSubject + "." + s.spec.ID)
-	msg.Data = bus.AppendOrder(make([]byte, 0, 192), m)
-	_, err := g.js.PublishMsg(pctx, msg, jetstream.WithMsgID(strconv.FormatUint(m.ID, 10)))
+	_, err := bus.PublishOrder(pctx, g.js, bus.OrderSubject(g.cfg.NATS, s.spec.ID), m, make([]byte, 0, 192))
 	return err
 }
 

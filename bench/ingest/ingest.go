@@ -22,7 +22,6 @@ import (
 	"time"
 
 	driver "github.com/go-sql-driver/mysql"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
 
@@ -405,11 +404,8 @@ func (r *ingestRun) fill(ctx context.Context) ([]uint64, error) {
 					errs[w] = err
 					return
 				}
-				msg := nats.NewMsg(subject)
-				buf = bus.AppendOrder(buf[:0], &m)
-				msg.Data = buf
 				pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				_, err = js.PublishMsg(pctx, msg, jetstream.WithMsgID(strconv.FormatUint(id, 10)))
+				_, err = bus.PublishOrder(pctx, js, subject, &m, buf)
 				cancel()
 				if err != nil {
 					errs[w] = fmt.Errorf("publish order %d: %w", id, err)
