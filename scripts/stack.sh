@@ -252,7 +252,7 @@ NATS_ORDERS=flashgate.orders
 NATS_EVENTS=flashgate.events.sale
 NATS_CMD=flashgate.cmd.orders
 
-SECRET_NAMES=(JWT_SECRET ADMIN_TOKEN REDIS_ADMIN REDIS_GATEWAY REDIS_BACKEND REDIS_REPLICA
+SECRET_NAMES=(JWT_SECRET ADMIN_TOKEN REDIS_ADMIN REDIS_GATEWAY REDIS_BACKEND REDIS_REPLICA REDIS_DEFAULT
 	NATS_ADMIN NATS_GATEWAY NATS_BACKEND MYSQL_ROOT MYSQL_ADMIN MYSQL_BACKEND MYSQL_GATEWAY)
 
 gen_secret() { od -An -N24 -tx1 /dev/urandom | tr -d ' \n'; }
@@ -353,8 +353,11 @@ write_secrets_env() {
 	)
 }
 
-# Redis ACL. Passwords are stored hashed. The default user is off: a client that does not log in
-# gets NOAUTH. Gateway and backend run the Lua scripts of lua/ (whose commands are checked
+# Redis ACL. Passwords are stored hashed. The default user has a password nobody is given: a
+# client that does not log in gets NOAUTH. It is not switched off, because Redis 7.0 replays the
+# append-only file as the default user, and checks what a MULTI block there runs (every script's
+# effects are written as one) against that user's rules: with the default user off, a restart
+# loaded none of the admissions, releases or confirmations the file held. Gateway and backend run the Lua scripts of lua/ (whose commands are checked
 # against the same rules) and a few commands of their own, on flashgate's keys only; neither may
 # run FLUSHALL, CONFIG, KEYS, DEBUG, SHUTDOWN, ACL, MONITOR or touch other keys. The backend's
 # leader lock (rueidislock) runs its own scripts (GET, SET, DEL, PEXPIREAT) on flashgate:*.
@@ -371,7 +374,7 @@ render_redis_acl() {
 	(
 		umask 077
 		cat >"$REDIS_ACL.tmp.$$" <<-ACL
-			user default off resetkeys resetchannels -@all
+			user default on #$(sha256 "$S_REDIS_DEFAULT") ~* &* +@all
 			user $U_ADMIN on #$(sha256 "$S_REDIS_ADMIN") ~* &* +@all
 			user $U_GATEWAY on #$(sha256 "$S_REDIS_GATEWAY") resetkeys ~fg:* resetchannels -@all $REDIS_CONN_CMDS$extra $REDIS_SCRIPT_CMDS $REDIS_DATA_CMDS
 			user $U_BACKEND on #$(sha256 "$S_REDIS_BACKEND") resetkeys ~fg:* ~flashgate:* resetchannels -@all $REDIS_CONN_CMDS$extra $REDIS_SCRIPT_CMDS $REDIS_DATA_CMDS
@@ -388,6 +391,8 @@ render_redis_acl() {
 # restocked, warm) and may look up the orders stream; it hears sale events and the replies to
 # its own requests. Only a backend publishes sale events, creates the streams and consumes
 # orders; it answers requests (allow_responses) without being able to publish on _INBOX at will.
+# A backend also publishes orders: reconcile republishes a stale reservation's order, and an
+# order that outlives its deliveries in an outage is re-enqueued as a fresh message.
 render_nats_conf() {
 	local s=$NATS_STREAM d="${NATS_STREAM}_DLQ"
 	(
@@ -407,7 +412,7 @@ render_nats_conf() {
 			        subscribe: { allow: ["$NATS_EVENTS.>", "_INBOX.>"] }
 			    } }
 			    { user: "$U_BACKEND", password: "$S_NATS_BACKEND", permissions: {
-			        publish: { allow: ["$NATS_EVENTS.>", "${NATS_ORDERS}_dlq.>",
+			        publish: { allow: ["$NATS_EVENTS.>", "$NATS_ORDERS.*", "${NATS_ORDERS}_dlq.>",
 			                           "\$JS.API.INFO",
 			                           "\$JS.API.STREAM.INFO.$s", "\$JS.API.STREAM.CREATE.$s", "\$JS.API.STREAM.UPDATE.$s", "\$JS.API.STREAM.MSG.GET.$s",
 			                           "\$JS.API.STREAM.INFO.$d", "\$JS.API.STREAM.CREATE.$d", "\$JS.API.STREAM.UPDATE.$d", "\$JS.API.STREAM.MSG.GET.$d",

@@ -58,7 +58,9 @@ func StartAuthStack(t testing.TB) *AuthStack {
 
 	port := FreePort(t)
 	a.Redis = &Server{t: t, bin: "redis-server", Addr: "127.0.0.1:" + strconv.Itoa(port), args: []string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		// Persistence as the stack has it (an append-only file), fsynced at every
+		// write so that a kill -9 and a start show what a restart loads.
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes", "--appendfsync", "always",
 		"--dir", t.TempDir(), "--aclfile", filepath.Join(dir, "secrets", "redis-users.acl")}}
 	t.Cleanup(a.Redis.Kill)
 	a.Redis.Start()
