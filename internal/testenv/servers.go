@@ -3,6 +3,7 @@ package testenv
 import (
 	"database/sql"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -161,8 +162,24 @@ func (s *Server) Kill() {
 }
 
 // FreePort returns a loopback port nobody listens on right now.
+//
+// The port is drawn below the kernel's ephemeral range (32768 and up here):
+// a port the kernel handed out for :0 is free only until the caller binds it,
+// and in between any process's outgoing connection may take it as its local
+// port (seen when every package's tests run at once: a gateway of the chaos
+// suite failed with "address already in use"). Outgoing connections never
+// take a port below that range, so only another caller of FreePort could, and
+// it draws at random from thousands.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	for range 100 {
+		port := freeLow + mathrand.IntN(freeHigh-freeLow)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			l.Close()
+			return port
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -170,6 +187,10 @@ func FreePort(t testing.TB) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// The range FreePort draws from: below the ephemeral ports, above the local
+// stack's own (8000-18222), and below the Redis Cluster's bus ports (27001-).
+const freeLow, freeHigh = 20000, 27000
 
 // Pause stops the server with SIGSTOP: it keeps its connections and its data
 // and answers nothing (the kernel still accepts and buffers), as a server
