@@ -23,7 +23,8 @@ func init() {
 			maxDeliver = 3
 			// Every delivery waits at most the lock wait (a few times over
 			// within one ack wait of 2 s): 12 s outlasts all of them together.
-			hold = 12 * time.Second
+			hold    = 12 * time.Second
+			maxHold = 60 * time.Second
 		)
 		st := newStack(t)
 		root, err := sql.Open("mysql", st.cfg.MySQL.DSN)
@@ -55,8 +56,15 @@ func init() {
 			locked = time.Now()
 			st.faultEnd = locked.Add(hold) // set again once the lock goes
 		})
+		// The lock is held at least hold, and on until a message has run out
+		// of its deliveries under it (on a loaded machine the deliveries come
+		// later than their back-off says), so that the fault always bites.
 		time.Sleep(time.Until(locked.Add(hold)))
 		recycled := backendCounter(t, st, "flashgate_backend_recycled_total")
+		for recycled == 0 && time.Since(locked) < maxHold {
+			time.Sleep(200 * time.Millisecond)
+			recycled = backendCounter(t, st, "flashgate_backend_recycled_total")
+		}
 		if err := holder.Rollback(); err != nil {
 			t.Fatal(err)
 		}
