@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -102,11 +103,49 @@ func TestSlowBodyPerIP(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The eight send a byte of body a second, so that client_body_timeout (3 s between reads)
+	// does not cut them while the ninth is tried: on a loaded machine nginx may read their
+	// headers, and so count them, only seconds after they were sent. slow[0] stops first: it
+	// is the one whose cut is checked below.
+	stop := make([]chan struct{}, len(slow))
+	var trickle sync.WaitGroup
+	for i, c := range slow {
+		stop[i] = make(chan struct{})
+		trickle.Add(1)
+		go func(c net.Conn, stop <-chan struct{}) {
+			defer trickle.Done()
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+					if _, err := c.Write([]byte(" ")); err != nil {
+						return
+					}
+				}
+			}
+		}(c, stop[i])
+	}
+	stopped := make([]bool, len(slow))
+	stopTrickle := func(i int) {
+		if !stopped[i] {
+			stopped[i] = true
+			close(stop[i])
+		}
+	}
+	t.Cleanup(func() {
+		for i := range slow {
+			stopTrickle(i)
+		}
+		trickle.Wait()
+	})
 	// nginx counts a connection once it has read the request's headers: wait until all eight
-	// are counted, retrying the ninth until it is refused (or 5 s pass).
+	// are counted, retrying the ninth until it is refused (or 20 s pass).
 	var res *http.Response
 	var body []byte
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	for deadline := time.Now().Add(20 * time.Second); ; {
 		res, body = rawExchange(t, e.addr, "POST /v1/sales/s1/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
 		if res.StatusCode == 429 || time.Now().After(deadline) {
 			break
@@ -122,6 +161,7 @@ func TestSlowBodyPerIP(t *testing.T) {
 	}
 	// The stalled bodies are cut by client_body_timeout: the connection ends (408 is not sent
 	// with reset_timedout_connection: a reset or EOF).
+	stopTrickle(0)
 	c := slow[0]
 	_ = c.SetReadDeadline(time.Now().Add(15 * time.Second))
 	start := time.Now()
