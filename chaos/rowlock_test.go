@@ -42,18 +42,19 @@ func init() {
 		st.backend.start()
 		s := st.createSale(2000, 1)
 
-		var holder *sql.Tx
-		var locked time.Time
+		// The row is locked before the flood, so that every order of it meets
+		// the lock (locked during the flood, a fast machine could have written
+		// them all first, and the fault would not bite).
+		holder, err := root.BeginTx(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var id string
+		if err := holder.QueryRow(`SELECT id FROM sales WHERE id = ? FOR UPDATE`, s.ID).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		locked := time.Now()
 		requests, accepted := st.flood(s.ID, 3000, 3000, func() {
-			var err error
-			if holder, err = root.BeginTx(context.Background(), nil); err != nil {
-				t.Fatal(err)
-			}
-			var id string
-			if err := holder.QueryRow(`SELECT id FROM sales WHERE id = ? FOR UPDATE`, s.ID).Scan(&id); err != nil {
-				t.Fatal(err)
-			}
-			locked = time.Now()
 			st.faultEnd = locked.Add(hold) // set again once the lock goes
 		})
 		// The lock is held at least hold, and on until a message has run out
