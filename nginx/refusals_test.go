@@ -80,7 +80,6 @@ func TestRefusalsInJSON(t *testing.T) {
 	}
 }
 
-
 // rawExchange writes raw on a new connection (the server may answer and close before reading
 // all of it) and reads one response.
 func rawExchange(t testing.TB, addr, raw string) (*http.Response, []byte) {
