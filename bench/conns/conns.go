@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/flashgate/flashgate/bench/internal/cli"
+	"github.com/flashgate/flashgate/loadgen"
 )
 
 // connsOptions is one bench-conns run.
@@ -95,7 +96,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	res.write(stdout)
-	if err := cli.WriteJSON(o.jsonPath, res); err != nil {
+	if err := loadgen.WriteJSON(o.jsonPath, res); err != nil {
 		return err
 	}
 	if res.Opened != o.conns || res.StillOpen != o.conns {

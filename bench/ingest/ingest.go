@@ -245,7 +245,7 @@ func runIngest(ctx context.Context, base config.Config, o ingestOptions, stdout,
 		line += fmt.Sprintf(", confirmed %d of %d", confirmed, o.orders)
 	}
 	fmt.Fprintln(stdout, line)
-	if err := cli.WriteJSON(o.jsonPath, res); err != nil {
+	if err := loadgen.WriteJSON(o.jsonPath, res); err != nil {
 		return err
 	}
 	if !res.AuditOK {

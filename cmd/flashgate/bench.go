@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -173,7 +172,7 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 	out := benchJSON{Label: o.label, Target: o.target, Sale: o.sale, Users: o.users, Concurrency: o.concurrency,
 		Load: res.Summary()}
 	if o.noCheck {
-		return writeJSON(o.jsonPath, out)
+		return loadgen.WriteJSON(o.jsonPath, out)
 	}
 
 	fmt.Fprintf(stderr, "%s: waiting up to %s for the backend to write %d accepted orders\n",
@@ -186,7 +185,7 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 	fmt.Fprintln(stdout, loadgen.SummaryLine(o.label, rep, res.BadOrderIDs))
 	ok := rep.OK() && res.BadOrderIDs == 0
 	out.Audit = &benchAudit{Report: rep, OK: ok, Drained: drained, DrainS: waited.Seconds()}
-	if err := writeJSON(o.jsonPath, out); err != nil {
+	if err := loadgen.WriteJSON(o.jsonPath, out); err != nil {
 		return err
 	}
 	if !ok {
@@ -214,27 +213,6 @@ type benchAudit struct {
 	OK      bool    `json:"ok"`
 	Drained bool    `json:"drained"`
 	DrainS  float64 `json:"drain_s"`
-}
-
-// writeJSON writes v, indented, to path ("" writes nothing), through a
-// temporary file so that a reader never sees half of it.
-func writeJSON(path string, v any) error {
-	if path == "" {
-		return nil
-	}
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("json: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("json: %w", err)
-	}
-	return nil
 }
 
 func stopRule(o benchOptions) string {

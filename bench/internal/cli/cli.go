@@ -1,11 +1,10 @@
 // Package cli is what the bench programs (bench/ingest, bench/conns) share
 // on their command line: a flag set with --config, flags and arguments in any
-// order, usage errors, exit statuses and the --json writer. The product
+// order, usage errors and exit statuses (results go out through loadgen.WriteJSON). The product
 // binary, cmd/flashgate, has its own; these programs are not part of it.
 package cli
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -99,25 +98,4 @@ func (c *Command) UsageError(format string, a ...any) error {
 	fmt.Fprintf(c.Output(), c.name+": "+format+"\n\n", a...)
 	c.Usage()
 	return ExitCode(2)
-}
-
-// WriteJSON writes v, indented, to path ("" writes nothing), through a
-// temporary file so that a reader never sees half of it.
-func WriteJSON(path string, v any) error {
-	if path == "" {
-		return nil
-	}
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("json: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("json: %w", err)
-	}
-	return nil
 }
