@@ -248,12 +248,25 @@ func (a *adminAPI) saleOr404(w http.ResponseWriter, r *http.Request, id string) 
 	return row, true
 }
 
-// closeSale stops selling now: MySQL first (from then on the guard fails every
-// order of the sale: sale_closed), then Redis (the admit script answers ended),
-// then the gateways' caches.
+// closeSale stops selling now: Redis first (the admit script answers ended
+// from then on), then MySQL (the sale leaves the open list; an order stamped
+// later than the close plus closeGrace fails sale_closed), then the gateways'
+// caches. In this order every order already in the stream was admitted before
+// the close, and the writer honours it: a 202 given stays an order. A close
+// that fails half-way answers 503 and is safe to repeat.
 func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sale")
 	if _, ok := a.saleOr404(w, r, id); !ok {
+		return
+	}
+	// A cold sale is warmed first (lua.Close alone would leave a meta with
+	// nothing but the state); a warm one is closed in place.
+	if _, err := a.warmer.warm(r.Context(), id); err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
+		return
+	}
+	if err := lua.Close(r.Context(), a.rc, lua.KeysFor(id, nil)); err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}
 	if err := closeSaleRow(r.Context(), a.db, id, time.Now().UTC()); err != nil {
@@ -262,16 +275,6 @@ func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 	}
 	row, ok := a.saleOr404(w, r, id)
 	if !ok {
-		return
-	}
-	// A cold sale is warmed as closed (lua.Close alone would leave a meta with
-	// nothing but the state); a warm one is closed in place.
-	if _, err := a.warmer.warm(r.Context(), id); err != nil {
-		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
-		return
-	}
-	if err := lua.Close(r.Context(), a.rc, lua.KeysFor(id, nil)); err != nil {
-		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}
 	a.events.publish(bus.SaleEvent{Type: bus.EventClosed, SaleID: id, Sale: &row.Sale})

@@ -150,13 +150,24 @@ func LockSale(ctx context.Context, tx Querier, id string) (bool, error) {
 }
 
 // LockSaleLimit takes the sale row lock and reads what the order-by-order
-// guards need: the per-user limit and whether the sale is closed.
-func LockSaleLimit(ctx context.Context, tx Querier, id string) (limit int64, closed, found bool, err error) {
-	err = tx.QueryRowContext(ctx, `SELECT per_user_limit, closed FROM sales WHERE id = ? FOR UPDATE`, id).Scan(&limit, &closed)
+// guards need: the per-user limit and, for a closed sale, when it closed
+// (closedAt is the zero time for an open sale; for a sale closed before
+// closed_at existed, the Unix epoch: it closed before any order we hold).
+func LockSaleLimit(ctx context.Context, tx Querier, id string) (limit int64, closedAt time.Time, found bool, err error) {
+	var closed bool
+	var at sql.NullTime
+	err = tx.QueryRowContext(ctx, `SELECT per_user_limit, closed, closed_at FROM sales WHERE id = ? FOR UPDATE`, id).Scan(&limit, &closed, &at)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, false, nil
+		return 0, time.Time{}, false, nil
 	}
-	return limit, closed, err == nil, err
+	switch {
+	case err != nil || !closed:
+	case at.Valid:
+		closedAt = at.Time
+	default:
+		closedAt = time.Unix(0, 0)
+	}
+	return limit, closedAt, err == nil, err
 }
 
 // OpenSaleIDs lists the sales still selling or about to: not closed, not ended.
