@@ -100,8 +100,8 @@ type View struct {
 	// ShadowedByEnv are the keys a FLASHGATE_* variable sets: the file's
 	// value of each is not used (key → variable).
 	ShadowedByEnv map[string]string `json:"shadowed_by_env,omitempty"`
-	Inflight    int64            `json:"inflight"`
-	Keys        map[string]int   `json:"keys"`
+	Inflight      int64             `json:"inflight"`
+	Keys          map[string]int    `json:"keys"`
 }
 
 // View reports the limits in force.
