@@ -26,8 +26,13 @@ help: ## list the targets
 deps: ## install missing Debian packages (redis, mariadb, nats, nginx, wrk, ...) and Go modules
 	@GO=$(GO) $(STACK) deps
 
+# The commit and version `flashgate version` prints when the build carries no VCS information.
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+LDFLAGS := -X main.commit=$(COMMIT) -X main.version=$(VERSION)
+
 build: deps ## build bin/flashgate
-	$(GO) build -o $(BIN) ./cmd/flashgate
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/flashgate
 
 # The benchmark harnesses are programs of their own, not commands of the product (bench/README.md).
 bench-build: deps ## build bin/flashgate-bench-ingest, bin/flashgate-bench-conns and bin/bench-report

@@ -61,6 +61,8 @@ func (a *adminAPI) handler() http.Handler {
 	mux.Handle("GET /metrics", a.metrics.Handler())
 	mux.Handle("/debug/pprof/", a.auth(metrics.PprofHandler().ServeHTTP))
 	mux.Handle("POST /admin/v1/sales", a.auth(a.createSale))
+	mux.Handle("GET /admin/v1/sales", a.auth(a.listSales))
+	mux.Handle("PATCH /admin/v1/sales/{sale}", a.auth(a.updateSale))
 	mux.Handle("GET /admin/v1/sales/{sale}", a.auth(a.ledger))
 	mux.Handle("POST /admin/v1/sales/{sale}/close", a.auth(a.closeSale))
 	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", a.auth(a.reconcileSale))
