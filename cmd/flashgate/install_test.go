@@ -30,7 +30,7 @@ func TestMakeInstall(t *testing.T) {
 	}
 	bin := filepath.Join(prefix, "bin", "flashgate")
 	for _, f := range []string{bin, "etc/flashgate/flashgate.yaml", "share/doc/flashgate/LICENSE", "share/doc/flashgate/openapi.yaml",
-		"share/doc/flashgate/docs/config.md", "lib/systemd/system/flashgate-gateway.service", "lib/systemd/system/flashgate-backend.service"} {
+		"share/doc/flashgate/docs", "lib/systemd/system/flashgate-gateway.service", "lib/systemd/system/flashgate-backend.service"} {
 		if !filepath.IsAbs(f) {
 			f = filepath.Join(prefix, f)
 		}
