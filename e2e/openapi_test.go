@@ -352,6 +352,7 @@ func readmeCurls(t *testing.T, c *contract, pub, sale string, cfg config.Config)
 		if !strings.HasPrefix(line, "curl ") {
 			continue
 		}
+		line, _, _ = strings.Cut(line, " | ") // | tee var/order.json
 		words := curlWord.FindAllString(line, -1)
 		method, url, body := "GET", "", ""
 		hdr := http.Header{}
@@ -387,12 +388,19 @@ func readmeCurls(t *testing.T, c *contract, pub, sale string, cfg config.Config)
 				url = unquote(w)
 			}
 		}
-		if !strings.HasPrefix(url, "localhost:8000/v1/sales/phone") {
+		// The README's public address: $FLASHGATE_PUBLIC_URL (or nginx's
+		// default port); its sale is "phone" and $ORDER the last order.
+		var path string
+		for _, base := range []string{"$FLASHGATE_PUBLIC_URL/v1/sales/phone", "localhost:8000/v1/sales/phone", "http://127.0.0.1:8000/v1/sales/phone"} {
+			if strings.HasPrefix(url, base) {
+				path = strings.TrimPrefix(url, base)
+			}
+		}
+		if path == "" && !strings.HasSuffix(url, "/v1/sales/phone") {
 			t.Errorf("README curl example not understood by this test: %s", line)
 			continue
 		}
-		path := strings.TrimPrefix(url, "localhost:8000/v1/sales/phone")
-		if strings.HasPrefix(path, "/orders/") && lastOrder != "" {
+		if strings.HasPrefix(path, "/orders/") {
 			_, rest, _ := strings.Cut(strings.TrimPrefix(path, "/orders/"), "/")
 			path = "/orders/" + lastOrder
 			if rest != "" {
