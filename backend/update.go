@@ -60,6 +60,9 @@ type salePatch struct {
 	Total        *int64     `json:"total"`
 	PerUserLimit *int64     `json:"per_user_limit"`
 	PerOrderMax  *int64     `json:"per_order_max"`
+	// Limits: the sale's purchase limits with new maxima, the same limits
+	// in the same order (dimension, of and per cannot change).
+	Limits *[]flashgate.Limit `json:"limits"`
 }
 
 // updateRefusal is an update that would invalidate what the sale has already
@@ -91,7 +94,7 @@ func (a *adminAPI) updateSale(w http.ResponseWriter, r *http.Request) {
 	}
 	if p == (salePatch{}) {
 		writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest,
-			"body: nothing to change (starts_at, ends_at, total, per_user_limit, per_order_max)")
+			"body: nothing to change (starts_at, ends_at, total, per_user_limit, per_order_max, limits)")
 		return
 	}
 	if _, ok := a.saleOr404(w, r, id); !ok {
@@ -164,7 +167,14 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 	if p.PerOrderMax != nil {
 		s.PerOrderMax = *p.PerOrderMax
 	}
+	if p.Limits != nil {
+		s.Limits = append([]flashgate.Limit(nil), *p.Limits...)
+	}
 	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	lowered, err := loweredLimits(&old, &s, now)
+	if err != nil {
 		return nil, err
 	}
 	switch {
@@ -186,15 +196,26 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 			return nil, refuse("per_user_limit %d is below the %d units a buyer already bought", s.PerUserLimit, most)
 		}
 	}
+	for _, l := range lowered {
+		most, err := mysql.MostUsed(ctx, tx, id, l.Index, l.Window)
+		if err != nil {
+			return nil, fmt.Errorf("MySQL: %w", err)
+		}
+		if most > l.Max {
+			return nil, refuse("limit %d (%s): max %d is below the %d one subject already used", l.Index, s.Limits[l.Index].Dimension, l.Max, most)
+		}
+	}
 	if err := mysql.UpdateSale(ctx, tx, &s, now); err != nil {
 		return nil, fmt.Errorf("MySQL: %w", err)
 	}
 	// Redis holds what MySQL has not settled yet (reservations): its script
 	// refuses what they would break, atomically with the change.
-	err = lua.Update(ctx, a.rc, &s, s.Total-old.Total)
+	err = lua.Update(ctx, a.rc, &s, s.Total-old.Total, lowered)
 	switch {
 	case errors.Is(err, lua.ErrOverLimit):
 		return nil, refuse("per_user_limit %d: %v", s.PerUserLimit, err)
+	case errors.Is(err, lua.ErrOverMax):
+		return nil, refuse("limits: %v (reserved or bought)", err)
 	case errors.Is(err, lua.ErrStockTaken):
 		return nil, refuse("total %d: %v", s.Total, err)
 	case errors.Is(err, lua.ErrNotWarmed):
@@ -204,10 +225,36 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 	}
 	if err := tx.Commit(); err != nil {
 		// Redis has the new spec and MySQL not: put the old one back.
-		if uerr := lua.Update(ctx, a.rc, &old, old.Total-s.Total); uerr != nil && !errors.Is(uerr, lua.ErrNotWarmed) {
+		if uerr := lua.Update(ctx, a.rc, &old, old.Total-s.Total, nil); uerr != nil && !errors.Is(uerr, lua.ErrNotWarmed) {
 			a.log.Error("update sale: MySQL did not commit and Redis keeps the new spec; reconcile repairs the stock", "sale", id, "err", uerr)
 		}
 		return nil, fmt.Errorf("MySQL: %w", err)
 	}
 	return &s, nil
+}
+
+// loweredLimits checks that the new limits are the old ones with other
+// maxima (what a limit counts, and over which window, cannot change on a live
+// sale: the counts taken would mean something else), and lists those whose max
+// goes down, with the window each counts now.
+func loweredLimits(old, s *flashgate.Sale, now time.Time) ([]lua.Lowered, error) {
+	if len(old.Limits) != len(s.Limits) {
+		return nil, refuse("it has %d purchase limits: a live sale's limits can change their max, not be added or removed", len(old.Limits))
+	}
+	loc, err := s.Location()
+	if err != nil {
+		return nil, err
+	}
+	var out []lua.Lowered
+	for i, o := range old.Limits {
+		n := s.Limits[i]
+		if n.Dimension != o.Dimension || n.Of != o.Of || n.Per != o.Per {
+			return nil, refuse("limit %d is %s: only its max can change", i, o)
+		}
+		if n.Max < o.Max {
+			w, _ := flashgate.Window(n.Per, now, loc)
+			out = append(out, lua.Lowered{Index: i, Window: w, Max: n.Max})
+		}
+	}
+	return out, nil
 }

@@ -1,10 +1,13 @@
 package backend
 
 import (
+	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
@@ -111,5 +114,67 @@ func TestSaleUpdate(t *testing.T) {
 	}
 	if status, body := s.call("PATCH", path, tok, `{"total":6}`); status != 409 || !strings.Contains(body["message"].(string), "closed") {
 		t.Errorf("update of a closed sale: %d %v", status, body)
+	}
+}
+
+// TestSaleUpdateLimits: a live sale's purchase limits can take new maxima,
+// but not fall below what a subject has used in the current window, whether
+// MySQL has written it or Redis holds it reserved; what a limit counts and
+// over which window cannot change.
+func TestSaleUpdateLimits(t *testing.T) {
+	t.Parallel()
+	s := start(t, testenv.RedisAddrs(), nil)
+	tok := s.cfg.Admin.Token
+	sale := limitedSpec(20) // phone: 2 units a day; address: 1 order
+	body, _ := json.Marshal(sale)
+	if status, b := s.call("POST", "/admin/v1/sales", tok, string(body)); status != 201 {
+		t.Fatalf("create: %d %v", status, b)
+	}
+	k := lua.KeysFor(sale.ID, nil)
+	t.Cleanup(func() { dropLimitKeys(t, s.rc, k, "sale", today()) })
+	p1 := "+8613800000001"
+	m := admitSub(t, s.rc, k, sale, flashgate.Subjects{User: "u1", Phone: p1, Address: "a1"}, 2)
+	s.publish(m)
+	eventually(t, 10*time.Second, "u1's order", func() bool { return s.rows(sale.ID, "confirmed") == 1 })
+	admitSub(t, s.rc, k, sale, flashgate.Subjects{User: "u2", Phone: "+8613800000002", Address: "a2"}, 1)
+
+	limits := func(phoneMax int64, extra string) string {
+		return `{"limits":[{"dimension":"phone","max":` + strconv.FormatInt(phoneMax, 10) +
+			`,"of":"units","per":"day"},{"dimension":"address","max":1,"of":"orders","per":"sale"}` + extra + `]}`
+	}
+	path := "/admin/v1/sales/" + sale.ID
+	for _, tc := range []struct {
+		name, body, why string
+	}{
+		{"below what MySQL counted", limits(1, ""), "below the 2 one subject already used"},
+		{"a limit added", limits(2, `,{"dimension":"ip","max":5}`), "not be added or removed"},
+		{"what it counts changed", `{"limits":[{"dimension":"phone","max":2,"of":"orders","per":"day"},{"dimension":"address","max":1,"of":"orders"}]}`, "only its max can change"},
+	} {
+		status, b := s.call("PATCH", path, tok, tc.body)
+		if msg, _ := b["message"].(string); status != 409 || !strings.Contains(msg, tc.why) {
+			t.Errorf("%s: %d %v, want 409 %q", tc.name, status, b, tc.why)
+		}
+	}
+	if status, b := s.call("PATCH", path, tok, limits(3, "")); status != 200 {
+		t.Fatalf("raise the phone limit: %d %v", status, b)
+	}
+	got, err := lua.LoadSale(ctx(t), s.rc, sale.ID)
+	if err != nil || len(got.Limits) != 2 || got.Limits[0].Max != 3 {
+		t.Fatalf("redis after raising: %+v %v", got, err)
+	}
+	// p1 takes a third unit, reserved in Redis only: MySQL still counts 2.
+	sale.Limits[0].Max = 3
+	admitSub(t, s.rc, k, sale, flashgate.Subjects{User: "u3", Phone: p1, Address: "a3"}, 1)
+	status, b := s.call("PATCH", path, tok, limits(2, ""))
+	if msg, _ := b["message"].(string); status != 409 || !strings.Contains(msg, "used 3") {
+		t.Fatalf("lower below what Redis holds: %d %v", status, b)
+	}
+	got, err = lua.LoadSale(ctx(t), s.rc, sale.ID)
+	if err != nil || got.Limits[0].Max != 3 {
+		t.Fatalf("redis after a refused lowering: %+v %v", got, err)
+	}
+	status, b = s.call("GET", path, tok, "")
+	if sp, _ := b["sale"].(map[string]any); status != 200 || sp["limits"].([]any)[0].(map[string]any)["max"] != float64(3) {
+		t.Fatalf("MySQL after a refused lowering: %d %v", status, b)
 	}
 }

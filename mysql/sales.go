@@ -314,13 +314,33 @@ func DropDatabase(ctx context.Context, db Querier, name string) error {
 	return err
 }
 
+// MostUsed is the most one subject has used of a sale's purchase limit (by
+// index) in a window, in MySQL.
+func MostUsed(ctx context.Context, q Querier, sale string, limit int, window string) (int64, error) {
+	var n int64
+	err := q.QueryRowContext(ctx, `SELECT COALESCE(MAX(used), 0) FROM limit_usage WHERE sale_id = ? AND lim = ? AND window_id = ?`,
+		sale, limit, window).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("usage of %s limit %d: %w", sale, limit, err)
+	}
+	return n, nil
+}
+
 // UpdateSale writes a sale's window and limits and its total, under the row
 // lock the caller's transaction took (LockSale): the caller has checked that
 // the change invalidates no count already taken.
 func UpdateSale(ctx context.Context, tx Querier, s *flashgate.Sale, now time.Time) error {
+	var limits any
+	if len(s.Limits) > 0 {
+		b, err := json.Marshal(s.Limits)
+		if err != nil {
+			return fmt.Errorf("update sale %s: %w", s.ID, err)
+		}
+		limits = string(b)
+	}
 	_, err := tx.ExecContext(ctx, `UPDATE sales SET total = ?, starts_at = ?, ends_at = ?, per_user_limit = ?,
-		per_order_max = ?, updated_at = ? WHERE id = ?`,
-		s.Total, s.StartsAt.UTC(), s.EndsAt.UTC(), s.PerUserLimit, s.PerOrderMax, now.UTC(), s.ID)
+		per_order_max = ?, limits = ?, updated_at = ? WHERE id = ?`,
+		s.Total, s.StartsAt.UTC(), s.EndsAt.UTC(), s.PerUserLimit, s.PerOrderMax, limits, now.UTC(), s.ID)
 	if err != nil {
 		return fmt.Errorf("update sale %s: %w", s.ID, err)
 	}

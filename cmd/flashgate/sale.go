@@ -26,6 +26,7 @@ const saleUsage = `usage: flashgate sale <create|list|show|update|close|reconcil
   sale list [--limit N] the newest sales, one line each (GET /admin/v1/sales)
   sale show ID          the ledger (GET /admin/v1/sales/ID)
   sale update ID [--starts-at T] [--ends-at T] [--total N] [--per-user-limit N] [--per-order-max N]
+                 [--limit DIM:MAX[:units|orders][:sale|day|month] ...]
                         change a live sale; a change that would invalidate counts already
                         taken is refused with the reason (PATCH /admin/v1/sales/ID)
   sale close ID         stop selling now
@@ -285,6 +286,8 @@ func saleUpdateCmd(args []string, stdout, stderr io.Writer) error {
 	total := c.Int64("total", 0, "new units on sale (not below what is sold and reserved)")
 	perUser := c.Int64("per-user-limit", 0, "new units one user may hold (not below what a buyer already holds)")
 	perOrder := c.Int64("per-order-max", 0, "new units one order may buy")
+	var limits limitsFlag
+	c.Var(&limits, "limit", "the sale's purchase limits with new maxima, all of them in order, as at create: `DIM:MAX[:units|orders][:sale|day|month]`; repeat for each")
 	pos, err := c.parse(args)
 	if err != nil {
 		return err
@@ -312,10 +315,12 @@ func saleUpdateCmd(args []string, stdout, stderr io.Writer) error {
 			patch["per_user_limit"] = *perUser
 		case "per-order-max":
 			patch["per_order_max"] = *perOrder
+		case "limit":
+			patch["limits"] = []flashgate.Limit(limits)
 		}
 	})
 	if len(patch) == 0 {
-		return c.usageError("nothing to change: give --starts-at, --ends-at, --total, --per-user-limit or --per-order-max")
+		return c.usageError("nothing to change: give --starts-at, --ends-at, --total, --per-user-limit, --per-order-max or --limit")
 	}
 	cfg, err := c.config()
 	if err != nil {

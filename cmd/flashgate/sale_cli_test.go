@@ -38,7 +38,8 @@ func TestSaleCommands(t *testing.T) {
 		}
 		return out.String(), nil
 	}
-	if out, err := sale("create", "--id", id, "--total", "10", "--per-user-limit", "2", "--starts-at", "+1h", "--duration", "1h"); err != nil {
+	if out, err := sale("create", "--id", id, "--total", "10", "--per-user-limit", "2", "--starts-at", "+1h", "--duration", "1h",
+		"--limit", "phone:1:orders:day"); err != nil {
 		t.Fatalf("create: %s", out)
 	}
 	out, err := sale("list")
@@ -57,6 +58,12 @@ func TestSaleCommands(t *testing.T) {
 	if out, err := sale("update", id, "--total", "20", "--per-user-limit", "3", "--starts-at", "+30m"); err != nil ||
 		!strings.Contains(out, `"total": 20`) || !strings.Contains(out, `"per_user_limit": 3`) {
 		t.Fatalf("update: %s", out)
+	}
+	if out, err := sale("update", id, "--limit", "phone:2:orders:day"); err != nil || !strings.Contains(out, `"max": 2`) {
+		t.Fatalf("update of a limit's max: %s", out)
+	}
+	if out, err := sale("update", id, "--limit", "ip:2"); err == nil || !strings.Contains(out, "409") || !strings.Contains(out, "only its max can change") {
+		t.Fatalf("update of what a limit counts: %v %s", err, out)
 	}
 	if out, err := sale("update", id); err == nil || !strings.Contains(out, "nothing to change") {
 		t.Fatalf("update without a change: %v %s", err, out)
