@@ -16,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/api"
 	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/bus"
@@ -59,8 +60,11 @@ func (a *adminAPI) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", a.metrics.Handler())
+	mux.Handle("GET /openapi.json", api.Handler())
 	mux.Handle("/debug/pprof/", a.auth(metrics.PprofHandler().ServeHTTP))
 	mux.Handle("POST /admin/v1/sales", a.auth(a.createSale))
+	mux.Handle("GET /admin/v1/sales", a.auth(a.listSales))
+	mux.Handle("PATCH /admin/v1/sales/{sale}", a.auth(a.updateSale))
 	mux.Handle("GET /admin/v1/sales/{sale}", a.auth(a.ledger))
 	mux.Handle("POST /admin/v1/sales/{sale}/close", a.auth(a.closeSale))
 	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", a.auth(a.reconcileSale))
