@@ -232,7 +232,7 @@ func (g *Gateway) soldOutEarly(ctx *fasthttp.RequestCtx, s *sale, now time.Time)
 	if f := s.soldOutFlag(region); f == nil || !f.Load() {
 		return false
 	}
-	fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+	soldOut(ctx, now)
 	return true
 }
 
@@ -341,7 +341,7 @@ func (g *Gateway) saleOpen(ctx *fasthttp.RequestCtx, s *sale, region, user, idem
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
 		return false
 	case s.soldOutFlag(region).Load() && !g.maybeReplay(s, user, idem):
-		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+		soldOut(ctx, now)
 		return false
 	}
 	return true
@@ -438,10 +438,13 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 		}
 		fail(ctx, fasthttp.StatusForbidden, flashgate.CodeLimitReached, msg)
 	case lua.SoldOut:
-		if adm.Remaining <= 0 {
-			g.markSoldOut(s, a.Region)
+		if adm.Remaining > 0 {
+			// Units are left, fewer than asked for: not a mark for everyone.
+			fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+			return
 		}
-		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+		g.markSoldOut(s, a.Region)
+		soldOut(ctx, a.Now)
 	case lua.DuplicateID:
 		slog.Error("order id already taken: the id source is broken", "sale", s.spec.ID, "order", a.OrderID, "node", lease.Node())
 		unavailable(ctx, "order ids unavailable")
