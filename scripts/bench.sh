@@ -429,6 +429,10 @@ purchases() {
 		curl -s -f -H @"$ADMIN_HDR" --max-time $((psecs + 30)) -o "$PROF/gateway-cpu.pprof" "http://127.0.0.1:$GW_ADMIN/debug/pprof/profile?seconds=$psecs" &
 		PROF_PID=$!
 	fi
+	# The load's end (the tool then waits for the backend to write every order and audits):
+	# the CPU of the load alone, beside that of load + drain.
+	while kill -0 "$PART_PID" 2>/dev/null && ! grep -q 'waiting up to' "$OUT/purchases.err" 2>/dev/null; do sleep 0.05; done
+	kill -0 "$PART_PID" 2>/dev/null && cpu_snap purchases load
 	wait "$PART_PID" || rc=$?
 	PART_PID=""
 	if [[ -n "$PROF_PID" ]]; then

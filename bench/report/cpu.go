@@ -21,6 +21,8 @@ import (
 //	before redis 567
 //	...
 //	before at 1732412345.123
+//	load gateway 2000 (purchases only: when the load ended, before the drain and the audit)
+//	...
 //	after gateway 2345
 //	...
 //	gateway_purchases_before 10 (refusals_nginx only: the gateway's purchase requests)
@@ -40,13 +42,18 @@ type CPUUse struct {
 	PerUS    map[string]float64 `json:"cpu_us_per_answer"`
 	TotalUS  float64            `json:"total_us_per_answer"` // the chain: every process measured
 	GatewayN *int64             `json:"gateway_purchases,omitempty"`
+	// The load alone (purchases): from the first reading to the load's end,
+	// before the backend's drain and the audit.
+	LoadSeconds float64            `json:"load_seconds,omitempty"`
+	LoadPerUS   map[string]float64 `json:"load_cpu_us_per_answer,omitempty"`
+	LoadTotalUS float64            `json:"load_total_us_per_answer,omitempty"`
 }
 
 type cpuRaw struct {
-	clkTck        float64
-	before, after map[string]float64
-	gwBefore      *int64
-	gwAfter       *int64
+	clkTck              float64
+	before, load, after map[string]float64
+	gwBefore            *int64
+	gwAfter             *int64
 }
 
 // readCPU reads var/bench/<part>.cpu (nil when there is none or it is incomplete).
@@ -55,7 +62,7 @@ func readCPU(path string) (*cpuRaw, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &cpuRaw{clkTck: 100, before: map[string]float64{}, after: map[string]float64{}}
+	c := &cpuRaw{clkTck: 100, before: map[string]float64{}, load: map[string]float64{}, after: map[string]float64{}}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -72,16 +79,12 @@ func readCPU(path string) (*cpuRaw, error) {
 					c.gwAfter = &v
 				}
 			}
-		case len(f) == 3 && (f[0] == "before" || f[0] == "after"):
+		case len(f) == 3 && (f[0] == "before" || f[0] == "load" || f[0] == "after"):
 			v, err := strconv.ParseFloat(f[2], 64)
 			if err != nil {
 				return nil, fmt.Errorf("%s: bad line %q", filepath.Base(path), sc.Text())
 			}
-			if f[0] == "before" {
-				c.before[f[1]] = v
-			} else {
-				c.after[f[1]] = v
-			}
+			map[string]map[string]float64{"before": c.before, "load": c.load, "after": c.after}[f[0]][f[1]] = v
 		}
 	}
 	return c, sc.Err()
@@ -103,6 +106,16 @@ func (c *cpuRaw) use(answers int64, per string) *CPUUse {
 		u.Ms[name] = ms
 		u.PerUS[name] = ms * 1000 / float64(answers)
 		u.TotalUS += u.PerUS[name]
+	}
+	if len(c.load) > 0 {
+		u.LoadPerUS = map[string]float64{}
+		u.LoadSeconds = c.load["at"] - c.before["at"]
+		for name, b := range c.before {
+			if l, ok := c.load[name]; ok && name != "at" {
+				u.LoadPerUS[name] = (l - b) / c.clkTck * 1e6 / float64(answers)
+				u.LoadTotalUS += u.LoadPerUS[name]
+			}
+		}
 	}
 	if c.gwBefore != nil && c.gwAfter != nil {
 		n := *c.gwAfter - *c.gwBefore

@@ -205,6 +205,7 @@ func TestRunFromParts(t *testing.T) {
 	write("refusals.cmd", "curl -H 'Authorization: Bearer "+tok+"' http://127.0.0.1:18080/ FLASHGATE_JWT_SECRET="+pw+"\n")
 	// CPU readings (clock ticks at 100 Hz): purchases 180,000 accepted; refusals_nginx 540,000 409s.
 	write("purchases.cpu", "clk_tck 100\nbefore gateway 1000\nbefore redis 500\nbefore nats 10\nbefore backend 0\nbefore mariadb 0\nbefore at 100.0\n"+
+		"load gateway 2800\nload redis 1400\nload nats 910\nload backend 450\nload mariadb 900\nload at 110.0\n"+
 		"after gateway 4600\nafter redis 1400\nafter nats 910\nafter backend 900\nafter mariadb 1800\nafter at 112.0\n")
 	write("refusals_nginx.cpu", "clk_tck 100\nbefore gateway 0\nbefore nginx 0\nbefore at 1\nafter gateway 54\nafter nginx 540\nafter at 11\ngateway_purchases_before 7\ngateway_purchases_after 17\n")
 	write("redis_evalsha.json", `{"name":"redis_evalsha","rps_p1":30000,"rps_p16":200000,"pipeline":16,"clients":64,"requests":200000,"threads":2,"admitted_fraction":1}`)
@@ -308,6 +309,7 @@ func TestRunFromParts(t *testing.T) {
 	}
 	for _, w := range []string{"2026-11-22 10:04 UTC", "`purchases_vs_redis`", "bin/flashgate something --for rss_10k", "**FAILED**",
 		"| `purchases` | accepted purchase | 180,000 | — | 200.0 | 50.0 | 50.0 | 50.0 | 100.0 | **450.0** |",
+		"| `purchases`, the load alone (10.0 s of 12.0 s) | accepted purchase | 180,000 | — | 100.0 | 50.0 | 50.0 | 25.0 | 50.0 | **275.0** |",
 		"| `refusals_nginx` | 409 | 540,000 | 10.0 | 1.0 | — | — | — | — | **11.0** |", "10 of them reached the gateway",
 		"FLASHGATE_REDIS_PASSWORD=<redacted>", "flashgate_admin:<redacted>@tcp(127.0.0.1:13306)"} {
 		if !strings.Contains(s, w) {

@@ -206,7 +206,7 @@ func (r *Report) cpuTable(w func(string, ...any)) {
 	if len(parts) == 0 {
 		return
 	}
-	w("CPU per answer, µs (utime + stime of each process from `/proc/<pid>/stat`, read right before and after the part, its audit and the backend's drain included; Redis is every Redis of the stack):\n\n")
+	w("CPU per answer, µs (utime + stime of each process from `/proc/<pid>/stat`, read right before and after the part, its audit and the backend's drain included; \"load alone\": up to the end of the load, before the drain; Redis is every Redis of the stack):\n\n")
 	w("| part | per | answers | nginx | gateway | Redis | NATS | backend | MariaDB | **chain** |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range parts {
 		c := p.CPU
@@ -218,6 +218,16 @@ func (r *Report) cpuTable(w func(string, ...any)) {
 		}
 		w("| `%s` | %s | %s | %s | %s | %s | %s | %s | %s | **%.1f** |\n", p.Name, c.Per, num(float64(c.Answers)),
 			cell("nginx"), cell("gateway"), cell("redis"), cell("nats"), cell("backend"), cell("mariadb"), c.TotalUS)
+		if len(c.LoadPerUS) > 0 {
+			lc := func(n string) string {
+				if v, ok := c.LoadPerUS[n]; ok {
+					return strconv.FormatFloat(v, 'f', 1, 64)
+				}
+				return "—"
+			}
+			w("| `%s`, the load alone (%.1f s of %.1f s) | %s | %s | %s | %s | %s | %s | %s | %s | **%.1f** |\n", p.Name, c.LoadSeconds, c.Seconds, c.Per, num(float64(c.Answers)),
+				lc("nginx"), lc("gateway"), lc("redis"), lc("nats"), lc("backend"), lc("mariadb"), c.LoadTotalUS)
+		}
 	}
 	w("\n")
 }
