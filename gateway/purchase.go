@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -513,10 +514,22 @@ func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.Relea
 	}
 }
 
+// orderBufs are the buffers orders are encoded in: the NATS client has copied
+// a message when the publish returns, so a buffer serves the next order.
+var orderBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
 func (g *Gateway) send(s *sale, m *flashgate.Order) error {
+	subject := s.subject.Load()
+	if subject == nil {
+		v := bus.OrderSubject(g.cfg.NATS, s.spec.ID)
+		subject = &v
+		s.subject.Store(subject)
+	}
 	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
 	defer cancel()
-	_, err := bus.PublishOrder(pctx, g.js, bus.OrderSubject(g.cfg.NATS, s.spec.ID), m, make([]byte, 0, 192))
+	buf := orderBufs.Get().(*[]byte)
+	_, err := bus.PublishOrder(pctx, g.js, *subject, m, *buf)
+	orderBufs.Put(buf)
 	return err
 }
 
