@@ -39,6 +39,9 @@ type sale struct {
 	soldOut map[string]*atomic.Bool
 	slot    uint16 // Redis Cluster hash slot of the sale's keys
 	rateKey uint64 // the sale's key in the per-sale rate limiter
+	// subject is the sale's JetStream order subject, built by its first
+	// publish (the subject's prefix is the gateway's configuration).
+	subject atomic.Pointer[string]
 }
 
 func newSale(spec *flashgate.Sale) *sale {
