@@ -63,6 +63,15 @@ type settings struct {
 	probeTimeout   time.Duration
 	preBaseline    time.Duration
 	trace          string
+	probeAddr      string
+}
+
+// probeAddr is where the probes go: the port under attack, or --probe-addr.
+func probeAddr(t target) string {
+	if set.probeAddr != "" {
+		return set.probeAddr
+	}
+	return t.Addr
 }
 
 var set settings
@@ -94,6 +103,7 @@ func run() int {
 	flag.DurationVar(&set.recoveryWithin, "recovery", time.Second, "goal: a new connection served within this after an attack")
 	flag.DurationVar(&set.probeTimeout, "probe-timeout", 2*time.Second, "a probe request slower than this failed")
 	flag.StringVar(&set.trace, "trace", "", "append every probe request to this file: <attack> <port> <phase> <seconds from the phase's start> <new|keep> <ms> <ok|failure>")
+	flag.StringVar(&set.probeAddr, "probe-addr", "", "probe this 127.0.0.1 address instead of the port under attack (e.g. the gateway while nginx is attacked): what the attack costs the machine, not the port")
 	holdAddr := flag.String("hold-idle", "", "(internal: a child of the fd exhaustion) hold idle connections to this address")
 	holdN := flag.Int("hold-n", 0, "(internal) how many")
 	holdOffset := flag.Int("hold-offset", 0, "(internal) first source address")
@@ -123,6 +133,12 @@ func run() int {
 			return 2
 		}
 		targets = append(targets, t)
+	}
+	if set.probeAddr != "" {
+		if host, _, err := net.SplitHostPort(set.probeAddr); err != nil || host != "127.0.0.1" {
+			fmt.Fprintf(os.Stderr, "hostile: --probe-addr %q: only 127.0.0.1:<port> is allowed\n", set.probeAddr)
+			return 2
+		}
 	}
 	attacks := allAttacks()
 	if *only != "" {
@@ -423,7 +439,7 @@ func startProbes(ctx context.Context, t target) *probes {
 			go func() {
 				defer inflight.Done()
 				start := time.Now()
-				err := getOnce(probeNewSrc[t.Name], t.Addr, closeReq, set.probeTimeout)
+				err := getOnce(probeNewSrc[t.Name], probeAddr(t), closeReq, set.probeTimeout)
 				ps.newConn.record(time.Since(start), err)
 				ps.traced("new", start, time.Since(start), err)
 			}()
@@ -453,7 +469,7 @@ func startProbes(ctx context.Context, t target) *probes {
 			err := func() error {
 				if c == nil {
 					var err error
-					if c, err = dial(probeKeepSrc[t.Name], t.Addr, set.probeTimeout); err != nil {
+					if c, err = dial(probeKeepSrc[t.Name], probeAddr(t), set.probeTimeout); err != nil {
 						c = nil
 						return err
 					}
