@@ -130,7 +130,6 @@ bench-edge: deps build ## wrk: gateway sold-out 409 vs nginx static 409 (edge ra
 # bench/hostile-results.json and BENCHMARKS.md's make hostile section. Settings: HOSTILE_DURATION,
 # HOSTILE_ARGS, HOSTILE_STRICT (scripts/hostile.sh). Leaves a running stack as it found it.
 hostile: deps build ## hostile-client suite against :8080 and :8000: BENCHMARKS.md, bench/hostile-results.json
-	$(GO) test -tags hostile -count=1 -run 'TestSlowBodyPerIP' ./nginx
 	@scripts/hostile.sh
 
 lint: ## go vet and a gofmt check

@@ -74,6 +74,9 @@ type opts struct {
 	rate, burst int
 	conn        int
 	readTimeout string
+	// status adds, for the test only, a server on a port of its own answering nginx's counters
+	// (the stub_status module): edge.writing reads them.
+	status bool
 }
 
 // render fills the ${NGINX_*} names of nginx/nginx.conf as scripts/stack.sh does with envsubst.
@@ -99,6 +102,7 @@ type edge struct {
 	dir    string // the prefix: config, logs, pid, temp files
 	addr   string
 	base   string // http://addr
+	status string // http://host:port/status when opts.status
 	cmd    *exec.Cmd
 	exited chan struct{}
 }
@@ -160,6 +164,13 @@ func startNginx(t testing.TB, o opts) *edge {
 			"NGINX_RLIMIT_NOFILE":      "4096",
 			"NGINX_WORKER_CONNECTIONS": "2016",
 		})
+		if o.status {
+			// Inside the http block (the template's last brace), beside the production server.
+			statusAddr := freeAddr(t)
+			e.status = "http://" + statusAddr + "/status"
+			end := strings.LastIndex(conf, "}")
+			conf = conf[:end] + "    server {\n        listen " + statusAddr + ";\n        location = /status { stub_status; }\n    }\n}\n"
+		}
 		if err := os.WriteFile(filepath.Join(e.dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -217,6 +228,31 @@ func (e *edge) stop() {
 		_ = e.cmd.Process.Kill()
 		<-e.exited
 	}
+}
+
+var stubWritingRE = regexp.MustCompile(`Writing: (\d+)`)
+
+// writing is stub_status's "Writing": the requests nginx has read the headers of and has not
+// finished, this one (the status request) included. A request is counted there just before
+// nginx runs its phases, limit_conn's among them.
+func (e *edge) writing() (int, error) {
+	if e.status == "" {
+		return 0, errors.New("nginx started without opts.status")
+	}
+	res, err := client.Get(e.status)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		return 0, err
+	}
+	m := stubWritingRE.FindSubmatch(b)
+	if res.StatusCode != 200 || m == nil {
+		return 0, fmt.Errorf("stub_status answered %d %q", res.StatusCode, b)
+	}
+	return strconv.Atoi(string(m[1]))
 }
 
 func (e *edge) errorLog() string {

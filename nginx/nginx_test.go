@@ -92,11 +92,12 @@ func TestConfigTest(t *testing.T) {
 	})
 }
 
-// envWithoutNginx is the environment without the caller's NGINX_* settings.
+// envWithoutNginx is the environment without the caller's NGINX_* settings, nor its
+// STACK_PORT_OFFSET (the defaults are what is checked; make test runs with the caller's offset).
 func envWithoutNginx() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "NGINX_") {
+		if !strings.HasPrefix(kv, "NGINX_") && !strings.HasPrefix(kv, "STACK_PORT_OFFSET=") {
 			env = append(env, kv)
 		}
 	}

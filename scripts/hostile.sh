@@ -14,7 +14,8 @@
 #
 # Environment: HOSTILE_DURATION (12s: each attack), HOSTILE_ARGS (more flags for bench/hostile,
 # e.g. "--attacks smuggling,oversize --ports nginx"; `bin/hostile -h` lists them),
-# HOSTILE_STRICT=1 (exit 1 when a target is missed), STACK_CONFIG (configs/flashgate.yaml), GO.
+# HOSTILE_STRICT=1 (exit 1 when a target is missed), STACK_CONFIG (configs/flashgate.yaml), GO,
+# STACK_PORT_OFFSET (the stack's ports: nginx 8000 + offset, the gateway 8080 + offset).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,6 +30,12 @@ TOOL="$ROOT/bin/hostile"
 STACK="$ROOT/scripts/stack.sh"
 LOG="$ROOT/var/log"
 OUT="$ROOT/var/hostile"
+# The ports of this stack (scripts/stack.sh adds STACK_PORT_OFFSET to every port): the suite
+# attacks this checkout's nginx and gateway, never another stack's.
+OFFSET="${STACK_PORT_OFFSET:-0}"
+[[ "$OFFSET" =~ ^[0-9]+$ ]] || { printf 'hostile: STACK_PORT_OFFSET must be a whole number, not %s\n' "$OFFSET" >&2; exit 1; }
+NGINX_ADDR="127.0.0.1:$((8000 + OFFSET))"
+GATEWAY_ADDR="127.0.0.1:$((8080 + OFFSET))"
 # Dev mode, as the Makefile sets it for the local stack (docs/security.md). The secrets are the
 # stack's (var/secrets.env, read once the stack is up) or the environment's.
 export FLASHGATE_DEV="${FLASHGATE_DEV:-1}"
@@ -91,7 +98,8 @@ say "sale $SALE created; gateway pid $(cat var/run/gateway.pid 2>/dev/null || ec
 NOTE="commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git status --porcelain --untracked-files=no -- . ':!BENCHMARKS.md' ':!bench/hostile-results.json' 2>/dev/null)" ]] || NOTE+=" with local changes"
 # shellcheck disable=SC2086 # HOSTILE_ARGS is a list of flags
-"$TOOL" --sale "$SALE" --duration "$DURATION" --note "$NOTE" ${HOSTILE_ARGS:-} | tee "$OUT/last.out"
+"$TOOL" --sale "$SALE" --nginx "$NGINX_ADDR" --gateway "$GATEWAY_ADDR" --duration "$DURATION" --note "$NOTE" \
+	${HOSTILE_ARGS:-} | tee "$OUT/last.out"
 rc=${PIPESTATUS[0]}
 ((rc == 0)) || exit "$rc"
 if [[ "${HOSTILE_STRICT:-}" == 1 ]] && grep -q '^target .* missed$' "$OUT/last.out"; then

@@ -49,6 +49,7 @@ type settings struct {
 	duration       time.Duration
 	baseline       time.Duration
 	fdConns        int
+	fdOpenRate     int
 	slowloris      int
 	silent         int
 	slowBodies     int
@@ -61,6 +62,16 @@ type settings struct {
 	recoveryWithin time.Duration
 	probeTimeout   time.Duration
 	preBaseline    time.Duration
+	trace          string
+	probeAddr      string
+}
+
+// probeAddr is where the probes go: the port under attack, or --probe-addr.
+func probeAddr(t target) string {
+	if set.probeAddr != "" {
+		return set.probeAddr
+	}
+	return t.Addr
 }
 
 var set settings
@@ -77,8 +88,9 @@ func run() int {
 	flag.StringVar(&set.sale, "sale", "", "id of an existing sale: the probes GET /v1/sales/{id} (required)")
 	flag.DurationVar(&set.duration, "duration", 12*time.Second, "length of each attack")
 	flag.DurationVar(&set.baseline, "baseline", 5*time.Second, "length of the suite's first no-attack baseline, per port")
-	flag.DurationVar(&set.preBaseline, "pre-baseline", 3*time.Second, "length of the no-attack baseline taken right before each attack (the p99 ratio's denominator)")
+	flag.DurationVar(&set.preBaseline, "pre-baseline", 0, "length of the no-attack baseline taken right before each attack, the p99 ratio's denominator (0: as long as the attack, so that both p99s come from as many requests)")
 	flag.IntVar(&set.fdConns, "fd-conns", 20000, "fd exhaustion: idle keep-alive connections to open (split over child processes by their open-file limit)")
+	flag.IntVar(&set.fdOpenRate, "open-rate", 2500, "fd exhaustion: connections opened per second, all children together (0: unpaced, as fast as 64 dialers per child get answers)")
 	flag.IntVar(&set.slowloris, "slowloris", 3000, "slowloris connections")
 	flag.IntVar(&set.silent, "silent", 2000, "connections that send nothing")
 	flag.IntVar(&set.slowBodies, "slow-bodies", 2000, "slow-body connections")
@@ -90,6 +102,8 @@ func run() int {
 	flag.IntVar(&set.oversizeTries, "oversize-tries", 800, "oversized bodies: 64 KiB POSTs per port, spread over the attack")
 	flag.DurationVar(&set.recoveryWithin, "recovery", time.Second, "goal: a new connection served within this after an attack")
 	flag.DurationVar(&set.probeTimeout, "probe-timeout", 2*time.Second, "a probe request slower than this failed")
+	flag.StringVar(&set.trace, "trace", "", "append every probe request to this file: <attack> <port> <phase> <seconds from the phase's start> <new|keep> <ms> <ok|failure>")
+	flag.StringVar(&set.probeAddr, "probe-addr", "", "probe this 127.0.0.1 address instead of the port under attack (e.g. the gateway while nginx is attacked): what the attack costs the machine, not the port")
 	holdAddr := flag.String("hold-idle", "", "(internal: a child of the fd exhaustion) hold idle connections to this address")
 	holdN := flag.Int("hold-n", 0, "(internal) how many")
 	holdOffset := flag.Int("hold-offset", 0, "(internal) first source address")
@@ -120,6 +134,12 @@ func run() int {
 		}
 		targets = append(targets, t)
 	}
+	if set.probeAddr != "" {
+		if host, _, err := net.SplitHostPort(set.probeAddr); err != nil || host != "127.0.0.1" {
+			fmt.Fprintf(os.Stderr, "hostile: --probe-addr %q: only 127.0.0.1:<port> is allowed\n", set.probeAddr)
+			return 2
+		}
+	}
 	attacks := allAttacks()
 	if *only != "" {
 		var sel []attack
@@ -139,8 +159,9 @@ func run() int {
 	res := &results{
 		Started: time.Now().UTC(), Sale: set.sale, Limit: limit, CPUs: runtime.NumCPU(),
 		Settings: map[string]string{
-			"duration": set.duration.String(), "baseline": set.baseline.String(), "pre_baseline": set.preBaseline.String(),
-			"fd_conns": strconv.Itoa(set.fdConns), "slowloris": strconv.Itoa(set.slowloris),
+			"duration": set.duration.String(), "baseline": set.baseline.String(), "pre_baseline": preBaselineText(),
+			"fd_open_rate": strconv.Itoa(set.fdOpenRate),
+			"fd_conns":     strconv.Itoa(set.fdConns), "slowloris": strconv.Itoa(set.slowloris),
 			"silent": strconv.Itoa(set.silent), "slow_bodies": strconv.Itoa(set.slowBodies),
 			"slow_body_addrs": strconv.Itoa(set.slowBodyAddrs), "slow_body_every": set.slowBodyEvery.String(),
 			"pipeline_conns": strconv.Itoa(set.pipeConns), "churn_rate": strconv.Itoa(set.churnRate),
@@ -291,6 +312,44 @@ func (p *probe) record(d time.Duration, err error) {
 type probes struct {
 	newConn, keep probe
 	wg            sync.WaitGroup
+	start         time.Time
+	tmu           sync.Mutex
+	trace         []string // with --trace: one line per probe request
+}
+
+// traced notes one probe request for --trace: when it started (from the probes' start), the
+// probe, how long it took and how it ended.
+func (ps *probes) traced(kind string, start time.Time, d time.Duration, err error) {
+	if set.trace == "" {
+		return
+	}
+	how := "ok"
+	if err != nil {
+		how = errClass(err)
+	}
+	ps.tmu.Lock()
+	ps.trace = append(ps.trace, fmt.Sprintf("%.3f %s %.3f %s", start.Sub(ps.start).Seconds(), kind, float64(d)/float64(time.Millisecond), how))
+	ps.tmu.Unlock()
+}
+
+// writeTrace appends the probes' lines to the --trace file, each after label.
+func (ps *probes) writeTrace(label string) {
+	if set.trace == "" {
+		return
+	}
+	f, err := os.OpenFile(set.trace, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		logf("trace: %v", err)
+		return
+	}
+	defer f.Close()
+	w := bufio.NewWriter(f)
+	for _, l := range ps.trace {
+		fmt.Fprintf(w, "%s %s\n", label, l)
+	}
+	if err := w.Flush(); err != nil {
+		logf("trace: %v", err)
+	}
 }
 
 // probeSummary is what the probes saw over one period.
@@ -357,7 +416,7 @@ const probeEvery = 50 * time.Millisecond
 
 // startProbes runs both probes against t until ctx ends.
 func startProbes(ctx context.Context, t target) *probes {
-	ps := &probes{}
+	ps := &probes{start: time.Now()}
 	req := []byte("GET /v1/sales/" + set.sale + " HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: hostile-probe\r\n\r\n")
 	closeReq := []byte("GET /v1/sales/" + set.sale + " HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: hostile-probe\r\nConnection: close\r\n\r\n")
 	// New connection per request: each tick its own goroutine, so that one stuck request does
@@ -380,8 +439,9 @@ func startProbes(ctx context.Context, t target) *probes {
 			go func() {
 				defer inflight.Done()
 				start := time.Now()
-				err := getOnce(probeNewSrc[t.Name], t.Addr, closeReq, set.probeTimeout)
+				err := getOnce(probeNewSrc[t.Name], probeAddr(t), closeReq, set.probeTimeout)
 				ps.newConn.record(time.Since(start), err)
+				ps.traced("new", start, time.Since(start), err)
 			}()
 		}
 	}()
@@ -409,7 +469,7 @@ func startProbes(ctx context.Context, t target) *probes {
 			err := func() error {
 				if c == nil {
 					var err error
-					if c, err = dial(probeKeepSrc[t.Name], t.Addr, set.probeTimeout); err != nil {
+					if c, err = dial(probeKeepSrc[t.Name], probeAddr(t), set.probeTimeout); err != nil {
 						c = nil
 						return err
 					}
@@ -426,6 +486,7 @@ func startProbes(ctx context.Context, t target) *probes {
 				c = nil
 			}
 			ps.keep.record(time.Since(start), err)
+			ps.traced("keep", start, time.Since(start), err)
 		}
 	}()
 	return ps
@@ -511,6 +572,7 @@ type attack struct {
 
 func allAttacks() []attack {
 	return []attack{
+		{"none", "no attack: the probes alone, the yardstick of how far the p99 ratio moves by itself on this machine", none, 0},
 		{"slowloris", "connections sending a request's headers one line every 2 s, never ending them", slowloris, 0},
 		{"silent", "connections that send no byte", silent, 0},
 		{"slow_body", "purchases whose body arrives one byte at a time", slowBody, 0},
@@ -563,11 +625,19 @@ func runAttack(a attack, t target, base probeSummary) runResult {
 	start := time.Now()
 	// The baseline is taken right before each attack: on a shared machine the load of the
 	// moment moves a p99 more than many attacks do. The suite's first baseline is kept beside it.
-	bctx, bcancel := context.WithTimeout(context.Background(), set.preBaseline)
+	// As long as the attack by default: a p99 over 3 s of probes (120 requests: the second
+	// slowest) against a p99 over 12 s (480: the fifth slowest) compared two different
+	// statistics, and the short one swung tenfold from run to run on a shared machine.
+	preFor := set.preBaseline
+	if preFor <= 0 {
+		preFor = set.duration + a.extra
+	}
+	bctx, bcancel := context.WithTimeout(context.Background(), preFor)
 	pre := startProbes(bctx, t)
 	<-bctx.Done()
 	bcancel()
 	preSum := pre.wait()
+	pre.writeTrace(a.Name + " " + t.Name + " before")
 	ctx, cancel := context.WithTimeout(context.Background(), set.duration+a.extra)
 	defer cancel()
 	ps := startProbes(ctx, t)
@@ -576,6 +646,7 @@ func runAttack(a attack, t target, base probeSummary) runResult {
 	stopped := time.Now()
 	r := runResult{Attack: a.Name, Port: t.Name, Addr: t.Addr, Probe: ps.wait(), Baseline: preSum.P99,
 		BaselinePct: preSum.SuccessPct, SuiteBaseline: base.P99, Seen: seen}
+	ps.writeTrace(a.Name + " " + t.Name + " attack")
 	if r.Baseline > 0 {
 		r.P99Ratio = float64(r.Probe.P99) / float64(r.Baseline)
 	}
@@ -765,6 +836,14 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 
 // ---------------------------------------------------------------------------------------------
 // the attacks
+
+// none attacks nothing: its line is the p99 ratio of two periods with no attack, measured the
+// same way as every attack's. On a shared machine it shows how much of a ratio is the
+// neighbours' load rather than the attack.
+func none(ctx context.Context, _ target) map[string]int64 {
+	<-ctx.Done()
+	return map[string]int64{}
+}
 
 func slowloris(ctx context.Context, t target) map[string]int64 {
 	tl := newTally()
@@ -1063,8 +1142,9 @@ func fdExhaustion(ctx context.Context, t target) map[string]int64 {
 		if k == children-1 {
 			n = set.fdConns - n*(children-1)
 		}
-		c := &child{cmd: exec.Command(self, "--sale", set.sale, "--hold-idle", t.Addr,
-			"--hold-n", strconv.Itoa(n), "--hold-offset", strconv.Itoa(k*per))}
+		args := []string{self, "--sale", set.sale, "--hold-idle", t.Addr,
+			"--hold-n", strconv.Itoa(n), "--hold-offset", strconv.Itoa(k * per), "--open-rate", strconv.Itoa(set.fdOpenRate / children)}
+		c := &child{cmd: exec.Command(args[0], args[1:]...)}
 		c.cmd.Stdout, c.cmd.Stderr = &c.out, os.Stderr
 		if c.stdin, err = c.cmd.StdinPipe(); err == nil {
 			err = c.cmd.Start()
@@ -1096,6 +1176,14 @@ func fdExhaustion(ctx context.Context, t target) map[string]int64 {
 	return tl.snapshot()
 }
 
+// preBaselineText says how long each attack's own baseline is, for the results.
+func preBaselineText() string {
+	if set.preBaseline <= 0 {
+		return "as long as the attack"
+	}
+	return set.preBaseline.String()
+}
+
 // ownLimit is this process's open-file limit, once raised.
 var ownLimit uint64 = 1024
 
@@ -1121,11 +1209,26 @@ func holdIdle(ctx context.Context, t target, n, offset int, tl *tally) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var held atomic.Int64
-	for w := 0; w < 64; w++ {
+	began := time.Now()
+	const dialers = 64
+	for w := 0; w < dialers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var pace <-chan time.Time
+			if set.fdOpenRate > 0 {
+				tick := time.NewTicker(dialers * time.Second / time.Duration(set.fdOpenRate))
+				defer tick.Stop()
+				pace = tick.C
+			}
 			for ctx.Err() == nil {
+				if pace != nil {
+					select {
+					case <-ctx.Done():
+						return
+					case <-pace:
+					}
+				}
 				i := int(next.Add(1))
 				if i > n {
 					return
@@ -1158,6 +1261,7 @@ func holdIdle(ctx context.Context, t target, n, offset int, tl *tally) {
 		}()
 	}
 	wg.Wait()
+	logf("fd exhaustion child: %d connections opened in %v", held.Load(), time.Since(began).Round(time.Millisecond))
 	<-ctx.Done()
 	mu.Lock()
 	defer mu.Unlock()

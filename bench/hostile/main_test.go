@@ -52,10 +52,17 @@ func TestTargets(t *testing.T) {
 		}
 		return m
 	}
-	r := &results{Runs: []runResult{ok("silent", "nginx"), ok("silent", "gateway")}}
-	for name, m := range met(targetsOf(r)) {
-		if !m {
-			t.Errorf("%s missed with every run fine", name)
+	// The control (no attack) is the ratio's noise, shown beside the target, not one of the
+	// attacks it is judged on.
+	control := ok("none", "nginx")
+	control.P99Ratio = 6
+	r := &results{Runs: []runResult{control, ok("silent", "nginx"), ok("silent", "gateway")}}
+	for _, g := range targetsOf(r) {
+		if !g.Met {
+			t.Errorf("%s missed with every attack fine: %s", g.Name, g.line())
+		}
+		if g.Name == "nginx_probe_p99" && !strings.Contains(g.Figure, "with no attack 6.0x") {
+			t.Errorf("the control's ratio is not shown: %s", g.line())
 		}
 	}
 	// The gateway's own probes may suffer: that is no nginx target. Its death is.
