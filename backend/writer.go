@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -694,14 +695,8 @@ func regionKeys(sale, region string) *lua.Keys {
 	return lua.KeysFor(sale, []string{region})
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
+// sortedKeys lists m's keys in order (the lock order of every writer).
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // sleep waits d or until ctx is done.
 func sleep(ctx context.Context, d time.Duration) error {
