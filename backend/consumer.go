@@ -21,9 +21,12 @@ import (
 )
 
 const (
-	// idlePoll is how long one pull waits for the first message. Shutdown waits
-	// for it to return rather than abandon a pull the server may be answering.
-	idlePoll = time.Second
+	// pullExpiry is how long one pull request of the consumer's long-lived
+	// pull lives on the server before the client renews it.
+	pullExpiry = 10 * time.Second
+	// releaseWait bounds the wait for the messages still on their way when a
+	// pull is released.
+	releaseWait = 2 * time.Second
 	// maxBackOff caps the consumer's redelivery back-off.
 	maxBackOff = 10 * time.Minute
 	// maxBackOffSteps is the length of the back-off schedule (the last step repeats).
@@ -98,16 +101,44 @@ type ingestConfig struct {
 	Backend config.Backend
 }
 
-// consume is the consumer loop: fetch a batch, write it, repeat, until ctx ends.
+// consume is the consumer loop: take a batch, write it, repeat, until ctx ends.
 // It rides out NATS, MySQL and Redis outages: a failed batch is nak'ed with a
 // delay and the loop pauses before the next.
+//
+// The orders come through one long-lived pull (jetstream.Consumer.Messages):
+// a subscription that stays open while the backend runs, which the client
+// keeps asking the server to fill up to batch_size messages ahead. A message
+// the server sends arrives in it whenever it comes. (The loop used to make two
+// short pulls per batch, each on an inbox of its own that it stopped reading
+// when the pull timed out: a message the server sent as that happened reached
+// nobody and waited out ack_wait before its redelivery, which left the last
+// orders of a flood unwritten for 30 s.)
 func (ig *ingest) consume(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
+	var it jetstream.MessagesContext
+	defer func() {
+		if it != nil {
+			ig.release(it)
+		}
+	}()
 	failures := 0
 	for ctx.Err() == nil {
-		msgs, err := ig.fetch()
+		if it == nil {
+			var err error
+			if it, err = ig.pull(); err != nil {
+				ig.log.Warn("pulling orders", "err", err)
+				failures++
+				_ = sleep(ctx, pause(failures))
+				continue
+			}
+		}
+		msgs, err := ig.batch(ctx, it)
 		if err != nil {
+			// The pull ended (consumer deleted, connection closed): a new one
+			// is opened after the batch in hand.
 			ig.log.Warn("fetching orders", "err", err)
+			ig.release(it)
+			it = nil
 		}
 		if len(msgs) == 0 {
 			if err != nil {
@@ -129,33 +160,62 @@ func pause(failures int) time.Duration {
 	return min(loopPauseMax, 100*time.Millisecond<<min(failures, 10))
 }
 
-// fetch pulls one batch: it waits up to idlePoll for a first message, then up to
-// cfg.Backend.BatchWait for more. (A single pull of BatchSize would hold every
-// message until the batch is full or the pull expires; on nats-server 2.9 a
-// no-wait pull does not see redeliveries.)
-func (ig *ingest) fetch() ([]jetstream.Msg, error) {
-	first, err := ig.cons.Fetch(1, jetstream.FetchMaxWait(idlePoll))
-	if err != nil {
-		return nil, err
-	}
-	msgs := drain(first, nil)
-	if err := first.Error(); err != nil || len(msgs) == 0 || ig.cfg.Backend.BatchSize <= 1 {
-		return msgs, err
-	}
-	wait := max(ig.cfg.Backend.BatchWait, time.Millisecond)
-	more, err := ig.cons.Fetch(ig.cfg.Backend.BatchSize-1, jetstream.FetchMaxWait(wait))
-	if err != nil {
-		return msgs, err
-	}
-	msgs = drain(more, msgs)
-	return msgs, more.Error()
+// pull opens the long-lived pull the loop takes its batches from: up to
+// batch_size messages asked for ahead of the batch in hand (so the next batch
+// is there when this one is written), each pull request living pullExpiry
+// with the server's heartbeats on it.
+func (ig *ingest) pull() (jetstream.MessagesContext, error) {
+	return ig.cons.Messages(jetstream.PullMaxMessages(max(ig.cfg.Backend.BatchSize, 1)),
+		jetstream.PullExpiry(pullExpiry), jetstream.WithMessagesErrOnMissingHeartbeat(false))
 }
 
-func drain(batch jetstream.MessageBatch, into []jetstream.Msg) []jetstream.Msg {
-	for m := range batch.Messages() {
-		into = append(into, m)
+// batch takes one batch off the pull: it waits for a first message (until ctx
+// ends), then up to cfg.Backend.BatchWait for more, up to BatchSize. An error
+// means the pull has ended; the messages taken before it are returned with it.
+func (ig *ingest) batch(ctx context.Context, it jetstream.MessagesContext) ([]jetstream.Msg, error) {
+	first, err := it.Next(jetstream.NextContext(ctx))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		return nil, err
 	}
-	return into
+	msgs := []jetstream.Msg{first}
+	size := ig.cfg.Backend.BatchSize
+	if size <= 1 {
+		return msgs, nil
+	}
+	// The window is not cut short by ctx: what it takes is written before the
+	// loop stops.
+	wctx, cancel := context.WithTimeout(context.Background(), max(ig.cfg.Backend.BatchWait, time.Millisecond))
+	defer cancel()
+	for len(msgs) < size {
+		m, err := it.Next(jetstream.NextContext(wctx))
+		if err != nil {
+			if wctx.Err() != nil {
+				return msgs, nil
+			}
+			return msgs, err
+		}
+		msgs = append(msgs, m)
+	}
+	return msgs, nil
+}
+
+// release ends a pull: the server is asked for nothing more, and the messages
+// it had already sent this backend but the loop did not take are nak'ed, so
+// that another backend gets them now instead of after ack_wait.
+func (ig *ingest) release(it jetstream.MessagesContext) {
+	it.Drain()
+	for {
+		m, err := it.Next(jetstream.NextMaxWait(releaseWait))
+		if err != nil {
+			return
+		}
+		if err := m.Nak(); err != nil {
+			ig.log.Debug("nak on release", "err", err)
+		}
+	}
 }
 
 // entry is one message of a batch with its decoded order.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -344,11 +345,15 @@ type batchTotals struct {
 	usage   map[usageKey]int64
 }
 
-// totals sums the batch's orders per counter; false when an order does not
-// fit the sale (region, charges): the fallback then fails it alone.
-func totals(shape *saleShape, orders []flashgate.Order) (batchTotals, bool) {
+// totals sums the batch's orders not yet settled in res per counter; false
+// when an order does not fit the sale (region, charges): the fallback then
+// fails it alone.
+func totals(shape *saleShape, orders []flashgate.Order, res map[uint64]settlement) (batchTotals, bool) {
 	t := batchTotals{regions: map[string]int64{}, users: map[string]int64{}, usage: map[usageKey]int64{}}
 	for _, o := range orders {
+		if _, settled := res[o.ID]; settled {
+			continue
+		}
 		if !shape.fits(o.Region) {
 			return t, false
 		}
@@ -394,7 +399,7 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	if err := duplicates(ctx, tx, sale, todo, res); err != nil {
 		return nil, false, err
 	}
-	t, ok := totals(shape, fresh(todo, res))
+	t, ok := totals(shape, todo, res)
 	if !ok {
 		return nil, false, nil
 	}
@@ -622,18 +627,19 @@ func (w *orderWriter) chargeOne(ctx context.Context, tx *sql.Tx, sale string, sh
 	return "", nil
 }
 
-// insertOrders writes the rows of orders with the status res gives each.
+// insertOrders writes the rows of orders with the status res gives each. It
+// sets them on orders (the caller's own list, from fresh) rather than on a
+// copy of every order.
 func insertOrders(ctx context.Context, tx *sql.Tx, orders []flashgate.Order, res map[uint64]settlement, now time.Time) error {
-	rows := make([]flashgate.Order, len(orders))
-	for i, o := range orders {
+	for i := range orders {
+		o := &orders[i]
 		s := res[o.ID]
 		o.Status, o.Reason = s.status, s.reason
 		if s.reason == flashgate.ReasonDuplicate {
 			o.IdemKey = "" // a duplicate's row leaves the key to the order that holds it
 		}
-		rows[i] = o
 	}
-	return mysql.InsertOrders(ctx, tx, rows, now)
+	return mysql.InsertOrders(ctx, tx, orders, now)
 }
 
 // writeBack tells Redis what MySQL decided: confirmed (and already settled)
@@ -699,14 +705,8 @@ func regionKeys(sale, region string) *lua.Keys {
 	return lua.KeysFor(sale, []string{region})
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
+// sortedKeys lists m's keys in order (the lock order of every writer).
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // sleep waits d or until ctx is done.
 func sleep(ctx context.Context, d time.Duration) error {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -282,14 +283,7 @@ func OrderStateOf(ctx context.Context, db Querier, id uint64) (OrderState, error
 
 // sortedKeys lists m's keys in order: every writer locks rows in one order,
 // so two never lock them crosswise.
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // UsageKey is one row of limit_usage of a sale.
 type UsageKey struct {
