@@ -371,6 +371,9 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		unavailable(ctx, "order queue unavailable")
 		return
 	}
+	if g.laneFirst(s) && g.viaLane(ctx, s, sub, qty, region, idem, now) {
+		return
+	}
 	lease := g.lease.Load()
 	if !lease.Valid() {
 		unavailable(ctx, "order ids unavailable")
@@ -391,13 +394,17 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		return struct{}{}, err
 	})
 	if refusedByBreaker(err) {
-		unavailable(ctx, "stock service unavailable")
+		if !g.viaLane(ctx, s, sub, qty, region, idem, now) {
+			unavailable(ctx, "stock service unavailable")
+		}
 		return
 	}
 	g.metrics.AdmitLatency(time.Since(start))
 	if err != nil {
 		g.undoAdmit(s, args.OrderID, region, args.EncodedCharges, err)
-		unavailable(ctx, "stock service unavailable")
+		if !g.viaLane(ctx, s, sub, qty, region, idem, now) {
+			unavailable(ctx, "stock service unavailable")
+		}
 		return
 	}
 	g.answerAdmission(ctx, s, sub, &args, adm, lease)
