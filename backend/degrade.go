@@ -165,7 +165,7 @@ func (l *lane) handle(p bus.LanePurchase) bus.LaneReply {
 	defer cancel()
 	r, err := l.decide(ctx, p)
 	if err != nil {
-		l.log.Warn("lane purchase undecided", "sale", p.SaleID, "order", p.OrderID, "err", err)
+		l.log.Warn("lane purchase undecided", "sale", p.SaleID, "user", p.UserID, "err", err)
 		return bus.LaneReply{Outcome: bus.LaneUnavailable, Message: "order store unavailable"}
 	}
 	return r

@@ -35,9 +35,9 @@ func PurchaseSubject(cfg config.NATS) string { return cfg.CommandSubject + ".pur
 
 // LanePurchase is a purchase a gateway hands to the lane: the order it would
 // have published had Redis admitted it, with the buyer's facts (the backend
-// works the charges out again from them and the sale in MySQL).
+// works the charges out again from them and the sale in MySQL), without an
+// id: the lane makes it (its own order-id node, docs/degrade.md).
 type LanePurchase struct {
-	OrderID   uint64 `json:"order_id,string"`
 	SaleID    string `json:"sale_id"`
 	UserID    string `json:"user_id"`
 	Quantity  int64  `json:"quantity"`
@@ -53,14 +53,14 @@ type LanePurchase struct {
 
 // PurchaseOf is the lane request of order o.
 func PurchaseOf(o *flashgate.Order) LanePurchase {
-	return LanePurchase{OrderID: o.ID, SaleID: o.SaleID, UserID: o.UserID, Quantity: o.Quantity, Region: o.Region,
+	return LanePurchase{SaleID: o.SaleID, UserID: o.UserID, Quantity: o.Quantity, Region: o.Region,
 		IdemKey: o.IdemKey, Phone: o.Phone, Device: o.Device, IP: o.IP, Address: o.Address,
 		CreatedMS: o.CreatedAt.UnixMilli(), ExpiresMS: o.ExpiresAt.UnixMilli()}
 }
 
 // Order is the order p asks for (no charges: the backend works them out).
 func (p *LanePurchase) Order() flashgate.Order {
-	return flashgate.Order{ID: p.OrderID, SaleID: p.SaleID, UserID: p.UserID, Quantity: p.Quantity, Region: p.Region,
+	return flashgate.Order{SaleID: p.SaleID, UserID: p.UserID, Quantity: p.Quantity, Region: p.Region,
 		IdemKey: p.IdemKey, Phone: p.Phone, Device: p.Device, IP: p.IP, Address: p.Address,
 		CreatedAt: time.UnixMilli(p.CreatedMS).UTC(), ExpiresAt: time.UnixMilli(p.ExpiresMS).UTC()}
 }
@@ -110,7 +110,7 @@ func Purchase(ctx context.Context, nc *nats.Conn, cfg config.NATS, p LanePurchas
 // DecodePurchase reads a lane purchase off the wire; ok is false for a
 // malformed one.
 func DecodePurchase(b []byte) (p LanePurchase, ok bool) {
-	if err := json.Unmarshal(b, &p); err != nil || p.OrderID == 0 || !flashgate.ValidID(p.SaleID) ||
+	if err := json.Unmarshal(b, &p); err != nil || !flashgate.ValidID(p.SaleID) ||
 		!flashgate.ValidID(p.UserID) || p.CreatedMS <= 0 || p.ExpiresMS < p.CreatedMS ||
 		(p.IdemKey != "" && !flashgate.ValidID(p.IdemKey)) || (p.Region != "" && !flashgate.ValidRegion(p.Region)) {
 		return LanePurchase{}, false
