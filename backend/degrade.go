@@ -130,8 +130,14 @@ func (l *lane) keepNode(ctx context.Context) {
 	}
 }
 
-// serve joins the lane's queue group laneWorkers times.
+// serve joins the lane's queue group laneWorkers times, once it has asked
+// Redis (a lane that took Redis for away would decide purchases the fast
+// path should).
 func (l *lane) serve() error {
+	ctx, cancel := context.WithTimeout(context.Background(), redisProbeWait)
+	l.up.Store(l.rc.Do(ctx, l.rc.B().Ping().Build()).Error() == nil)
+	cancel()
+	l.probeAt.Store(l.now().UnixNano())
 	for range laneWorkers {
 		sub, err := bus.ServePurchases(l.nc, l.cfg, l.handle)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
@@ -150,5 +151,51 @@ func TestRewarmWaitsForRedis(t *testing.T) {
 	}
 	if n := remaining(t, e.rc, lua.KeysFor(sale.ID, nil), ""); n != 4 {
 		t.Fatalf("stock %d, want 4", n)
+	}
+}
+
+// degrade and degrade_rate through the admin API (created, shown, refused
+// when bad), into Redis's meta; and the lane's queue group answers a running
+// backend's purchases: with Redis there and the sale fresh, "fresh".
+func TestAdminDegradeAndLaneServed(t *testing.T) {
+	t.Parallel()
+	s := start(t, testenv.RedisAddrs(), nil)
+	tok := s.cfg.Admin.Token
+	id := testenv.ID("dg")
+	cleanRedisID(t, s.rc, id)
+	if status, body := s.call("POST", "/admin/v1/sales", tok, saleBody(testenv.ID("dg"), 10, 2, `,"degrade":"redis"`)); status != 400 || body["code"] != "invalid_request" {
+		t.Errorf("degrade redis: %d %v", status, body)
+	}
+	if status, body := s.call("POST", "/admin/v1/sales", tok, saleBody(testenv.ID("dg"), 10, 2, `,"degrade_rate":5`)); status != 400 {
+		t.Errorf("degrade_rate without mysql: %d %v", status, body)
+	}
+	status, body := s.call("POST", "/admin/v1/sales", tok, saleBody(id, 10, 2, `,"degrade":"mysql","degrade_rate":8`))
+	if status != 201 || body["degrade"] != "mysql" || body["degrade_rate"] != float64(8) {
+		t.Fatalf("create: %d %v", status, body)
+	}
+	status, body = s.call("GET", "/admin/v1/sales/"+id, tok, "")
+	if status != 200 || body["degrade"] != "mysql" || body["degrade_rate"] != float64(8) || body["stale"] != float64(0) {
+		t.Errorf("show: %d %v", status, body)
+	}
+	if got, err := lua.LoadSale(ctx(t), s.rc, id); err != nil || got.Degrade != flashgate.DegradeMySQL || got.DegradeRate != 8 {
+		t.Errorf("redis meta: %+v, %v", got, err)
+	}
+	plain := testenv.ID("dg")
+	cleanRedisID(t, s.rc, plain)
+	if status, _ := s.call("POST", "/admin/v1/sales", tok, saleBody(plain, 10, 2, "")); status != 201 {
+		t.Fatalf("create plain: %d", status)
+	}
+	if _, body := s.call("GET", "/admin/v1/sales/"+plain, tok, ""); body["degrade"] != "closed" || body["degrade_rate"] != float64(0) {
+		t.Errorf("show plain: %v", body)
+	}
+
+	now := time.Now()
+	o := flashgate.Order{SaleID: id, UserID: "u1", Quantity: 1, CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
+	r, err := bus.Purchase(ctx(t), s.nc, s.cfg.NATS, bus.PurchaseOf(&o))
+	if err != nil || r.Outcome != string(flashgate.LaneFresh) {
+		t.Fatalf("lane with Redis up: %+v, %v", r, err)
+	}
+	if n := s.rows(id, "confirmed"); n != 0 {
+		t.Fatalf("a fresh answer wrote %d orders", n)
 	}
 }
