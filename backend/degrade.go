@@ -64,9 +64,7 @@ type lane struct {
 	wg   sync.WaitGroup
 	stop atomic.Bool
 
-	up      atomic.Bool  // Redis answered the last probe
-	probeAt atomic.Int64 // unix ns of the last probe begun
-	probing atomic.Bool
+	probes sync.Map // sale → *shardProbe: the sale's Redis shard, as last probed
 
 	// node is the lane's order-id node (a MySQL lock), gen its ids; nil
 	// while none is held (the lane then answers unavailable).
@@ -75,6 +73,13 @@ type lane struct {
 	mu     sync.Mutex
 	flight map[string]*laneFlight
 	stale  map[string]time.Time // last stale event sent per sale
+}
+
+// shardProbe is the lane's word on one sale's Redis shard.
+type shardProbe struct {
+	up      atomic.Bool  // the shard answered the last probe
+	probeAt atomic.Int64 // unix ns of the last probe begun
+	probing atomic.Bool
 }
 
 // laneFlight is one sale's orders in the stream, as last read.
@@ -130,14 +135,8 @@ func (l *lane) keepNode(ctx context.Context) {
 	}
 }
 
-// serve joins the lane's queue group laneWorkers times, once it has asked
-// Redis (a lane that took Redis for away would decide purchases the fast
-// path should).
+// serve joins the lane's queue group laneWorkers times.
 func (l *lane) serve() error {
-	ctx, cancel := context.WithTimeout(context.Background(), redisProbeWait)
-	l.up.Store(l.rc.Do(ctx, l.rc.B().Ping().Build()).Error() == nil)
-	cancel()
-	l.probeAt.Store(l.now().UnixNano())
 	for range laneWorkers {
 		sub, err := bus.ServePurchases(l.nc, l.cfg, l.handle)
 		if err != nil {
@@ -183,7 +182,7 @@ func (l *lane) decide(ctx context.Context, p bus.LanePurchase) (bus.LaneReply, e
 	if node == nil {
 		return bus.LaneReply{Outcome: bus.LaneUnavailable, Message: "order ids unavailable"}, nil
 	}
-	in := mysql.LanePurchase{Order: p.Order(), RedisUp: l.redisUp(), NextID: node.gen.Next}
+	in := mysql.LanePurchase{Order: p.Order(), RedisUp: l.redisUp(p.SaleID), NextID: node.gen.Next}
 	var err error
 	if in.InFlight, err = l.inFlight(ctx, p.SaleID); err != nil {
 		return bus.LaneReply{}, err
@@ -238,21 +237,34 @@ func (l *lane) inFlight(ctx context.Context, sale string) ([]flashgate.Order, er
 	return f.orders, nil
 }
 
-// redisUp is the last probe's word on Redis; a probe older than
-// redisProbeEvery starts a new one in the background (a stopped Redis makes a
-// probe wait its whole timeout, which no purchase should).
-func (l *lane) redisUp() bool {
-	now := l.now().UnixNano()
-	if now-l.probeAt.Load() >= int64(redisProbeEvery) && l.probing.CompareAndSwap(false, true) {
-		l.probeAt.Store(now)
-		go func() {
-			defer l.probing.Store(false)
-			ctx, cancel := context.WithTimeout(context.Background(), redisProbeWait)
-			defer cancel()
-			l.up.Store(l.rc.Do(ctx, l.rc.B().Ping().Build()).Error() == nil)
-		}()
+// redisUp is the last probe's word on the sale's Redis shard (a read of its
+// meta key, which lives there). A probe older than redisProbeEvery starts a
+// new one in the background: a stopped Redis makes a probe wait its whole
+// timeout, which no purchase should. The sale's first purchase waits for its
+// first probe (a lane that took Redis for away would decide purchases the
+// fast path should).
+func (l *lane) redisUp(sale string) bool {
+	v, loaded := l.probes.Load(sale)
+	if !loaded {
+		v, loaded = l.probes.LoadOrStore(sale, &shardProbe{})
 	}
-	return l.up.Load()
+	p := v.(*shardProbe)
+	probe := func() {
+		defer p.probing.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), redisProbeWait)
+		defer cancel()
+		p.up.Store(l.rc.Do(ctx, l.rc.B().Exists().Key(lua.KeysFor(sale, nil).Meta).Build()).Error() == nil)
+	}
+	now := l.now().UnixNano()
+	if now-p.probeAt.Load() >= int64(redisProbeEvery) && p.probing.CompareAndSwap(false, true) {
+		p.probeAt.Store(now)
+		if !loaded {
+			probe()
+		} else {
+			go probe()
+		}
+	}
+	return p.up.Load()
 }
 
 // rewarmLoop is the leader's: every rewarmEvery it warms each stale sale
@@ -306,8 +318,8 @@ var errRewarmBusy = errors.New("warm lock held")
 //  4. stock = total − sold − pending, per region; meta written (lua.Warm);
 //  5. stale = 0 in the same transaction; commit; EventFresh.
 func (b *Backend) rewarm(ctx context.Context, sale string) (bool, error) {
-	if err := b.rc.Do(ctx, b.rc.B().Ping().Build()).Error(); err != nil {
-		return false, nil // Redis still away: the lane goes on
+	if err := b.rc.Do(ctx, b.rc.B().Exists().Key(lua.KeysFor(sale, nil).Meta).Build()).Error(); err != nil {
+		return false, nil // the sale's shard is still away: the lane goes on
 	}
 	tx, err := mysql.Begin(ctx, b.db)
 	if err != nil {

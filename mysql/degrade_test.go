@@ -1,12 +1,15 @@
 package mysql
 
 import (
+	"context"
 	"database/sql"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/internal/testenv"
 )
 
 // laneSale creates a sale with degrade: mysql, a phone limit (1 order per
@@ -241,4 +244,40 @@ func TestLaneNode(t *testing.T) {
 	}
 	b.Close()
 	c.Close()
+}
+
+// BenchmarkLane is the lane's purchases of one sale, every buyer new, from as
+// many goroutines as -cpu says: each a transaction on the sale row lock, so
+// the figure is MySQL's (docs/degrade.md, BENCHMARKS.md).
+func BenchmarkLane(b *testing.B) {
+	db, err := OpenDB(testenv.MySQL(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	c := context.Background()
+	if err := Migrate(c, db); err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	s := &flashgate.Sale{ID: "bench", Title: "t", Total: 1 << 30, StartsAt: now.Add(-time.Minute), EndsAt: now.Add(time.Hour),
+		PerUserLimit: 1, PerOrderMax: 1, Degrade: flashgate.DegradeMySQL}
+	if err := InsertSale(c, db, s, now); err != nil {
+		b.Fatal(err)
+	}
+	var ids atomic.Uint64
+	b.SetParallelism(4)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			id := ids.Add(1)
+			at := time.Now()
+			r, err := DecideDegraded(c, db, LanePurchase{Order: flashgate.Order{SaleID: s.ID, UserID: "u" + strconv.FormatUint(id, 10),
+				Quantity: 1, CreatedAt: at, ExpiresAt: at.Add(time.Minute)}, NextID: func() uint64 { return id }}, at)
+			if err != nil || r.Outcome != flashgate.LaneAdmitted {
+				b.Fatalf("%+v, %v", r, err)
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "purchases/s")
 }
