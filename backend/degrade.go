@@ -82,8 +82,10 @@ type shardProbe struct {
 	probing atomic.Bool
 }
 
-// laneFlight is one sale's orders in the stream, as last read.
+// laneFlight is one sale's orders in the stream, as last read; mu is held
+// while they are read again, so one read serves every purchase waiting.
 type laneFlight struct {
+	mu     sync.Mutex
 	at     time.Time
 	orders []flashgate.Order
 }
@@ -219,22 +221,26 @@ func (l *lane) staleEvent(sale string) {
 func (l *lane) inFlight(ctx context.Context, sale string) ([]flashgate.Order, error) {
 	l.mu.Lock()
 	f := l.flight[sale]
+	if f == nil {
+		f = &laneFlight{}
+		l.flight[sale] = f
+	}
 	l.mu.Unlock()
-	if f != nil && l.now().Sub(f.at) < laneFlightEvery {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.at.IsZero() && l.now().Sub(f.at) < laneFlightEvery {
 		return f.orders, nil
 	}
 	msgs, err := l.stream.streamOrders(ctx, sale)
 	if err != nil {
 		return nil, fmt.Errorf("orders in flight: %w", err)
 	}
-	f = &laneFlight{at: l.now(), orders: make([]flashgate.Order, 0, len(msgs))}
+	orders := make([]flashgate.Order, 0, len(msgs))
 	for _, m := range msgs {
-		f.orders = append(f.orders, m)
+		orders = append(orders, m)
 	}
-	l.mu.Lock()
-	l.flight[sale] = f
-	l.mu.Unlock()
-	return f.orders, nil
+	f.at, f.orders = l.now(), orders
+	return orders, nil
 }
 
 // redisUp is the last probe's word on the sale's Redis shard (a read of its

@@ -13,7 +13,8 @@ import (
 	"github.com/flashgate/flashgate/internal/testenv"
 )
 
-// With the sale's Redis stopped, a sale with degrade: mysql goes to the lane
+// With the sale's Redis stopped (and its breaker open), a sale with degrade:
+// mysql goes to the lane
 // and answers its decisions as the fast path answers the script's; a sale
 // without a lane answers 503 and never asks it; degrade_rate caps what is on
 // the lane at once; stale and fresh events move the sale on and off the lane.
@@ -59,6 +60,13 @@ func TestLaneAnswers(t *testing.T) {
 
 	red.Pause()
 	defer red.Resume()
+	// An admission sent to the stopped Redis is a 503, not the lane (Redis
+	// may run it when it wakes); two of them open the breaker.
+	for range 2 {
+		if r := buy(s, `{"quantity":1}`, nil); r.Status != 503 || asked.Load() != 0 {
+			t.Fatalf("admission timed out: %d %s, lane asked %d times", r.Status, r.Raw, asked.Load())
+		}
+	}
 	cases := []struct {
 		name   string
 		reply  bus.LaneReply

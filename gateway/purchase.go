@@ -401,10 +401,12 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 	}
 	g.metrics.AdmitLatency(time.Since(start))
 	if err != nil {
+		// Not the lane: Redis may yet run this admission (a stalled Redis
+		// runs what it had read when it wakes), and the buyer would have two
+		// orders. The undo releases it; the buyer's retry meets the open
+		// breaker and goes to the lane.
 		g.undoAdmit(s, args.OrderID, region, args.EncodedCharges, err)
-		if !g.viaLane(ctx, s, sub, qty, region, idem, now) {
-			unavailable(ctx, "stock service unavailable")
-		}
+		unavailable(ctx, "stock service unavailable")
 		return
 	}
 	g.answerAdmission(ctx, s, sub, &args, adm, lease)
