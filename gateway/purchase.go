@@ -16,6 +16,7 @@ package gateway
 //	saleOpen         ended, not started, sold out; maybeReplay lets a possible replay by
 //	                 (the per-sale rate limit, the in-flight cap)
 //	admit            the Lua admission on the sale's Redis shard, behind its breaker
+//	viaLane          (degrade: mysql, the shard away or the sale stale) the MySQL lane instead, degrade.go
 //	answerAdmission  the script's outcome as the answer
 //	publish          the order to JetStream: 202 once it is stored, else release and 503
 //	replay           a repeated Idempotency-Key answers its first order
