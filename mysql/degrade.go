@@ -69,14 +69,11 @@ func DecideDegraded(ctx context.Context, db *sql.DB, p LanePurchase, now time.Ti
 		return LaneResult{}, err
 	}
 	defer tx.Rollback()
-	found, err := LockSale(ctx, tx, o.SaleID)
-	if err != nil {
-		return LaneResult{}, fmt.Errorf("lane %s: lock sale: %w", o.SaleID, err)
-	}
-	if !found {
+	// The sale row lock, as every writer of the sale's counters takes it first.
+	row, err := loadSale(ctx, tx, o.SaleID, " FOR UPDATE")
+	if errors.Is(err, ErrSaleNotFound) {
 		return LaneResult{Outcome: flashgate.LaneUnknownSale}, nil
 	}
-	row, err := LoadSale(ctx, tx, o.SaleID)
 	if err != nil {
 		return LaneResult{}, err
 	}
@@ -90,7 +87,9 @@ func DecideDegraded(ctx context.Context, db *sql.DB, p LanePurchase, now time.Ti
 	if err != nil || res.Outcome != flashgate.LaneAdmitted {
 		return res, err
 	}
-	if err := laneWrite(ctx, tx, row, &o, charges, now); err != nil {
+	if err := laneWrite(ctx, tx, row, &o, charges, now); errors.Is(err, errLaneDuplicateID) {
+		return LaneResult{Outcome: flashgate.LaneDuplicateID, OrderID: o.ID}, nil
+	} else if err != nil {
 		return LaneResult{}, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -172,11 +171,6 @@ func laneChecks(ctx context.Context, tx *sql.Tx, row *SaleRow, o *flashgate.Orde
 	if left < o.Quantity {
 		return LaneResult{Outcome: flashgate.LaneSoldOut, Remaining: max(left, 0)}, nil, nil
 	}
-	if _, err := OrderStateOf(ctx, tx, o.ID); err == nil {
-		return LaneResult{Outcome: flashgate.LaneDuplicateID}, nil, nil
-	} else if !errors.Is(err, ErrNoOrder) {
-		return LaneResult{}, nil, fmt.Errorf("lane %s: order %d: %w", row.ID, o.ID, err)
-	}
 	return LaneResult{Outcome: flashgate.LaneAdmitted, Remaining: left - o.Quantity}, charges, nil
 }
 
@@ -241,17 +235,25 @@ func limitUsed(ctx context.Context, tx *sql.Tx, sale string, c flashgate.Charge)
 	return n, nil
 }
 
+// errLaneDuplicateID: the order id is taken (the insert met the primary key;
+// the idempotency key was checked under the lock).
+var errLaneDuplicateID = errors.New("order id taken")
+
 // errLaneGuard is a guard that refused what the checks let through: the
 // checks and the guards disagree, and nothing is written.
 var errLaneGuard = errors.New("a guard refused what the lane's checks admitted")
 
 // laneWrite counts the admitted order under the writer's guards, in its lock
-// order (sale, region, buyer, limits), inserts it confirmed and marks the
-// sale stale.
+// order (sale, region, buyer, limits), marks the sale stale (with the sale's
+// guard) and inserts the order confirmed.
 func laneWrite(ctx context.Context, tx *sql.Tx, row *SaleRow, o *flashgate.Order, charges []flashgate.Charge, now time.Time) error {
 	now = now.UTC()
 	guards := []func() (bool, error){
-		func() (bool, error) { return GuardSold(ctx, tx, row.ID, o.Quantity, now, true) },
+		// GuardSold's guard, and the stale mark in the same statement.
+		func() (bool, error) {
+			return changed(tx.ExecContext(ctx, `UPDATE sales SET sold = sold + ?, stale = stale + 1, updated_at = ?
+				WHERE id = ? AND closed = 0 AND sold + ? <= total`, o.Quantity, now, row.ID, o.Quantity))
+		},
 		func() (bool, error) {
 			if o.Region == "" {
 				return true, nil
@@ -275,11 +277,12 @@ func laneWrite(ctx context.Context, tx *sql.Tx, row *SaleRow, o *flashgate.Order
 		}
 	}
 	o.Status, o.Reason = flashgate.OrderConfirmed, ""
-	if err := InsertOrders(ctx, tx, []flashgate.Order{*o}, now); err != nil {
-		return fmt.Errorf("lane %s: %w", row.ID, err)
+	err := InsertOrders(ctx, tx, []flashgate.Order{*o}, now)
+	if Errno(err) == ErDupEntry {
+		return errLaneDuplicateID
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE sales SET stale = stale + 1 WHERE id = ?`, row.ID); err != nil {
-		return fmt.Errorf("lane %s: mark stale: %w", row.ID, err)
+	if err != nil {
+		return fmt.Errorf("lane %s: %w", row.ID, err)
 	}
 	return nil
 }

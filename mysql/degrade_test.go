@@ -108,8 +108,18 @@ func TestLaneChecks(t *testing.T) {
 			t.Errorf("%s: held %d, want 2", c.name, r.Held)
 		}
 	}
-	if row := saleRow(t, db, s.ID); row.Sold != 2 || row.Stale != 1 {
-		t.Fatalf("refusals moved MySQL: sold %d, stale %d", row.Sold, row.Stale)
+	// An order id already taken: duplicate_id, and nothing written.
+	at := time.Now().UTC()
+	dup, err := DecideDegraded(ctx(t), db, LanePurchase{Order: flashgate.Order{SaleID: s.ID, UserID: "u6", Quantity: 1, Region: "b",
+		Phone: "+666666", CreatedAt: at, ExpiresAt: at.Add(time.Minute)}, NextID: func() uint64 { return ok.OrderID }}, at)
+	if err != nil || dup.Outcome != flashgate.LaneDuplicateID {
+		t.Errorf("a taken order id: %+v, %v", dup, err)
+	}
+	if row := saleRow(t, db, s.ID); row.Sold != 2 || row.Stale != 1 || row.RegionSold["b"] != 0 {
+		t.Fatalf("refusals moved MySQL: sold %d, stale %d, b %d", row.Sold, row.Stale, row.RegionSold["b"])
+	}
+	if n := mustLedger(t, db, s.ID); n.Sold != 2 {
+		t.Fatalf("ledger after the refusals: %+v", n)
 	}
 	if n, err := SaleOrderCount(ctx(t), db, s.ID); err != nil || n != 1 {
 		t.Fatalf("orders %d, %v; want 1", n, err)

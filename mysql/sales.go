@@ -82,10 +82,15 @@ func InsertSale(ctx context.Context, db *sql.DB, s *flashgate.Sale, now time.Tim
 
 // LoadSale reads a sale, its regions and its counters (no locks).
 func LoadSale(ctx context.Context, q Querier, id string) (*SaleRow, error) {
+	return loadSale(ctx, q, id, "")
+}
+
+// loadSale reads the sale; lock is "" or " FOR UPDATE" (the sale row lock).
+func loadSale(ctx context.Context, q Querier, id, lock string) (*SaleRow, error) {
 	s := &SaleRow{}
 	var limits sql.NullString
 	err := q.QueryRowContext(ctx, `SELECT id, title, price_cents, total, sold, starts_at, ends_at,
-		per_user_limit, per_order_max, limits, time_zone, closed, degrade, degrade_rate, stale FROM sales WHERE id = ?`, id).
+		per_user_limit, per_order_max, limits, time_zone, closed, degrade, degrade_rate, stale FROM sales WHERE id = ?`+lock, id).
 		Scan(&s.ID, &s.Title, &s.PriceCents, &s.Total, &s.Sold, &s.StartsAt, &s.EndsAt,
 			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed, &s.Degrade, &s.DegradeRate, &s.Stale)
 	if errors.Is(err, sql.ErrNoRows) {
