@@ -59,6 +59,12 @@ type Sale struct {
 	Limits   []Limit `json:"limits,omitempty"`
 	TimeZone string  `json:"time_zone,omitempty"`
 	Closed   bool    `json:"closed,omitempty"`
+	// Degrade is what purchases meet while the sale's Redis shard is
+	// unreachable (degrade.go): DegradeClosed ("" too) answers 503,
+	// DegradeMySQL decides them in MySQL, at most DegradeRate at once per
+	// gateway.
+	Degrade     string `json:"degrade,omitempty"`
+	DegradeRate int64  `json:"degrade_rate,omitempty"`
 }
 
 // Limits on sale specs; they keep Redis and MySQL integer maths far from overflow.
@@ -113,6 +119,9 @@ func (s *Sale) Validate() error {
 		if sum != s.Total {
 			return invalidf("regions add up to %d, total is %d", sum, s.Total)
 		}
+	}
+	if err := s.validateDegrade(); err != nil {
+		return err
 	}
 	return s.validateLimits()
 }

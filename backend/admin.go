@@ -98,6 +98,10 @@ type saleSpec struct {
 	// with day and month windows in TimeZone (IANA, default UTC).
 	Limits   []flashgate.Limit `json:"limits"`
 	TimeZone string            `json:"time_zone"`
+	// Degrade: closed (default) or mysql, and the lane's purchases in flight
+	// per gateway (docs/degrade.md).
+	Degrade     string `json:"degrade"`
+	DegradeRate int64  `json:"degrade_rate"`
 }
 
 func (s *saleSpec) sale() *flashgate.Sale {
@@ -110,7 +114,7 @@ func (s *saleSpec) sale() *flashgate.Sale {
 		ID: s.ID, Title: s.Title, PriceCents: s.PriceCents, Total: s.Total,
 		StartsAt: s.StartsAt.UTC().Truncate(time.Millisecond), EndsAt: s.EndsAt.UTC().Truncate(time.Millisecond),
 		PerUserLimit: s.PerUserLimit, PerOrderMax: omax, Regions: s.Regions,
-		Limits: s.Limits, TimeZone: s.TimeZone,
+		Limits: s.Limits, TimeZone: s.TimeZone, Degrade: s.Degrade, DegradeRate: s.DegradeRate,
 	}
 }
 
@@ -177,6 +181,12 @@ type ledgerView struct {
 	SoldByRegion      map[string]int64       `json:"sold_by_region,omitempty"`
 	OrdersByStatus    map[string]statusCount `json:"orders_by_status"`
 	Invariant3        invariant3             `json:"invariant3"`
+	// Degrade is the sale's degrade mode and DegradeRate its lane's purchases
+	// in flight per gateway (0: no lane); Stale counts the lane's orders Redis
+	// has not been warmed with yet (docs/degrade.md).
+	Degrade     string `json:"degrade"`
+	DegradeRate int64  `json:"degrade_rate"`
+	Stale       int64  `json:"stale"`
 	// RetiredAt: when retention removed the sale from Redis (docs/retention.md);
 	// the view is then MySQL's alone.
 	RetiredAt *time.Time `json:"retired_at,omitempty"`
@@ -216,6 +226,7 @@ func (a *adminAPI) ledger(w http.ResponseWriter, r *http.Request) {
 			Sold: row.Sold, SoldByRegion: row.RegionSold, OrdersByStatus: byStatus,
 			Invariant3: invariant3{Holds: true, Remaining: rem, Sold: row.Sold, Total: row.Total},
 			RetiredAt:  retired,
+			Degrade:    row.DegradeMode(), DegradeRate: row.DegradeLimit(), Stale: row.Stale,
 		})
 		return
 	}
@@ -232,6 +243,7 @@ func (a *adminAPI) ledger(w http.ResponseWriter, r *http.Request) {
 		Sold: row.Sold, SoldByRegion: row.RegionSold, OrdersByStatus: byStatus,
 		Invariant3: invariant3{Holds: diff == 0, Remaining: red.Remaining, Reserved: red.Reserved,
 			Sold: row.Sold, Total: row.Total, Diff: diff},
+		Degrade: row.DegradeMode(), DegradeRate: row.DegradeLimit(), Stale: row.Stale,
 	})
 }
 

@@ -64,12 +64,15 @@ type Backend struct {
 	retain *retainer   // the leader's retention pass (retention.go)
 	admin  *adminAPI
 
-	sub    *nats.Subscription
-	cmds   *commandServer // the queue group life serves
-	leader *leadership
-	locker rueidislock.Locker
-	srv    *http.Server
-	addr   string
+	sub  *nats.Subscription
+	cmds *commandServer // the queue group life serves
+	lane *lane          // the degraded lane's queue group (degrade.go)
+	// stopLane ends the lane's order-id node keeper.
+	stopLane context.CancelFunc
+	leader   *leadership
+	locker   rueidislock.Locker
+	srv      *http.Server
+	addr     string
 
 	// stopFetch ends the consumer loop after the batch in hand; loopDone closes
 	// when it has. procCtx carries that batch's work and is cancelled only when
@@ -116,6 +119,9 @@ func Start(ctx context.Context, deps Deps, opts config.BackendOptions) (*Backend
 		return nil, fmt.Errorf("sale events: %w", err)
 	}
 	if b.cmds, err = b.life.serveCommands(); err != nil {
+		return nil, err
+	}
+	if err := b.serveLane(); err != nil {
 		return nil, err
 	}
 	if err := b.serveAdmin(); err != nil {
@@ -207,6 +213,7 @@ func (b *Backend) abandon() {
 		_ = b.sub.Unsubscribe()
 	}
 	_ = b.cmds.stop(context.Background())
+	b.stopLaneServing()
 	if b.leader == nil && b.locker != nil {
 		b.locker.Close() // handed over with Deps: the backend closes it
 	}
@@ -245,6 +252,7 @@ func (b *Backend) shutdown(ctx context.Context) error {
 	if err := b.cmds.stop(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	b.stopLaneServing()
 	b.stopFetch()
 	b.stopLag()
 	select {

@@ -220,6 +220,7 @@ func (b *Backend) lead(ctx context.Context) {
 func (b *Backend) leaderWork(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { b.rec.reconcileLoop(ctx) })
+	wg.Go(func() { b.rewarmLoop(ctx) })
 	if leaderSweepEvery > 0 {
 		wg.Go(func() { b.life.runSweeper(ctx, leaderSweepEvery) })
 	}

@@ -301,6 +301,8 @@ func (g *Gateway) onEvent(ev bus.SaleEvent) {
 		}
 	case bus.EventRetired:
 		g.sales.retire(ev.SaleID, g.now())
+	case bus.EventStale, bus.EventFresh:
+		g.onLaneEvent(ev)
 	case bus.EventSoldOut, bus.EventRestocked:
 		if s := g.sales.get([]byte(ev.SaleID)); s != nil {
 			if f := s.soldOutFlag(ev.Region); f != nil {

@@ -16,6 +16,7 @@ package gateway
 //	saleOpen         ended, not started, sold out; maybeReplay lets a possible replay by
 //	                 (the per-sale rate limit, the in-flight cap)
 //	admit            the Lua admission on the sale's Redis shard, behind its breaker
+//	viaLane          (degrade: mysql, the shard away or the sale stale) the MySQL lane instead, degrade.go
 //	answerAdmission  the script's outcome as the answer
 //	publish          the order to JetStream: 202 once it is stored, else release and 503
 //	replay           a repeated Idempotency-Key answers its first order
@@ -371,6 +372,9 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		unavailable(ctx, "order queue unavailable")
 		return
 	}
+	if g.laneFirst(s) && g.viaLane(ctx, s, sub, qty, region, idem, now) {
+		return
+	}
 	lease := g.lease.Load()
 	if !lease.Valid() {
 		unavailable(ctx, "order ids unavailable")
@@ -391,11 +395,17 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		return struct{}{}, err
 	})
 	if refusedByBreaker(err) {
-		unavailable(ctx, "stock service unavailable")
+		if !g.viaLane(ctx, s, sub, qty, region, idem, now) {
+			unavailable(ctx, "stock service unavailable")
+		}
 		return
 	}
 	g.metrics.AdmitLatency(time.Since(start))
 	if err != nil {
+		// Not the lane: Redis may yet run this admission (a stalled Redis
+		// runs what it had read when it wakes), and the buyer would have two
+		// orders. The undo releases it; the buyer's retry meets the open
+		// breaker and goes to the lane.
 		g.undoAdmit(s, args.OrderID, region, args.EncodedCharges, err)
 		unavailable(ctx, "stock service unavailable")
 		return

@@ -42,6 +42,8 @@ type sale struct {
 	// subject is the sale's JetStream order subject, built by its first
 	// publish (the subject's prefix is the gateway's configuration).
 	subject atomic.Pointer[string]
+	// lane is the sale's degraded lane on this gateway (degrade.go).
+	lane laneState
 }
 
 func newSale(spec *flashgate.Sale) *sale {

@@ -405,6 +405,8 @@ func metaFields(s *flashgate.Sale) []string {
 		"limits", string(limits),
 		"lmax", limitMaxima(s.Limits),
 		"tz", s.TimeZone,
+		"degrade", s.Degrade,
+		"drate", strconv.FormatInt(s.DegradeRate, 10),
 	}
 }
 
@@ -445,6 +447,8 @@ func LoadSale(ctx context.Context, c rueidis.Client, sale string) (*flashgate.Sa
 		PerOrderMax:  num("omax"),
 		TimeZone:     m["tz"],
 		Closed:       m["state"] != "open",
+		Degrade:      m["degrade"],
+		DegradeRate:  num("drate"),
 	}
 	if l := m["limits"]; l != "" {
 		if err := json.Unmarshal([]byte(l), &s.Limits); err != nil {

@@ -23,6 +23,9 @@ type SaleRow struct {
 	flashgate.Sale
 	Sold       int64
 	RegionSold map[string]int64
+	// Stale counts the orders the degraded lane wrote since Redis last
+	// matched MySQL (docs/degrade.md); 0 when it does.
+	Stale int64
 }
 
 // Remaining is what Redis should hold when nothing is in flight: per region
@@ -58,9 +61,10 @@ func InsertSale(ctx context.Context, db *sql.DB, s *flashgate.Sale, now time.Tim
 		tz = "UTC"
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO sales (id, title, price_cents, total, sold, starts_at, ends_at,
-		per_user_limit, per_order_max, limits, time_zone, closed, created_at, updated_at)
-		VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		s.ID, s.Title, s.PriceCents, s.Total, s.StartsAt, s.EndsAt, s.PerUserLimit, s.PerOrderMax, limits, tz, s.Closed, now, now)
+		per_user_limit, per_order_max, limits, time_zone, closed, created_at, updated_at, degrade, degrade_rate)
+		VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		s.ID, s.Title, s.PriceCents, s.Total, s.StartsAt, s.EndsAt, s.PerUserLimit, s.PerOrderMax, limits, tz, s.Closed, now, now,
+		s.DegradeMode(), s.DegradeRate)
 	if Errno(err) == ErDupEntry {
 		return fmt.Errorf("sale %s: %w", s.ID, ErrSaleExists)
 	}
@@ -78,17 +82,25 @@ func InsertSale(ctx context.Context, db *sql.DB, s *flashgate.Sale, now time.Tim
 
 // LoadSale reads a sale, its regions and its counters (no locks).
 func LoadSale(ctx context.Context, q Querier, id string) (*SaleRow, error) {
+	return loadSale(ctx, q, id, "")
+}
+
+// loadSale reads the sale; lock is "" or " FOR UPDATE" (the sale row lock).
+func loadSale(ctx context.Context, q Querier, id, lock string) (*SaleRow, error) {
 	s := &SaleRow{}
 	var limits sql.NullString
 	err := q.QueryRowContext(ctx, `SELECT id, title, price_cents, total, sold, starts_at, ends_at,
-		per_user_limit, per_order_max, limits, time_zone, closed FROM sales WHERE id = ?`, id).
+		per_user_limit, per_order_max, limits, time_zone, closed, degrade, degrade_rate, stale FROM sales WHERE id = ?`+lock, id).
 		Scan(&s.ID, &s.Title, &s.PriceCents, &s.Total, &s.Sold, &s.StartsAt, &s.EndsAt,
-			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed)
+			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed, &s.Degrade, &s.DegradeRate, &s.Stale)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("sale %s: %w", id, ErrSaleNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load sale %s: %w", id, err)
+	}
+	if s.Degrade == flashgate.DegradeClosed {
+		s.Degrade = "" // the spec's default, as the admin API takes it
 	}
 	if limits.Valid && limits.String != "" {
 		if err := json.Unmarshal([]byte(limits.String), &s.Limits); err != nil {

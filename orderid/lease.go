@@ -18,6 +18,14 @@ import (
 // KeyPrefix names the lease keys (lua.NodeLease): KeyPrefix + "<n>".
 const KeyPrefix = lua.NodeLeasePrefix
 
+// LeasedNodes: node ids 0..LeasedNodes-1 are leased in Redis (gateways); the
+// LaneNodes above them are the degraded lane's, leased in MySQL by the
+// backends (docs/degrade.md), so that the lane makes ids while Redis is away.
+const (
+	LaneNodes   = 16
+	LeasedNodes = MaxNode + 1 - LaneNodes
+)
+
 // ErrNoNode means every node id is leased by someone else.
 var ErrNoNode = errors.New("orderid: no free node id")
 
@@ -52,8 +60,8 @@ func Acquire(ctx context.Context, c rueidis.Client, ttl time.Duration) (*Lease, 
 	token := hex.EncodeToString(b[:])
 	// Start at a random node so that gateways starting together rarely collide.
 	start := int(b[0])<<8 | int(b[1])
-	for i := 0; i <= MaxNode; i++ {
-		n := (start + i) & MaxNode
+	for i := 0; i < LeasedNodes; i++ {
+		n := (start + i) % LeasedNodes
 		key := lua.NodeLease(n)
 		sent := time.Now()
 		err := c.Do(ctx, c.B().Set().Key(key).Value(token).Nx().PxMilliseconds(ttl.Milliseconds()).Build()).Error()

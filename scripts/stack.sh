@@ -409,7 +409,7 @@ render_nats_conf() {
 			  users = [
 			    { user: "$U_ADMIN", password: "$S_NATS_ADMIN" }
 			    { user: "$U_GATEWAY", password: "$S_NATS_GATEWAY", permissions: {
-			        publish: { allow: ["$NATS_ORDERS.*", "$NATS_EVENTS.hint.*", "$NATS_CMD",
+			        publish: { allow: ["$NATS_ORDERS.*", "$NATS_EVENTS.hint.*", "$NATS_CMD", "$NATS_CMD.purchase",
 			                           "\$JS.API.INFO", "\$JS.API.STREAM.INFO.$s"] }
 			        subscribe: { allow: ["$NATS_EVENTS.>", "_INBOX.>"] }
 			    } }
@@ -421,7 +421,7 @@ render_nats_conf() {
 			                           "\$JS.API.DIRECT.GET.$s", "\$JS.API.DIRECT.GET.$s.>", "\$JS.API.DIRECT.GET.$d", "\$JS.API.DIRECT.GET.$d.>",
 			                           "\$JS.API.CONSUMER.CREATE.$s", "\$JS.API.CONSUMER.CREATE.$s.>", "\$JS.API.CONSUMER.DURABLE.CREATE.$s.>",
 			                           "\$JS.API.CONSUMER.INFO.$s.>", "\$JS.API.CONSUMER.MSG.NEXT.$s.>", "\$JS.ACK.$s.>"] }
-			        subscribe: { allow: ["$NATS_EVENTS.>", "$NATS_CMD", "_INBOX.>"] }
+			        subscribe: { allow: ["$NATS_EVENTS.>", "$NATS_CMD", "$NATS_CMD.purchase", "_INBOX.>"] }
 			        allow_responses: true
 			    } }
 			  ]

@@ -23,6 +23,7 @@ const saleUsage = `usage: flashgate sale <create|list|show|update|close|reconcil
 
   sale create --id ID --title T --price-cents N --total N --starts-at T (--ends-at T | --duration D)
               --per-user-limit N --per-order-max N [--region bj=400 ...]
+              [--degrade closed|mysql [--degrade-rate N]]
   sale list [--limit N] the newest sales, one line each (GET /admin/v1/sales)
   sale show ID          the ledger (GET /admin/v1/sales/ID)
   sale update ID [--starts-at T] [--ends-at T] [--total N] [--per-user-limit N] [--per-order-max N]
@@ -73,6 +74,8 @@ func saleCreateCmd(args []string, stdout, stderr io.Writer) error {
 	var limits limitsFlag
 	c.Var(&limits, "limit", "a purchase limit `DIM:MAX[:units|orders][:sale|day|month]`, DIM one of user, phone, device, ip, address (e.g. phone:1:orders:day); repeat for each")
 	tz := c.String("time-zone", "UTC", "IANA time `zone` in which day and month limit windows begin (e.g. Asia/Shanghai)")
+	degrade := c.String("degrade", "closed", "what purchases meet while the sale's Redis is unreachable: closed (503) or mysql (docs/degrade.md)")
+	degradeRate := c.Int64("degrade-rate", 0, "with --degrade mysql: purchases in flight per gateway on the MySQL lane (0: the default)")
 	pos, err := c.parse(args)
 	if err != nil {
 		return err
@@ -91,6 +94,7 @@ func saleCreateCmd(args []string, stdout, stderr io.Writer) error {
 	sale := flashgate.Sale{
 		ID: *id, Title: *title, PriceCents: *price, Total: *total, StartsAt: start, EndsAt: end,
 		PerUserLimit: *perUser, PerOrderMax: *perOrder, Limits: limits, TimeZone: *tz,
+		Degrade: *degrade, DegradeRate: *degradeRate,
 	}
 	if len(regions) > 0 {
 		sale.Regions = regions
