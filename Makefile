@@ -66,12 +66,15 @@ test: deps ## start the infra, run go test -race, stop the infra
 	fi; \
 	exit $$rc
 
+# make demo fires at the first gateway of the stack (its STACK_PORT_OFFSET counted); DEMO_TARGET
+# chooses another, e.g. nginx in front of a fleet (docs/recovery.md "The local stack's shapes").
+DEMO_TARGET ?= http://127.0.0.1:$(shell echo $$((8080 + $${STACK_PORT_OFFSET:-0})))
 # The last line make demo prints is the last line of `bin/flashgate demo` (its stdout, also kept
 # in var/log/demo.out); the stack is stopped afterwards, quietly (its output in var/log/down.log).
 demo: deps build ## start the stack, create a sale and run the load against it, stop the stack
 	@mkdir -p var/log; rc=0; : > var/log/demo.out; \
 	if $(STACK) up; then \
-		. $(SECRETS); $(BIN) demo | tee var/log/demo.out || rc=$$?; \
+		. $(SECRETS); $(BIN) demo --target "$(DEMO_TARGET)" | tee var/log/demo.out || rc=$$?; \
 	else \
 		rc=$$?; echo "make demo: stack up failed" | tee var/log/demo.out >&2; \
 	fi; \
