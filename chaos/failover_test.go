@@ -47,7 +47,7 @@ func natsNodeKill(t *testing.T) {
 // themselves (rueidis refreshes its slot map on the connection errors and
 // MOVED answers). A second flood of new buyers after the failover must be
 // admitted: that is the proof the admissions resumed. The killed node comes
-// back as the new master's replica.
+// back as the new master's replica before that flood.
 //
 // waitReplicas 0: replication is asynchronous, and admissions the master
 // acknowledged but had not sent to its replica are lost from Redis; their
@@ -87,6 +87,14 @@ func redisMasterFailover(t *testing.T, waitReplicas int) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		m.Start()
+		// Back as the new master's replica (with wait_replicas, the shard
+		// admits nothing until it has one again).
+		for !st.rcluster.Settled(3, 1) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not rejoin as a replica within 30s", m.Addr)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	})
 	// New buyers after the failover: admitted by the new master.
 	more, acceptedAfter := st.flood(s.ID, 2000, 2000, nil)
