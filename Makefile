@@ -35,10 +35,10 @@ bench-build: deps ## build bin/flashgate-bench-ingest, bin/flashgate-bench-conns
 	$(GO) build -o bin/flashgate-bench-conns ./bench/conns
 	$(GO) build -o bin/bench-report ./bench/report
 
-up: deps build ## start the whole local stack: infra, backend, gateway, nginx on :8000
+up: deps build ## start the whole local stack: infra, backend, gateway, nginx on :8000 (REDIS=cluster NATS=cluster GATEWAYS=3 BACKENDS=2: the fleet)
 	@$(STACK) up
 
-infra-up: deps ## start Redis (16379), Redis Cluster (17001-17003), NATS (14222), MariaDB (13306)
+infra-up: deps ## start Redis (16379), Redis Cluster (17001-17003, replicas 17004-17006), NATS (14222), MariaDB (13306)
 	@$(STACK) infra-up
 
 down: ## stop everything the stack started (never the machine's own services)
@@ -130,6 +130,6 @@ clean: ## remove bin/
 chaos: deps ## fault suite: kill/stop each part mid-flood, then check the invariants
 	@mkdir -p var/chaos var/log; rc=0; \
 	CHAOS_REPORT=$(CURDIR)/var/chaos/report.txt $(GO) test -count=1 -v -timeout 20m -run TestChaos ./chaos > var/log/chaos.log 2>&1 || rc=$$?; \
-	grep -E '^\s+chaos_test.go|^--- |^FAIL|^ok' var/log/chaos.log || true; \
+	grep -E '^\s+[a-z_]+_test.go|^--- |^FAIL|^ok' var/log/chaos.log || true; \
 	if [[ -s var/chaos/report.txt ]]; then cat var/chaos/report.txt; else tail -n 30 var/log/chaos.log; fi; \
 	exit $$rc

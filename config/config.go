@@ -251,7 +251,7 @@ func Default() Config {
 			MaxAckPending: 20000, MaxDeliver: 10, AckWait: 30 * time.Second, ShutdownTimeout: 15 * time.Second,
 		},
 		Admin: Admin{URL: "http://127.0.0.1:8082"},
-		Redis: Redis{Addrs: []string{"127.0.0.1:16379"}, MaxFlushDelay: 0, WaitTimeout: 100 * time.Millisecond},
+		Redis: Redis{Addrs: []string{"127.0.0.1:16379"}, MaxFlushDelay: 0, WaitTimeout: 250 * time.Millisecond},
 		NATS: NATS{
 			URL: "nats://127.0.0.1:14222", Stream: "FLASHGATE_ORDERS",
 			OrderSubject: "flashgate.orders", EventSubject: "flashgate.events.sale", CommandSubject: "flashgate.cmd.orders",

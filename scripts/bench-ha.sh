@@ -14,7 +14,8 @@
 # own: it stops whatever the stack of this checkout and STACK_PORT_OFFSET was running, and leaves
 # it down. Writes var/bench/ha-<shape>.json (the bench's own JSON) and prints a markdown table.
 #
-# Settings: HA_DURATION (default 15s), HA_CONCURRENCY (64), HA_USERS (20000).
+# Settings: HA_REQUESTS (purchases per shape, default 10000), HA_CONCURRENCY (64), HA_USERS (20000).
+# A fixed number, not a duration: every shape's orders must drain into MariaDB before the audit.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,7 +23,7 @@ cd "$ROOT"
 STACK="$ROOT/scripts/stack.sh"
 OUT="$ROOT/var/bench"
 OFFSET="${STACK_PORT_OFFSET:-0}"
-DURATION="${HA_DURATION:-15s}"
+REQUESTS="${HA_REQUESTS:-10000}"
 CONC="${HA_CONCURRENCY:-64}"
 USERS="${HA_USERS:-20000}"
 TICK="$(getconf CLK_TCK)"
@@ -52,8 +53,6 @@ run_shape() {
 	"$STACK" down >>"$ROOT/var/log/bench-ha.log" 2>&1
 	REDIS=cluster NATS="$nats" FLASHGATE_REDIS_WAIT_REPLICAS="$wait" "$STACK" up >>"$ROOT/var/log/bench-ha.log" 2>&1 ||
 		{ say "stack up failed: var/log/bench-ha.log"; exit 1; }
-	# shellcheck disable=SC1091 # written by scripts/stack.sh
-	. "$ROOT/var/secrets.env"
 	local run="$ROOT/var/run" gw be rd nt my
 	gw="$(pids_of "$run/gateway.pid")"
 	be="$(pids_of "$run/backend.pid")"
@@ -64,9 +63,10 @@ run_shape() {
 	local t0g t0b t0r t0n t0m
 	# shellcheck disable=SC2086 # word splitting of the pid lists is meant
 	{ t0g=$(ticks $gw); t0b=$(ticks $be); t0r=$(ticks $rd); t0n=$(ticks $nt); t0m=$(ticks $my); }
-	bin/flashgate bench --create --label "ha-$slug" --total 10000000 --per-user-limit 100000 \
-		--users "$USERS" --concurrency "$CONC" --duration "$DURATION" \
-		--target "http://127.0.0.1:$((8080 + OFFSET))" --json "$OUT/ha-$slug.json" >"$OUT/ha-$slug.out" 2>&1 ||
+	# shellcheck disable=SC1091 # written by scripts/stack.sh; in a subshell: the next shape's own
+	(. "$ROOT/var/secrets.env" && bin/flashgate bench --create --label "ha-$slug" --total 10000000 --per-user-limit 100000 \
+		--users "$USERS" --concurrency "$CONC" --requests "$REQUESTS" --drain-timeout 5m \
+		--target "http://127.0.0.1:$((8080 + OFFSET))" --json "$OUT/ha-$slug.json" >"$OUT/ha-$slug.out" 2>&1) ||
 		{ say "bench failed: $OUT/ha-$slug.out"; tail -n 20 "$OUT/ha-$slug.out" >&2; exit 1; }
 	local g b r n m
 	# shellcheck disable=SC2086

@@ -400,8 +400,12 @@ role_env() {
 		[[ "$1" == admin ]] || printf '%s\n' "FLASHGATE_GATEWAY_LISTEN=127.0.0.1:$(gw_port "$k")" \
 			"FLASHGATE_GATEWAY_ADMIN_LISTEN=127.0.0.1:$(gw_admin "$k")" "FLASHGATE_BACKEND_ADMIN_LISTEN=127.0.0.1:$(be_admin "$k")"
 	fi
-	# Three NATS nodes keep three copies of each stream (the backend creates them).
-	if [[ "$NATS_MODE" == cluster ]]; then printf '%s\n' "FLASHGATE_NATS_REPLICAS=3"; fi
+	# Three NATS nodes keep three copies of each stream (the backend creates them); one cannot.
+	if [[ "$NATS_MODE" == cluster ]]; then
+		printf '%s\n' "FLASHGATE_NATS_REPLICAS=3"
+	elif ((OFFSET)) || shaped; then
+		printf '%s\n' "FLASHGATE_NATS_REPLICAS=1"
+	fi
 }
 
 # squote VALUE: VALUE for the inside of single quotes (' becomes '\'').
@@ -551,6 +555,15 @@ cluster_all_ok() {
 }
 # cluster_node_id PORT: the node's id in the Cluster.
 cluster_node_id() { rcli "$1" cluster myid 2>/dev/null | tr -d '\r'; }
+# cluster_synced: every replica's link to its master is up (a replica restarts with a full
+# resync; until then WAIT counts it out, and redis.wait_replicas would refuse every admission).
+cluster_synced() {
+	local p info
+	for p in "${CLUSTER_PORTS[@]}" "${REPLICA_PORTS[@]}"; do
+		info="$(rcli "$p" info replication 2>/dev/null | tr -d '\r')" || return 1
+		[[ "$info" == *role:master* || "$info" == *master_link_status:up* ]] || return 1
+	done
+}
 # A replica has joined when it knows more nodes than itself.
 cluster_joined() { [[ "$(cluster_field "$1" cluster_known_nodes)" -gt 1 ]]; }
 
@@ -598,7 +611,7 @@ cluster_up() {
 			--cluster-node-timeout 5000
 	done
 	for p in "${CLUSTER_PORTS[@]}" "${REPLICA_PORTS[@]}"; do redis_wait "$p"; done
-	cluster_all_ok && return 0
+	cluster_all_ok && wait_for "$TIMEOUT" cluster_synced && return 0
 
 	# A cluster created before (nodes.conf kept in var/) converges by itself after a restart:
 	# only create it when no slot is assigned anywhere yet.
@@ -627,7 +640,7 @@ cluster_up() {
 			--cluster-slave --cluster-master-id "$master" >>"$LOG/redis-cluster-create.log" 2>&1 ||
 			die "redis-cli --cluster add-node failed" "$LOG/redis-cluster-create.log"
 	done
-	wait_for "$TIMEOUT" cluster_all_ok || {
+	wait_for "$TIMEOUT" cluster_all_ok && wait_for "$TIMEOUT" cluster_synced || {
 		for p in "${CLUSTER_PORTS[@]}" "${REPLICA_PORTS[@]}"; do warn "127.0.0.1:$p cluster_state=$(cluster_field "$p" cluster_state) slots_assigned=$(cluster_field "$p" cluster_slots_assigned) known_nodes=$(cluster_field "$p" cluster_known_nodes)"; done
 		die "redis cluster not cluster_state:ok within ${TIMEOUT}s (a broken var/redis state can be cleared with 'scripts/stack.sh reset')" "$LOG/redis-${CLUSTER_PORTS[0]}.log"
 	}
