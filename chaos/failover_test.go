@@ -64,11 +64,15 @@ func redisMasterFailover(t *testing.T, waitReplicas int) {
 		env = append(env, "FLASHGATE_REDIS_WAIT_REPLICAS="+strconv.Itoa(waitReplicas))
 	}
 	st := newStackWith(t, stackOpts{redisCluster: true, env: env})
-	// Fewer units than buyers: the sale sells out after the failover, so a
-	// unit the failover un-sold in Redis meets MySQL's guard.
+	// 3,000 units, 1 per buyer. The first flood is 1,500 buyers asking 8
+	// times each: every ask runs the admission on the master, so the flood
+	// lasts across the kill, and it cannot sell the sale out; the second,
+	// 3,000 new buyers, does, so a unit the failover un-sold in Redis meets
+	// MySQL's guard (and a buyer admitted twice, their count lost with it,
+	// meets the per-user guard).
 	s := st.createSale(3000, 1)
 	tag := "{s:" + s.ID + "}"
-	requests, accepted := st.flood(s.ID, 3000, 3000, func() {
+	requests, accepted := st.flood(s.ID, 1500, 12000, func() {
 		m := st.rcluster.MasterOf(tag)
 		if m == nil {
 			t.Fatalf("no master for %s", tag)
@@ -97,7 +101,7 @@ func redisMasterFailover(t *testing.T, waitReplicas int) {
 		}
 	})
 	// New buyers after the failover: admitted by the new master.
-	more, acceptedAfter := st.flood(s.ID, 2000, 2000, nil)
+	more, acceptedAfter := st.flood(s.ID, 3000, 3000, nil)
 	if len(acceptedAfter) == 0 {
 		t.Errorf("no admission after the failover: the gateways did not find the new master")
 	}
