@@ -57,10 +57,10 @@ bench-build: deps ## build bin/flashgate-bench-ingest, bin/flashgate-bench-conns
 	$(GO) build -o bin/flashgate-bench-conns ./bench/conns
 	$(GO) build -o bin/bench-report ./bench/report
 
-up: deps build ## start the whole local stack: infra, backend, gateway, nginx on :8000
+up: deps build ## start the whole local stack: infra, backend, gateway, nginx on :8000 (REDIS=cluster NATS=cluster GATEWAYS=3 BACKENDS=2: the fleet)
 	@$(STACK) up
 
-infra-up: deps ## start Redis (16379), Redis Cluster (17001-17003), NATS (14222), MariaDB (13306)
+infra-up: deps ## start Redis (16379), Redis Cluster (17001-17003, replicas 17004-17006), NATS (14222), MariaDB (13306)
 	@$(STACK) infra-up
 
 down: ## stop everything the stack started (never the machine's own services)
@@ -88,12 +88,15 @@ test: deps ## start the infra, run go test -race, stop the infra
 	fi; \
 	exit $$rc
 
+# make demo fires at the first gateway of the stack (its STACK_PORT_OFFSET counted); DEMO_TARGET
+# chooses another, e.g. nginx in front of a fleet (docs/recovery.md "The local stack's shapes").
+DEMO_TARGET ?= http://127.0.0.1:$(shell echo $$((8080 + $${STACK_PORT_OFFSET:-0})))
 # The last line make demo prints is the last line of `bin/flashgate demo` (its stdout, also kept
 # in var/log/demo.out); the stack is stopped afterwards, quietly (its output in var/log/down.log).
 demo: deps build ## start the stack, create a sale and run the load against it, stop the stack
 	@mkdir -p var/log; rc=0; : > var/log/demo.out; \
 	if $(STACK) up; then \
-		. $(SECRETS); $(BIN) demo | tee var/log/demo.out || rc=$$?; \
+		. $(SECRETS); $(BIN) demo --target "$(DEMO_TARGET)" | tee var/log/demo.out || rc=$$?; \
 	else \
 		rc=$$?; echo "make demo: stack up failed" | tee var/log/demo.out >&2; \
 	fi; \
@@ -148,6 +151,6 @@ clean: ## remove bin/
 chaos: deps ## fault suite: kill/stop each part mid-flood, then check the invariants
 	@mkdir -p var/chaos var/log; rc=0; \
 	CHAOS_REPORT=$(CURDIR)/var/chaos/report.txt $(GO) test -count=1 -v -timeout 20m -run TestChaos ./chaos > var/log/chaos.log 2>&1 || rc=$$?; \
-	grep -E '^\s+chaos_test.go|^--- |^FAIL|^ok' var/log/chaos.log || true; \
+	grep -E '^\s+[a-z_]+_test.go|^--- |^FAIL|^ok' var/log/chaos.log || true; \
 	if [[ -s var/chaos/report.txt ]]; then cat var/chaos/report.txt; else tail -n 30 var/log/chaos.log; fi; \
 	exit $$rc

@@ -119,12 +119,15 @@ func tail(b []byte, n int) string {
 type stack struct {
 	t        *testing.T
 	cfg      config.Config
-	redis    *testenv.Server
-	nats     *testenv.Server
+	redis    *testenv.Server // nil on a Redis Cluster (rcluster)
+	nats     *testenv.Server // nil on a NATS cluster (ncluster)
+	rcluster *testenv.RedisCluster
+	ncluster *testenv.NATSCluster
 	maria    *testenv.Server
 	backend  *proc
 	gateways []*proc
 	dir      string
+	env      []string // given to every process
 	floods   int
 	// faultEnd is when the fault ended (the killed part back, the outage
 	// over); recovery is measured from it.
@@ -133,11 +136,48 @@ type stack struct {
 
 func newStack(t *testing.T, gatewayEnv ...[]string) *stack {
 	t.Helper()
+	return newStackWith(t, stackOpts{gatewayEnv: gatewayEnv})
+}
+
+// stackOpts shape a scenario's world: the servers' kinds, and extra
+// environment for its processes.
+type stackOpts struct {
+	// redisCluster: 3 masters with a replica each (a 1 s cluster-node-timeout)
+	// instead of one standalone Redis.
+	redisCluster bool
+	// natsCluster: 3 JetStream nodes, the streams at R3, instead of one.
+	natsCluster bool
+	// env is given to every process, gatewayEnv[i] to gateway i.
+	env        []string
+	gatewayEnv [][]string
+}
+
+// Failover timings of the scenarios' Redis Cluster: a master silent this long
+// is replaced by its replica.
+const clusterNodeTimeout = time.Second
+
+func newStackWith(t *testing.T, o stackOpts) *stack {
+	t.Helper()
 	st := &stack{t: t, dir: t.TempDir()}
-	st.redis, st.nats, st.maria = testenv.StartRedis(t), testenv.StartNATS(t), testenv.StartMariaDB(t)
 	cfg := config.Default()
-	cfg.Redis.Addrs = []string{st.redis.Addr}
-	cfg.NATS.URL = st.nats.URL()
+	if o.redisCluster {
+		st.rcluster = testenv.StartRedisCluster(t, 3, 1, clusterNodeTimeout)
+		cfg.Redis.Addrs = st.rcluster.Addrs()
+	} else {
+		st.redis = testenv.StartRedis(t)
+		cfg.Redis.Addrs = []string{st.redis.Addr}
+	}
+	if o.natsCluster {
+		st.ncluster = testenv.StartNATSCluster(t, 3)
+		cfg.NATS.URL = st.ncluster.URL()
+		cfg.NATS.Replicas = 3
+	} else {
+		st.nats = testenv.StartNATS(t)
+		cfg.NATS.URL = st.nats.URL()
+	}
+	st.maria = testenv.StartMariaDB(t)
+	st.env = o.env
+	gatewayEnv := o.gatewayEnv
 	cfg.MySQL.DSN = st.maria.DSN()
 	cfg.Auth.JWTSecret = testenv.Secret("chaos-secret-")
 	cfg.Admin.Token = testenv.Secret("chaos-admin-")
@@ -166,8 +206,9 @@ func (st *stack) newProc(name string, args, extra []string) *proc {
 	p := &proc{t: st.t, name: name, args: args, log: filepath.Join(st.dir, name+".log"),
 		admin: "127.0.0.1:" + strconv.Itoa(testenv.FreePort(st.t))}
 	env := append(os.Environ(),
-		"FLASHGATE_REDIS_ADDRS="+st.redis.Addr,
-		"FLASHGATE_NATS_URL="+st.nats.URL(),
+		"FLASHGATE_REDIS_ADDRS="+strings.Join(st.cfg.Redis.Addrs, ","),
+		"FLASHGATE_NATS_URL="+st.cfg.NATS.URL,
+		"FLASHGATE_NATS_REPLICAS="+strconv.Itoa(st.cfg.NATS.Replicas),
 		"FLASHGATE_MYSQL_DSN="+st.maria.DSN(),
 		"FLASHGATE_MYSQL_AUTO_MIGRATE=true",
 		"FLASHGATE_JWT_SECRET="+st.cfg.Auth.JWTSecret,
@@ -183,6 +224,7 @@ func (st *stack) newProc(name string, args, extra []string) *proc {
 	} else {
 		env = append(env, "FLASHGATE_BACKEND_ADMIN_LISTEN="+p.admin)
 	}
+	env = append(env, st.env...)
 	p.env = append(env, extra...)
 	return p
 }
@@ -322,6 +364,10 @@ type row struct {
 	oversold, overLimit, lost, duplicated, ledgerDiff int64
 	failed                                            int64
 	recovery                                          time.Duration
+	// excused: the row's failed orders are a cost the scenario measures
+	// (a Redis failover without wait_replicas, docs/recovery.md), shown in its
+	// row and left out of the summary's failed.
+	excused bool
 }
 
 var (
@@ -356,9 +402,14 @@ func noteFailed(t *testing.T, db *sql.DB, sale string, accepted []uint64) {
 
 func record(t *testing.T, name string, requests int64, accepted []uint64, rep audit.Report, recovery time.Duration) {
 	t.Helper()
-	r := row{name: name, requests: requests, accepted: int64(len(accepted)), orders: rep.Orders,
+	recordRow(t, row{name: name, requests: requests, accepted: int64(len(accepted)), orders: rep.Orders,
 		oversold: rep.Oversold, overLimit: rep.OverLimitUsers, lost: rep.Lost, duplicated: rep.Duplicated,
-		ledgerDiff: rep.LedgerDiff, recovery: recovery}
+		ledgerDiff: rep.LedgerDiff, recovery: recovery}, rep)
+}
+
+func recordRow(t *testing.T, r row, rep audit.Report) {
+	t.Helper()
+	name := r.name
 	rowsMu.Lock()
 	r.failed = failedBy[rep.SaleID]
 	rows = append(rows, r)
@@ -367,7 +418,7 @@ func record(t *testing.T, name string, requests int64, accepted []uint64, rep au
 	if !rep.OK() {
 		t.Errorf("%s: invariants broken: %s", name, rep)
 	}
-	if r.failed > 0 {
+	if r.failed > 0 && !r.excused {
 		t.Errorf("%s: %d accepted orders ended failed", name, r.failed)
 	}
 }
@@ -381,10 +432,20 @@ func TestChaos(t *testing.T) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-32s %9s %9s %7s %9s %10s %5s %11s %7s %12s\n", "scenario", "requests", "accepted", "orders", "oversold", "over-limit", "lost", "duplicated", "failed", "recovered")
 	var over, limit, lost, dup, failed int64
+	excused := false
 	for _, r := range rows {
-		fmt.Fprintf(&b, "%-32s %9d %9d %7d %9d %10d %5d %11d %7d %12s\n", r.name, r.requests, r.accepted, r.orders,
-			r.oversold, r.overLimit, r.lost, r.duplicated, r.failed, r.recovery.Round(10*time.Millisecond))
-		over, limit, lost, dup, failed = over+r.oversold, limit+r.overLimit, lost+r.lost, dup+r.duplicated, failed+r.failed
+		f := strconv.FormatInt(r.failed, 10)
+		if r.excused {
+			f, excused = f+"*", true
+		} else {
+			failed += r.failed
+		}
+		fmt.Fprintf(&b, "%-32s %9d %9d %7d %9d %10d %5d %11d %7s %12s\n", r.name, r.requests, r.accepted, r.orders,
+			r.oversold, r.overLimit, r.lost, r.duplicated, f, r.recovery.Round(10*time.Millisecond))
+		over, limit, lost, dup = over+r.oversold, limit+r.overLimit, lost+r.lost, dup+r.duplicated
+	}
+	if excused {
+		fmt.Fprintf(&b, "* accepted orders a Redis failover without wait_replicas turned into failed ones (units returned; docs/recovery.md): not in the failed below\n")
 	}
 	fmt.Fprintf(&b, "chaos: %d scenarios, oversold %d, over-limit %d, lost %d, duplicated %d, failed %d\n", len(rows), over, limit, lost, dup, failed)
 	fmt.Print(b.String())

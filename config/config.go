@@ -192,6 +192,13 @@ type Redis struct {
 	// of concurrent requests into one write (rueidis MaxFlushDelay): fewer
 	// syscalls for the gateway and for Redis, at most this much latency.
 	MaxFlushDelay time.Duration `yaml:"max_flush_delay"`
+	// WaitReplicas makes the gateway wait, after each admission, until this
+	// many replicas of the sale's master have it (WAIT on the connection
+	// that ran the script) before it publishes and answers 202; fewer within
+	// WaitTimeout: 503 and the units released (docs/recovery.md). 0: no wait,
+	// and a failover may lose what its master had not replicated yet.
+	WaitReplicas int           `yaml:"wait_replicas"`
+	WaitTimeout  time.Duration `yaml:"wait_timeout"`
 	// Username and Password log in as a Redis ACL user (AUTH/HELLO). An
 	// empty Username with a Password logs in as Redis's default user.
 	Username string `yaml:"username"`
@@ -284,7 +291,7 @@ func Default() Config {
 			MaxAckPending: 20000, MaxDeliver: 10, AckWait: 30 * time.Second, ShutdownTimeout: 15 * time.Second,
 		},
 		Admin: Admin{URL: "http://127.0.0.1:8082"},
-		Redis: Redis{Addrs: []string{"127.0.0.1:16379"}, MaxFlushDelay: 0},
+		Redis: Redis{Addrs: []string{"127.0.0.1:16379"}, MaxFlushDelay: 0, WaitTimeout: 250 * time.Millisecond},
 		NATS: NATS{
 			URL: "nats://127.0.0.1:14222", Stream: "FLASHGATE_ORDERS",
 			OrderSubject: "flashgate.orders", EventSubject: "flashgate.events.sale", CommandSubject: "flashgate.cmd.orders",
@@ -360,6 +367,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Redis.MaxFlushDelay < 0 || c.Redis.MaxFlushDelay > 10*time.Millisecond {
 		errs = append(errs, errors.New("redis.max_flush_delay must be 0..10ms"))
+	}
+	if c.Redis.WaitReplicas < 0 || c.Redis.WaitReplicas > 5 {
+		errs = append(errs, errors.New("redis.wait_replicas must be 0..5"))
+	}
+	if c.Redis.WaitReplicas > 0 && (c.Redis.WaitTimeout < time.Millisecond || c.Redis.WaitTimeout >= c.Gateway.AdmitTimeout) {
+		errs = append(errs, errors.New("redis.wait_timeout must be at least 1ms and below gateway.admit_timeout"))
 	}
 	if c.Gateway.MaxBodyBytes < 64 {
 		errs = append(errs, errors.New("gateway.max_body_bytes must be at least 64"))

@@ -19,6 +19,10 @@ type GatewayOptions struct {
 	RateLimit RateLimit
 	// PaymentTimeout sets each admitted order's pay-by time.
 	PaymentTimeout time.Duration
+	// WaitReplicas and WaitTimeout: redis.wait_replicas and redis.wait_timeout,
+	// how many replicas an admission waits for before the 202, and how long.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 	// LiveGrace is how long an ended sale stays in the gateway's cache.
 	LiveGrace time.Duration
 	// AdminToken guards the admin API and pprof on the admin port.
@@ -36,6 +40,8 @@ func (c Config) GatewayOptions() GatewayOptions {
 		Auth:           c.Auth,
 		RateLimit:      c.RateLimit,
 		PaymentTimeout: c.Orders.PaymentTimeout,
+		WaitReplicas:   c.Redis.WaitReplicas,
+		WaitTimeout:    c.Redis.WaitTimeout,
 		LiveGrace:      c.Sales.LiveGrace,
 		AdminToken:     c.Admin.Token,
 		File:           c.Source,

@@ -48,6 +48,8 @@ type settings struct {
 	Gateway        config.Gateway
 	NATS           config.NATS
 	PaymentTimeout time.Duration
+	WaitReplicas   int
+	WaitTimeout    time.Duration
 	AdminToken     string
 	File           string
 }
@@ -118,7 +120,7 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 	}
 	g := &Gateway{
 		cfg: settings{Gateway: opts.Gateway, NATS: opts.NATS, PaymentTimeout: opts.PaymentTimeout,
-			AdminToken: opts.AdminToken, File: opts.File},
+			WaitReplicas: opts.WaitReplicas, WaitTimeout: opts.WaitTimeout, AdminToken: opts.AdminToken, File: opts.File},
 		rc: deps.Redis, nc: deps.NATS, js: deps.JetStream,
 		scripts: lua.Load(), sales: newSales(opts.LiveGrace), now: time.Now, metrics: metrics.NewGateway(),
 		releases: newReleases(opts.Gateway.ReleaseQueue),

@@ -391,7 +391,12 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		actx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
 		defer cancel()
 		var err error
-		adm, err = g.scripts.Admit(actx, g.rc, s.keys, args)
+		if n := g.cfg.WaitReplicas; n > 0 {
+			// Not promised before n replicas have it (docs/recovery.md).
+			adm, err = g.scripts.AdmitWait(actx, g.rc, s.keys, args, n, g.cfg.WaitTimeout)
+		} else {
+			adm, err = g.scripts.Admit(actx, g.rc, s.keys, args)
+		}
 		return struct{}{}, err
 	})
 	if refusedByBreaker(err) {

@@ -136,12 +136,62 @@ var ErrUnknownRegion = errors.New("unknown region")
 
 // Admit runs the admission script for one purchase.
 func (s *Scripts) Admit(ctx context.Context, c rueidis.Client, k *Keys, a AdmitArgs) (Admission, error) {
+	keys, args, err := admitCall(k, a)
+	if err != nil {
+		return Admission{}, err
+	}
+	return admitted(k, a, s.admit.Exec(ctx, c, keys, args))
+}
+
+// ErrNotReplicated is AdmitWait's answer for an admission that fewer
+// replicas than asked for had received within the wait: a failover now could
+// lose it, so it must not be promised.
+var ErrNotReplicated = errors.New("admission not replicated")
+
+// AdmitWait runs the admission script, then WAIT replicas timeout on the same
+// connection, in one round trip: Redis's WAIT counts the replicas that have
+// every write of its own connection so far, so it must follow the script on
+// that connection (rueidis sends a multi holding a blocking command on one
+// dedicated connection, in order, to the node of the keyed command's slot).
+// An admission that fewer replicas had within timeout comes back with
+// ErrNotReplicated; the caller undoes it.
+func (s *Scripts) AdmitWait(ctx context.Context, c rueidis.Client, k *Keys, a AdmitArgs, replicas int, timeout time.Duration) (Admission, error) {
+	keys, args, err := admitCall(k, a)
+	if err != nil {
+		return Admission{}, err
+	}
+	wait := func() rueidis.Completed {
+		return c.B().Wait().Numreplicas(int64(replicas)).Timeout(timeout.Milliseconds()).Build()
+	}
+	rs := c.DoMulti(ctx, c.B().Evalsha().Sha1(admitSHA).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
+	if re, ok := rueidis.IsRedisErr(rs[0].Error()); ok && re.IsNoScript() {
+		// A shard that has not seen the script yet (restarted, new, failed over).
+		rs = c.DoMulti(ctx, c.B().Eval().Script(admitSrc).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
+	}
+	adm, err := admitted(k, a, rs[0])
+	if err != nil || adm.Outcome != Admitted {
+		return adm, err
+	}
+	n, err := rs[1].AsInt64()
+	if err != nil {
+		return adm, fmt.Errorf("admit %s: wait: %w", k.Sale, err)
+	}
+	if n < int64(replicas) {
+		return adm, fmt.Errorf("admit %s: %w: %d of %d replicas within %v", k.Sale, ErrNotReplicated, n, replicas, timeout)
+	}
+	return adm, nil
+}
+
+var admitSHA = AdmitSHA()
+
+// admitCall is the admission script's keys and arguments for a.
+func admitCall(k *Keys, a AdmitArgs) (keys, args []string, err error) {
 	stock, ok := k.Stock(a.Region)
 	if !ok {
-		return Admission{}, ErrUnknownRegion
+		return nil, nil, ErrUnknownRegion
 	}
-	keys := []string{k.Meta, stock, k.Users, k.Resv, k.Orders, k.Idem}
-	args := []string{a.User, strconv.FormatInt(a.Quantity, 10), strconv.FormatUint(a.OrderID, 10),
+	keys = []string{k.Meta, stock, k.Users, k.Resv, k.Orders, k.Idem}
+	args = []string{a.User, strconv.FormatInt(a.Quantity, 10), strconv.FormatUint(a.OrderID, 10),
 		strconv.FormatInt(a.Now.UnixMilli(), 10), a.IdemKey, a.Region, strconv.FormatInt(a.PayBy.UnixMilli(), 10)}
 	if len(a.Charges) > 0 {
 		enc := a.EncodedCharges
@@ -151,13 +201,18 @@ func (s *Scripts) Admit(ctx context.Context, c rueidis.Client, k *Keys, a AdmitA
 		args = append(args, enc)
 		for _, ch := range a.Charges {
 			if ch.Limit < 0 || ch.Limit >= len(a.Limits) {
-				return Admission{}, fmt.Errorf("admit %s: charge of limit %d, the sale has %d", k.Sale, ch.Limit, len(a.Limits))
+				return nil, nil, fmt.Errorf("admit %s: charge of limit %d, the sale has %d", k.Sale, ch.Limit, len(a.Limits))
 			}
 			keys = append(keys, k.Limit(ch.Window))
 			args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.TTL(a.Now).Milliseconds(), 10))
 		}
 	}
-	res, err := s.admit.Exec(ctx, c, keys, args).ToArray()
+	return keys, args, nil
+}
+
+// admitted reads the admission script's answer.
+func admitted(k *Keys, a AdmitArgs, r rueidis.RedisResult) (Admission, error) {
+	res, err := r.ToArray()
 	if err != nil {
 		return Admission{}, fmt.Errorf("admit %s: %w", k.Sale, err)
 	}

@@ -16,6 +16,18 @@
 #   scripts/stack.sh down        stop everything of ours, in reverse order (idempotent)
 #   scripts/stack.sh status      one line per part: up/down
 #   scripts/stack.sh reset       down, then remove var/
+#
+# Shapes (docs/recovery.md "The local stack's shapes"), given to up/infra-up/status (remembered in
+# var/run/stack.shape, so a later status or down without them sees the same stack):
+#   REDIS=single|cluster   the apps' Redis: the standalone one (default) or the Cluster, whose three
+#                          masters (17001-17003) always run with a replica each (17004-17006)
+#   NATS=single|cluster    one nats-server (default) or a 3-node JetStream cluster (14222-14224,
+#                          monitors 18222-18224, routes 16248-16250): streams at R3, every app
+#                          given all three seeds
+#   GATEWAYS=N BACKENDS=N  1..5 each (default 1): the first gateway keeps 8080/8081, the k-th
+#                          (k >= 2) listens on 8100+2k / 8101+2k; the first backend keeps 8082,
+#                          the k-th 8110+k; nginx's upstream is every gateway
+#   e.g. REDIS=cluster NATS=cluster GATEWAYS=3 BACKENDS=2 scripts/stack.sh up
 #   scripts/stack.sh nginx-test  render nginx/nginx.conf into var/nginx/nginx.conf and nginx -t it
 #   scripts/stack.sh nginx-conf [OUT]  only render it (into OUT) and print the path
 #   scripts/stack.sh auth-conf   only generate the secrets and render var/secrets/redis-users.acl
@@ -54,8 +66,12 @@ OFFSET="${STACK_PORT_OFFSET:-0}"
 }
 REDIS_PORT=$((16379 + OFFSET))
 CLUSTER_PORTS=($((17001 + OFFSET)) $((17002 + OFFSET)) $((17003 + OFFSET)))
+# A replica per master (Cluster bus ports +10000: 27004-27006, below 32768 up to an offset of 5000).
+REPLICA_PORTS=($((17004 + OFFSET)) $((17005 + OFFSET)) $((17006 + OFFSET)))
 NATS_PORT=$((14222 + OFFSET))
 NATS_MON=$((18222 + OFFSET))
+# NATS=cluster: node i (1..3) on NATS_PORT+i-1, monitor NATS_MON+i-1, routes NATS_ROUTE+i-1.
+NATS_ROUTE=$((16248 + OFFSET))
 MYSQL_PORT=$((13306 + OFFSET))
 NGINX_PORT=$((8000 + OFFSET))
 GATEWAY_PORT=$((8080 + OFFSET))
@@ -73,6 +89,59 @@ MYSQL_SOCK="$RUN/mysqld.sock"
 if (( ${#MYSQL_SOCK} > 100 )); then
 	MYSQL_SOCK="/tmp/flashgate-mysqld-$(printf '%s' "$ROOT" | md5sum | cut -c1-12).sock"
 fi
+
+# ---------------------------------------------------------------------------------------------
+# shape: REDIS, NATS, GATEWAYS, BACKENDS (see the top). Given ones win; otherwise those the stack
+# was last started with (var/run/stack.shape); otherwise the defaults, today's single stack.
+
+SHAPE_FILE="$VAR/run/stack.shape"
+shape_load() {
+	local r="" n="" g="" b=""
+	if [[ -f "$SHAPE_FILE" ]]; then
+		r="$(sed -n 's/^REDIS=//p' "$SHAPE_FILE")" n="$(sed -n 's/^NATS=//p' "$SHAPE_FILE")"
+		g="$(sed -n 's/^GATEWAYS=//p' "$SHAPE_FILE")" b="$(sed -n 's/^BACKENDS=//p' "$SHAPE_FILE")"
+	fi
+	REDIS_MODE="${REDIS:-${r:-single}}" NATS_MODE="${NATS:-${n:-single}}"
+	N_GATEWAYS="${GATEWAYS:-${g:-1}}" N_BACKENDS="${BACKENDS:-${b:-1}}"
+	[[ "$REDIS_MODE" == single || "$REDIS_MODE" == cluster ]] || { printf 'stack: REDIS must be single or cluster, not %s\n' "$REDIS_MODE" >&2; exit 2; }
+	[[ "$NATS_MODE" == single || "$NATS_MODE" == cluster ]] || { printf 'stack: NATS must be single or cluster, not %s\n' "$NATS_MODE" >&2; exit 2; }
+	[[ "$N_GATEWAYS" =~ ^[1-5]$ ]] || { printf 'stack: GATEWAYS must be 1..5, not %s\n' "$N_GATEWAYS" >&2; exit 2; }
+	[[ "$N_BACKENDS" =~ ^[1-5]$ ]] || { printf 'stack: BACKENDS must be 1..5, not %s\n' "$N_BACKENDS" >&2; exit 2; }
+}
+shape_save() {
+	mkdir -p "$VAR/run"
+	printf 'REDIS=%s\nNATS=%s\nGATEWAYS=%s\nBACKENDS=%s\n' "$REDIS_MODE" "$NATS_MODE" "$N_GATEWAYS" "$N_BACKENDS" >"$SHAPE_FILE"
+}
+shape_load
+
+# App instances: "gateway" and "backend" are the first (today's names, pid and log files),
+# "gateway-2", "backend-3"... the others.
+app_name() { if (($2 == 1)); then printf '%s' "$1"; else printf '%s-%s' "$1" "$2"; fi; }
+gw_port() { if (($1 == 1)); then echo "$GATEWAY_PORT"; else echo $((8100 + 2 * $1 + OFFSET)); fi; }
+gw_admin() { if (($1 == 1)); then echo "$GATEWAY_ADMIN"; else echo $((8101 + 2 * $1 + OFFSET)); fi; }
+be_admin() { if (($1 == 1)); then echo "$BACKEND_ADMIN"; else echo $((8110 + $1 + OFFSET)); fi; }
+
+# The apps' Redis and NATS addresses for the shape.
+apps_redis_addrs() {
+	local a=() p
+	if [[ "$REDIS_MODE" == cluster ]]; then
+		for p in "${CLUSTER_PORTS[@]}" "${REPLICA_PORTS[@]}"; do a+=("127.0.0.1:$p"); done
+	else
+		a=("127.0.0.1:$REDIS_PORT")
+	fi
+	(IFS=,; echo "${a[*]}")
+}
+apps_nats_url() {
+	local a=() i
+	if [[ "$NATS_MODE" == cluster ]]; then
+		for i in 1 2 3; do a+=("nats://127.0.0.1:$((NATS_PORT + i - 1))"); done
+	else
+		a=("nats://127.0.0.1:$NATS_PORT")
+	fi
+	(IFS=,; echo "${a[*]}")
+}
+# The stack's shape differs from the defaults (the apps are then told where things are).
+shaped() { [[ "$REDIS_MODE" != single || "$NATS_MODE" != single || $N_GATEWAYS != 1 || $N_BACKENDS != 1 ]]; }
 
 DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev)
 
@@ -245,6 +314,7 @@ U_ADMIN=flashgate_admin
 U_GATEWAY=flashgate_gateway
 U_BACKEND=flashgate_backend
 U_REPLICA=flashgate_replica
+U_ROUTE=flashgate_route
 
 # The stream and subjects of configs/flashgate.yaml (nats.*): the NATS permissions name them.
 NATS_STREAM=FLASHGATE_ORDERS
@@ -253,7 +323,7 @@ NATS_EVENTS=flashgate.events.sale
 NATS_CMD=flashgate.cmd.orders
 
 SECRET_NAMES=(JWT_SECRET ADMIN_TOKEN REDIS_ADMIN REDIS_GATEWAY REDIS_BACKEND REDIS_REPLICA REDIS_DEFAULT
-	NATS_ADMIN NATS_GATEWAY NATS_BACKEND MYSQL_ROOT MYSQL_ADMIN MYSQL_BACKEND MYSQL_GATEWAY)
+	NATS_ADMIN NATS_GATEWAY NATS_BACKEND NATS_ROUTE MYSQL_ROOT MYSQL_ADMIN MYSQL_BACKEND MYSQL_GATEWAY)
 
 gen_secret() { od -An -N24 -tx1 /dev/urandom | tr -d ' \n'; }
 sha256() { printf '%s' "$1" | sha256sum | cut -c1-64; }
@@ -304,9 +374,10 @@ secrets_load() {
 
 mysql_dsn() { printf '%s:%s@tcp(127.0.0.1:%s)/flashgate' "$1" "$2" "$MYSQL_PORT"; }
 
-# role_env ROLE: the FLASHGATE_* variables of a role's credentials (one per line), for the
-# gateway and backend processes; "admin" is the operator's set.
+# role_env ROLE [K]: the FLASHGATE_* variables of a role's credentials (one per line), for the
+# gateway and backend processes (K: which one of them, default 1); "admin" is the operator's set.
 role_env() {
+	local k="${2:-1}"
 	local ru rp nu np mu mp
 	case "$1" in
 	admin) ru=$U_ADMIN rp=$S_REDIS_ADMIN nu=$U_ADMIN np=$S_NATS_ADMIN mu=$U_ADMIN mp=$S_MYSQL_ADMIN ;;
@@ -320,13 +391,20 @@ role_env() {
 		"FLASHGATE_MYSQL_DSN=$(mysql_dsn "$mu" "$mp")"
 	# The local stack's backend brings the schema up to date itself (docs/storage.md).
 	if [[ "$1" == backend ]]; then printf '%s\n' "FLASHGATE_MYSQL_AUTO_MIGRATE=true"; fi
-	# Where this stack is, when it is not on the default ports (the config file names those).
-	if ((OFFSET)); then
-		printf '%s\n' "FLASHGATE_REDIS_ADDRS=127.0.0.1:$REDIS_PORT" "FLASHGATE_NATS_URL=nats://127.0.0.1:$NATS_PORT" \
+	# Where this stack is, when it is not on the default ports or not of the default shape (the
+	# config file names those).
+	if ((OFFSET)) || shaped; then
+		printf '%s\n' "FLASHGATE_REDIS_ADDRS=$(apps_redis_addrs)" "FLASHGATE_NATS_URL=$(apps_nats_url)" \
 			"FLASHGATE_ADMIN_URL=http://127.0.0.1:$BACKEND_ADMIN"
 		# The apps' own listeners (not the operator's business: tests source the operator's set).
-		[[ "$1" == admin ]] || printf '%s\n' "FLASHGATE_GATEWAY_LISTEN=127.0.0.1:$GATEWAY_PORT" \
-			"FLASHGATE_GATEWAY_ADMIN_LISTEN=127.0.0.1:$GATEWAY_ADMIN" "FLASHGATE_BACKEND_ADMIN_LISTEN=127.0.0.1:$BACKEND_ADMIN"
+		[[ "$1" == admin ]] || printf '%s\n' "FLASHGATE_GATEWAY_LISTEN=127.0.0.1:$(gw_port "$k")" \
+			"FLASHGATE_GATEWAY_ADMIN_LISTEN=127.0.0.1:$(gw_admin "$k")" "FLASHGATE_BACKEND_ADMIN_LISTEN=127.0.0.1:$(be_admin "$k")"
+	fi
+	# Three NATS nodes keep three copies of each stream (the backend creates them); one cannot.
+	if [[ "$NATS_MODE" == cluster ]]; then
+		printf '%s\n' "FLASHGATE_NATS_REPLICAS=3"
+	elif ((OFFSET)) || shaped; then
+		printf '%s\n' "FLASHGATE_NATS_REPLICAS=1"
 	fi
 }
 
@@ -342,7 +420,7 @@ write_secrets_env() {
 			echo "# GENERATED by scripts/stack.sh: the operator's credentials of the local stack."
 			echo "# '. var/secrets.env' and the CLI, the tests and redis-cli/nats/mariadb clients log in."
 			while IFS= read -r kv; do printf "export %s='%s'\n" "${kv%%=*}" "$(squote "${kv#*=}")"; done < <(role_env admin)
-			if ((!OFFSET)); then
+			if ((!OFFSET)) && ! shaped; then
 				printf 'export FLASHGATE_REDIS_ADDRS=127.0.0.1:%s\nexport FLASHGATE_NATS_URL=nats://127.0.0.1:%s\n' "$REDIS_PORT" "$NATS_PORT"
 			fi
 			printf 'export FLASHGATE_REDIS_CLUSTER_ADDRS=%s\n' "$(IFS=,; echo "${cl[*]}")"
@@ -365,7 +443,7 @@ write_secrets_env() {
 # leader lock (rueidislock) runs its own scripts (GET, SET, DEL, PEXPIREAT) on flashgate:*.
 REDIS_CONN_CMDS="+ping +hello +auth +client|setname +client|getname +client|id +client|tracking +client|caching +readonly +cluster|slots +cluster|shards +cluster|info +cluster|myid"
 REDIS_SCRIPT_CMDS="+evalsha +eval +evalsha_ro +eval_ro +script|load +script|exists"
-REDIS_DATA_CMDS="+get +set +del +exists +pttl +pexpire +pexpireat +mget +incrby +decrby +hget +hset +hdel +hexists +hgetall +hincrby +hmget +hvals +hlen +sadd +srem +smembers +sismember +scard +zadd +zrem +zrange +zrangebyscore +zscore +zmscore +zcard"
+REDIS_DATA_CMDS="+wait +get +set +del +exists +pttl +pexpire +pexpireat +mget +incrby +decrby +hget +hset +hsetnx +hdel +hexists +hgetall +hincrby +hmget +hvals +hlen +sadd +srem +smembers +sismember +scard +zadd +zrem +zrange +zrangebyscore +zscore +zmscore +zcard"
 
 render_redis_acl() {
 	local extra=""
@@ -395,16 +473,41 @@ render_redis_acl() {
 # orders; it answers requests (allow_responses) without being able to publish on _INBOX at will.
 # A backend also publishes orders: reconcile republishes a stale reservation's order, and an
 # order that outlives its deliveries in an outage is re-enqueued as a fresh message.
+#
+# NATS=cluster runs three servers, each with its own file (var/secrets/nats-<i>.conf): the same
+# users, a JetStream store of its own, and routes to the other two that log in as their own user.
+nats_node_conf() { printf '%s/nats-%s.conf' "$SECRETS_DIR" "$1"; }
+
 render_nats_conf() {
-	local s=$NATS_STREAM d="${NATS_STREAM}_DLQ"
+	write_nats_conf "$NATS_CONF" "$NATS_PORT" "$NATS_MON" flashgate-local "$VAR/nats" ""
+	local i j routes cl
+	for i in 1 2 3; do
+		routes=""
+		for j in 1 2 3; do
+			((j == i)) || routes+="\"nats-route://$U_ROUTE:$S_NATS_ROUTE@127.0.0.1:$((NATS_ROUTE + j - 1))\", "
+		done
+		cl="cluster {
+  name: flashgate-local
+  listen: \"127.0.0.1:$((NATS_ROUTE + i - 1))\"
+  authorization { user: \"$U_ROUTE\", password: \"$S_NATS_ROUTE\" }
+  routes = [ ${routes%, } ]
+}"
+		write_nats_conf "$(nats_node_conf "$i")" $((NATS_PORT + i - 1)) $((NATS_MON + i - 1)) "flashgate-n$i" "$VAR/nats-cluster/n$i" "$cl"
+	done
+}
+
+# write_nats_conf FILE PORT MONITOR SERVER_NAME STORE_DIR CLUSTER_BLOCK
+write_nats_conf() {
+	local s=$NATS_STREAM d="${NATS_STREAM}_DLQ" f="$1"
 	(
 		umask 077
-		cat >"$NATS_CONF.tmp.$$" <<-CONF
+		cat >"$f.tmp.$$" <<-CONF
 			# GENERATED by scripts/stack.sh (docs/credentials.md)
-			listen: "127.0.0.1:$NATS_PORT"
-			http: "127.0.0.1:$NATS_MON"
-			server_name: flashgate-local
-			jetstream { store_dir: "$VAR/nats" }
+			listen: "127.0.0.1:$2"
+			http: "127.0.0.1:$3"
+			server_name: $4
+			jetstream { store_dir: "$5" }
+			$6
 			authorization {
 			  users = [
 			    { user: "$U_ADMIN", password: "$S_NATS_ADMIN" }
@@ -427,7 +530,7 @@ render_nats_conf() {
 			  ]
 			}
 		CONF
-		mv -f "$NATS_CONF.tmp.$$" "$NATS_CONF"
+		mv -f "$f.tmp.$$" "$f"
 	)
 }
 
@@ -450,8 +553,21 @@ cluster_field() {
 cluster_ok() { [[ "$(cluster_field "$1" cluster_state)" == ok ]]; }
 cluster_all_ok() {
 	local p
-	for p in "${CLUSTER_PORTS[@]}"; do cluster_ok "$p" || return 1; done
+	for p in "${CLUSTER_PORTS[@]}" "${REPLICA_PORTS[@]}"; do cluster_ok "$p" || return 1; done
 }
+# cluster_node_id PORT: the node's id in the Cluster.
+cluster_node_id() { rcli "$1" cluster myid 2>/dev/null | tr -d '\r'; }
+# cluster_synced: every replica's link to its master is up (a replica restarts with a full
+# resync; until then WAIT counts it out, and redis.wait_replicas would refuse every admission).
+cluster_synced() {
+	local p info
+	for p in "${CLUSTER_PORTS[@]}" "${REPLICA_PORTS[@]}"; do
+		info="$(rcli "$p" info replication 2>/dev/null | tr -d '\r')" || return 1
+		[[ "$info" == *role:master* || "$info" == *master_link_status:up* ]] || return 1
+	done
+}
+# A replica has joined when it knows more nodes than itself.
+cluster_joined() { [[ "$(cluster_field "$1" cluster_known_nodes)" -gt 1 ]]; }
 
 # redis_start PORT [extra redis-server args...]
 redis_start() {
@@ -488,14 +604,16 @@ redis_up() {
 	redis_wait "$REDIS_PORT"
 }
 
+# The Cluster: three masters, and a replica behind each (docs/recovery.md): a master that dies is
+# replaced by its replica after cluster-node-timeout (5 s) without anyone's help.
 cluster_up() {
 	local p
-	for p in "${CLUSTER_PORTS[@]}"; do
+	for p in "${CLUSTER_PORTS[@]}" "${REPLICA_PORTS[@]}"; do
 		redis_start "$p" --cluster-enabled yes --cluster-config-file "$VAR/redis/$p/nodes.conf" \
 			--cluster-node-timeout 5000
 	done
-	for p in "${CLUSTER_PORTS[@]}"; do redis_wait "$p"; done
-	cluster_all_ok && return 0
+	for p in "${CLUSTER_PORTS[@]}" "${REPLICA_PORTS[@]}"; do redis_wait "$p"; done
+	cluster_all_ok && wait_for "$TIMEOUT" cluster_synced && return 0
 
 	# A cluster created before (nodes.conf kept in var/) converges by itself after a restart:
 	# only create it when no slot is assigned anywhere yet.
@@ -513,8 +631,19 @@ cluster_up() {
 			>>"$LOG/redis-cluster-create.log" 2>&1 ||
 			die "redis-cli --cluster create failed" "$LOG/redis-cluster-create.log"
 	fi
-	wait_for "$TIMEOUT" cluster_all_ok || {
-		for p in "${CLUSTER_PORTS[@]}"; do warn "127.0.0.1:$p cluster_state=$(cluster_field "$p" cluster_state) slots_assigned=$(cluster_field "$p" cluster_slots_assigned) known_nodes=$(cluster_field "$p" cluster_known_nodes)"; done
+	# Each replica behind its master (a Cluster of an older stack.sh had none: they join now).
+	local i master
+	for i in 0 1 2; do
+		cluster_joined "${REPLICA_PORTS[$i]}" && continue
+		master="$(cluster_node_id "${CLUSTER_PORTS[$i]}")"
+		say "adding redis 127.0.0.1:${REPLICA_PORTS[$i]} as the replica of 127.0.0.1:${CLUSTER_PORTS[$i]}"
+		REDISCLI_AUTH="$S_REDIS_ADMIN" redis-cli --no-auth-warning --user "$U_ADMIN" \
+			--cluster add-node "127.0.0.1:${REPLICA_PORTS[$i]}" "127.0.0.1:${CLUSTER_PORTS[$i]}" \
+			--cluster-slave --cluster-master-id "$master" >>"$LOG/redis-cluster-create.log" 2>&1 ||
+			die "redis-cli --cluster add-node failed" "$LOG/redis-cluster-create.log"
+	done
+	wait_for "$TIMEOUT" cluster_all_ok && wait_for "$TIMEOUT" cluster_synced || {
+		for p in "${CLUSTER_PORTS[@]}" "${REPLICA_PORTS[@]}"; do warn "127.0.0.1:$p cluster_state=$(cluster_field "$p" cluster_state) slots_assigned=$(cluster_field "$p" cluster_slots_assigned) known_nodes=$(cluster_field "$p" cluster_known_nodes)"; done
 		die "redis cluster not cluster_state:ok within ${TIMEOUT}s (a broken var/redis state can be cleared with 'scripts/stack.sh reset')" "$LOG/redis-${CLUSTER_PORTS[0]}.log"
 	}
 }
@@ -552,6 +681,9 @@ NATS_PID="$RUN/nats.pid"
 nats_ok() { [[ "$(curl -fsS --max-time 2 "http://127.0.0.1:$NATS_MON/healthz" 2>/dev/null)" == *'"ok"'* ]]; }
 
 nats_up() {
+	if ours "$(nats_node_pid 1)" nats-server; then
+		die "the NATS cluster runs (node 1 on 127.0.0.1:$NATS_PORT): 'scripts/stack.sh down' first, or NATS=cluster"
+	fi
 	if nats_ok; then
 		if ours "$NATS_PID" nats-server; then
 			# Users or passwords may have changed: have it re-read its configuration.
@@ -581,6 +713,38 @@ nats_up() {
 }
 
 nats_down() { stop_pid nats "$NATS_PID" nats-server TERM 15; }
+
+# NATS=cluster: three nodes, each with its pid file var/run/nats-<i>.pid and log var/log/nats-<i>.log.
+nats_node_pid() { printf '%s/nats-%s.pid' "$RUN" "$1"; }
+nats_node_ok() { [[ "$(curl -fsS --max-time 2 "http://127.0.0.1:$((NATS_MON + $1 - 1))/healthz" 2>/dev/null)" == *'"ok"'* ]]; }
+nats_cluster_ok() { nats_node_ok 1 && nats_node_ok 2 && nats_node_ok 3; }
+
+nats_cluster_up() {
+	local i pid
+	if ours "$NATS_PID" nats-server; then
+		die "the single nats-server (pid $(pid_of "$NATS_PID")) runs on 127.0.0.1:$NATS_PORT: 'scripts/stack.sh down' first, then NATS=cluster"
+	fi
+	for i in 1 2 3; do
+		pid="$(nats_node_pid "$i")"
+		if ours "$pid" nats-server; then
+			kill -HUP "$(pid_of "$pid")" 2>/dev/null || true
+			continue
+		fi
+		tcp_open $((NATS_PORT + i - 1)) && die "127.0.0.1:$((NATS_PORT + i - 1)) is already taken by a process that is not our NATS node $i"
+		mkdirs "$VAR/nats-cluster/n$i"
+		say "starting nats-server node $i (JetStream cluster) on 127.0.0.1:$((NATS_PORT + i - 1)), monitor $((NATS_MON + i - 1)), routes $((NATS_ROUTE + i - 1))"
+		spawn "$pid" "$LOG/nats-$i.out" nats-server -c "$(nats_node_conf "$i")" -P "$pid" -l "$LOG/nats-$i.log"
+	done
+	wait_for "$((TIMEOUT * 2))" nats_cluster_ok || {
+		for i in 1 2 3; do nats_node_ok "$i" || warn "nats node $i not healthy (monitor $((NATS_MON + i - 1)))"; done
+		die "the NATS cluster did not report healthy within $((TIMEOUT * 2))s" "$LOG/nats-1.log"
+	}
+}
+
+nats_cluster_down() {
+	local i
+	for i in 3 2 1; do stop_pid "nats node $i" "$(nats_node_pid "$i")" nats-server TERM 15; done
+}
 
 # ---------------------------------------------------------------------------------------------
 # MariaDB
@@ -701,7 +865,7 @@ nginx_nofile() {
 # nginx_render OUT: render the template into OUT (atomically).
 nginx_render() {
 	local out="$1" rate="${NGINX_RATE:-20}" burst="${NGINX_BURST:-40}" conn="${NGINX_CONN:-32}"
-	local rt="${NGINX_READ_TIMEOUT:-5s}" gws="${NGINX_GATEWAYS:-127.0.0.1:$GATEWAY_PORT}" servers="" gw
+	local rt="${NGINX_READ_TIMEOUT:-5s}" gws="${NGINX_GATEWAYS:-$(all_gateways)}" servers="" gw
 	local hostport='^[][A-Za-z0-9.:_-]+:[0-9]+$'
 	need envsubst
 	[[ "$rate" =~ ^[1-9][0-9]*$ ]] || die "NGINX_RATE must be a whole number of requests/s > 0, not '$rate'"
@@ -725,6 +889,13 @@ nginx_render() {
 		envsubst "$NGINX_VARS" <"$NGINX_TEMPLATE" >"$out.tmp.$$" || die "cannot render $NGINX_TEMPLATE"
 	sed -i "1i # GENERATED by scripts/stack.sh from nginx/nginx.conf: edit that file, not this one." "$out.tmp.$$"
 	mv -f "$out.tmp.$$" "$out"
+}
+
+# all_gateways: the shape's gateways, host:port, space separated (nginx's default upstream).
+all_gateways() {
+	local k a=()
+	for ((k = 1; k <= N_GATEWAYS; k++)); do a+=("127.0.0.1:$(gw_port "$k")"); done
+	echo "${a[*]}"
 }
 
 nginx_args() {
@@ -771,7 +942,7 @@ nginx_up() {
 		nginx_prep
 		mapfile -t args < <(nginx_args)
 		nginx "${args[@]}" -t -q 2>>"$LOG/nginx-error.log" || die "nginx config test failed ($NGINX_CONF)" "$LOG/nginx-error.log"
-		say "starting nginx on 127.0.0.1:$NGINX_PORT (per IP: ${NGINX_RATE:-20} r/s, burst ${NGINX_BURST:-40}, ${NGINX_CONN:-32} connections; gateways ${NGINX_GATEWAYS:-127.0.0.1:$GATEWAY_PORT})"
+		say "starting nginx on 127.0.0.1:$NGINX_PORT (per IP: ${NGINX_RATE:-20} r/s, burst ${NGINX_BURST:-40}, ${NGINX_CONN:-32} connections; gateways ${NGINX_GATEWAYS:-$(all_gateways)})"
 		(cd "$ROOT" && nginx "${args[@]}") || die "nginx failed to start" "$LOG/nginx-error.log"
 	fi
 	wait_for "$TIMEOUT" nginx_ok || die "nginx did not answer on 127.0.0.1:$NGINX_PORT within ${TIMEOUT}s" "$LOG/nginx-error.log"
@@ -796,19 +967,21 @@ nginx_down() { stop_pid nginx "$NGINX_PID" nginx QUIT 15; }
 
 ready() { [[ "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 2 "$1" 2>/dev/null)" == 200 ]]; }
 
-# app_up NAME READYZ_URL
+# app_up ROLE K READYZ_URL: the K-th gateway or backend (app_name names its files).
 app_up() {
-	local name="$1" url="$2" pidfile="$RUN/$1.pid" logfile="$LOG/$1.log"
+	local role="$1" k="$2" url="$3" name
+	name="$(app_name "$role" "$k")"
+	local pidfile="$RUN/$name.pid" logfile="$LOG/$name.log"
 	[[ -x "$BIN" ]] || die "$BIN not found: run 'make build' first"
-	if ours "$pidfile" "$BIN $name"; then
+	if ours "$pidfile" "$BIN $role"; then
 		say "$name already running (pid $(pid_of "$pidfile"))"
 	else
-		say "starting $name: bin/flashgate $name --config $CONFIG"
+		say "starting $name: bin/flashgate $role --config $CONFIG"
 		printf '\n==== %s start %s ====\n' "$name" "$(date -Is)" >>"$logfile"
 		local envs
-		mapfile -t envs < <(role_env "$name")
+		mapfile -t envs < <(role_env "$role" "$k")
 		# Exported, not on the command line, where any user of the host could read them.
-		(export "${envs[@]}" && spawn "$pidfile" "$logfile" "$BIN" "$name" --config "$CONFIG")
+		(export "${envs[@]}" && spawn "$pidfile" "$logfile" "$BIN" "$role" --config "$CONFIG")
 	fi
 	local pid deadline=$((SECONDS + TIMEOUT))
 	pid="$(pid_of "$pidfile")"
@@ -820,7 +993,20 @@ app_up() {
 	say "$name ready ($url)"
 }
 
-app_down() { stop_pid "$1" "$RUN/$1.pid" "$BIN $1" TERM 15; }
+# app_down NAME: NAME is gateway, backend, gateway-2 ...
+app_down() { stop_pid "$1" "$RUN/$1.pid" "$BIN ${1%%-*}" TERM 15; }
+
+# apps_of ROLE: the names of ROLE's instances that have a pid file or belong to the shape,
+# the last first (every one is stopped, whatever the shape now says).
+apps_of() {
+	local n=1 f k names=()
+	[[ "$1" == gateway ]] && n=$N_GATEWAYS || n=$N_BACKENDS
+	for ((k = 5; k >= 1; k--)); do
+		f="$(app_name "$1" "$k")"
+		if ((k <= n)) || [[ -f "$RUN/$f.pid" ]]; then names+=("$f"); fi
+	done
+	printf '%s\n' "${names[@]}"
+}
 
 # ---------------------------------------------------------------------------------------------
 # commands
@@ -831,33 +1017,42 @@ cmd_infra_up() {
 	secrets_load
 	render_redis_acl
 	render_nats_conf
+	shape_save
 	redis_up
 	cluster_up
-	nats_up
+	if [[ "$NATS_MODE" == cluster ]]; then nats_cluster_up; else nats_up; fi
 	mysql_up
 	write_secrets_env
-	say "infra up: redis 127.0.0.1:$REDIS_PORT, cluster 127.0.0.1:${CLUSTER_PORTS[0]}-${CLUSTER_PORTS[-1]}, nats 127.0.0.1:$NATS_PORT (monitor $NATS_MON), mariadb 127.0.0.1:$MYSQL_PORT/flashgate"
+	local nats="nats 127.0.0.1:$NATS_PORT (monitor $NATS_MON)"
+	[[ "$NATS_MODE" == cluster ]] && nats="nats cluster 127.0.0.1:$NATS_PORT-$((NATS_PORT + 2)) (monitors $NATS_MON-$((NATS_MON + 2)))"
+	say "infra up: redis 127.0.0.1:$REDIS_PORT, cluster 127.0.0.1:${CLUSTER_PORTS[0]}-${CLUSTER_PORTS[-1]} (replicas ${REPLICA_PORTS[0]}-${REPLICA_PORTS[-1]}), $nats, mariadb 127.0.0.1:$MYSQL_PORT/flashgate"
 	say "credentials: '. var/secrets.env' logs you in as the operator (docs/credentials.md)"
 }
 
 cmd_up() {
 	cmd_infra_up
-	app_up backend "http://127.0.0.1:$BACKEND_ADMIN/readyz"
-	app_up gateway "http://127.0.0.1:$GATEWAY_ADMIN/readyz"
+	local k
+	for ((k = 1; k <= N_BACKENDS; k++)); do app_up backend "$k" "http://127.0.0.1:$(be_admin "$k")/readyz"; done
+	for ((k = 1; k <= N_GATEWAYS; k++)); do app_up gateway "$k" "http://127.0.0.1:$(gw_admin "$k")/readyz"; done
 	nginx_up
-	say "up: nginx http://127.0.0.1:$NGINX_PORT -> gateway 127.0.0.1:$GATEWAY_PORT (admin $GATEWAY_ADMIN), backend admin 127.0.0.1:$BACKEND_ADMIN"
+	if ((N_GATEWAYS == 1 && N_BACKENDS == 1)); then
+		say "up: nginx http://127.0.0.1:$NGINX_PORT -> gateway 127.0.0.1:$GATEWAY_PORT (admin $GATEWAY_ADMIN), backend admin 127.0.0.1:$BACKEND_ADMIN"
+	else
+		say "up: nginx http://127.0.0.1:$NGINX_PORT -> $N_GATEWAYS gateways ($(all_gateways)), $N_BACKENDS backends (admin $BACKEND_ADMIN first); redis $REDIS_MODE, nats $NATS_MODE"
+	fi
 }
 
 cmd_down() {
 	secrets_load
 	nginx_down
-	app_down gateway
-	app_down backend
+	local a p
+	for a in $(apps_of gateway) $(apps_of backend); do app_down "$a"; done
 	nats_down
+	nats_cluster_down
 	mysql_down
-	local p
-	for p in "${CLUSTER_PORTS[@]}"; do redis_down "$p"; done
+	for p in "${REPLICA_PORTS[@]}" "${CLUSTER_PORTS[@]}"; do redis_down "$p"; done
 	redis_down "$REDIS_PORT"
+	rm -f "$SHAPE_FILE"
 	say "down"
 }
 
@@ -870,8 +1065,9 @@ cmd_apps_down() {
 		case "$w" in nginx | gateway | backend) ;; *) die "apps-down: unknown part '$w' (nginx, gateway, backend)" ;; esac
 	done
 	[[ " ${want[*]} " == *" nginx "* ]] && nginx_down
-	[[ " ${want[*]} " == *" gateway "* ]] && app_down gateway
-	[[ " ${want[*]} " == *" backend "* ]] && app_down backend
+	local a
+	if [[ " ${want[*]} " == *" gateway "* ]]; then for a in $(apps_of gateway); do app_down "$a"; done; fi
+	if [[ " ${want[*]} " == *" backend "* ]]; then for a in $(apps_of backend); do app_down "$a"; done; fi
 	say "apps down: ${want[*]} (infra left running)"
 }
 
@@ -887,11 +1083,26 @@ nginx_ours_ok() { ours "$NGINX_PID" nginx && nginx_ok; }
 cmd_status() {
 	secrets_load
 	part redis "127.0.0.1:$REDIS_PORT" redis_ping "$REDIS_PORT"
-	part redis-cluster "127.0.0.1:${CLUSTER_PORTS[0]}-${CLUSTER_PORTS[-1]}" cluster_all_ok
-	part nats "127.0.0.1:$NATS_PORT (monitor $NATS_MON)" nats_ok
+	part redis-cluster "127.0.0.1:${CLUSTER_PORTS[0]}-${CLUSTER_PORTS[-1]}, replicas ${REPLICA_PORTS[0]}-${REPLICA_PORTS[-1]}" cluster_all_ok
+	local p i k
+	if [[ "$REDIS_MODE" == cluster ]]; then
+		# Which node is what now (a failover swaps a master and its replica).
+		for p in "${CLUSTER_PORTS[@]}" "${REPLICA_PORTS[@]}"; do
+			part "  redis-$p" "127.0.0.1:$p $(rcli "$p" role 2>/dev/null | head -n1 | tr -d '\r')" redis_ping "$p"
+		done
+	fi
+	if [[ "$NATS_MODE" == cluster ]]; then
+		for i in 1 2 3; do part "nats-$i" "127.0.0.1:$((NATS_PORT + i - 1)) (monitor $((NATS_MON + i - 1)))" nats_node_ok "$i"; done
+	else
+		part nats "127.0.0.1:$NATS_PORT (monitor $NATS_MON)" nats_ok
+	fi
 	part mariadb "127.0.0.1:$MYSQL_PORT" mysql_ok
-	part backend "127.0.0.1:$BACKEND_ADMIN" ready "http://127.0.0.1:$BACKEND_ADMIN/readyz"
-	part gateway "127.0.0.1:$GATEWAY_PORT (admin $GATEWAY_ADMIN)" ready "http://127.0.0.1:$GATEWAY_ADMIN/readyz"
+	for ((k = 1; k <= N_BACKENDS; k++)); do
+		part "$(app_name backend "$k")" "127.0.0.1:$(be_admin "$k")" ready "http://127.0.0.1:$(be_admin "$k")/readyz"
+	done
+	for ((k = 1; k <= N_GATEWAYS; k++)); do
+		part "$(app_name gateway "$k")" "127.0.0.1:$(gw_port "$k") (admin $(gw_admin "$k"))" ready "http://127.0.0.1:$(gw_admin "$k")/readyz"
+	done
 	part nginx "127.0.0.1:$NGINX_PORT" nginx_ours_ok
 }
 
