@@ -25,6 +25,8 @@ var scriptOutcomeType = map[string]string{
 	"reconcile.lua": "resetReply",
 	"warm.lua":      "warmReply",
 	"confirm.lua":   "",
+	"take.lua":      "takeReply",
+	"give.lua":      "giveReply",
 }
 
 var (

@@ -1,0 +1,415 @@
+package lua
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+
+	"github.com/redis/rueidis"
+
+	"github.com/flashgate/flashgate"
+)
+
+// Stock buckets (docs/buckets.md): a hot sale's stock split over K hash tags,
+// so that its admissions spread over the masters of a Redis Cluster. A buyer's
+// home bucket (HomeBucket) holds everything of theirs, so every limit is still
+// checked in one script call; units move between buckets by transfers
+// (take.lua on the giver, give.lua on the receiver), which reconcile finishes
+// when the process that started one died half way (FinishTransfers).
+
+var (
+	//go:embed take.lua
+	takeSrc string
+	//go:embed give.lua
+	giveSrc string
+
+	takeScript = rueidis.NewLuaScript(takeSrc)
+	giveScript = rueidis.NewLuaScript(giveSrc)
+)
+
+// takeReply is the first word of take.lua's answer.
+type takeReply string
+
+const (
+	takeTook  takeReply = "took"  // units left the giver and are in its ledger
+	takeEmpty takeReply = "empty" // the giver has none
+)
+
+// giveReply is the first word of give.lua's answer.
+type giveReply string
+
+const (
+	giveGiven   giveReply = "given"   // the units joined the receiver's stock now
+	giveAlready giveReply = "already" // they had landed before
+)
+
+// HomeBucket is the bucket (0..k-1) that holds user's purchases in a sale of k
+// buckets: FNV-1a of the user id, the same in every process.
+func HomeBucket(user string, k int) int {
+	if k <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(user))
+	return int(h.Sum32() % uint32(k))
+}
+
+// Slot is the Redis Cluster slot of key (CRC16/XMODEM of its hash tag, mod 16384).
+func Slot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for b := 0; b < 8; b++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
+
+// maxTagTries bounds the suffixes tried for one bucket: with M masters one in
+// M fits, so 64 tries miss with odds (1-1/M)^64.
+const maxTagTries = 64
+
+// ChooseBucketTags picks the tag suffixes of a sale of k buckets so that they
+// spread evenly over the masters of the cluster c talks to: bucket i goes to
+// master i mod M, in the order of the masters' first slots. On a single Redis
+// (no cluster) the suffixes are "0".."k-1". k <= 1 answers nil: not split.
+//
+// The choice is made once, when the sale is created; a reshard later moves
+// slots, and with them whole buckets, intact (each bucket's keys share one
+// slot), so nothing breaks, but the spread is then whatever the new slot map
+// makes of it (docs/buckets.md).
+func ChooseBucketTags(ctx context.Context, c rueidis.Client, sale string, k int) ([]string, error) {
+	if k <= 1 {
+		return nil, nil
+	}
+	if k > flashgate.MaxBuckets {
+		return nil, fmt.Errorf("%d buckets: at most %d", k, flashgate.MaxBuckets)
+	}
+	masters, err := clusterMasters(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	tags := make([]string, k)
+	for i := range tags {
+		if len(masters) == 0 {
+			tags[i] = strconv.Itoa(i)
+			continue
+		}
+		want := masters[i%len(masters)]
+		for n := 0; ; n++ {
+			if n == maxTagTries {
+				return nil, fmt.Errorf("bucket %d of sale %s: no tag found on master %d", i, sale, i%len(masters))
+			}
+			sfx := strconv.Itoa(i) + "." + strconv.Itoa(n)
+			if want.has(Slot(bucketTagBody(sale, sfx))) {
+				tags[i] = sfx
+				break
+			}
+		}
+	}
+	return tags, nil
+}
+
+// slotRanges are the slots one master serves.
+type slotRanges [][2]int
+
+func (r slotRanges) has(slot int) bool {
+	for _, x := range r {
+		if slot >= x[0] && slot <= x[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// clusterMasters reads the slot map: each master's slot ranges, ordered by
+// its first slot. A Redis that is not a cluster answers none.
+func clusterMasters(ctx context.Context, c rueidis.Client) ([]slotRanges, error) {
+	res, err := c.Do(ctx, c.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		if strings.Contains(err.Error(), "cluster support disabled") {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("cluster slots: %w", err)
+	}
+	byNode := map[string]int{}
+	var out []slotRanges
+	first := []int{}
+	for _, r := range res {
+		v, err := r.ToArray()
+		if err != nil || len(v) < 3 {
+			return nil, fmt.Errorf("cluster slots: unexpected reply")
+		}
+		lo, _ := v[0].AsInt64()
+		hi, _ := v[1].AsInt64()
+		node, err := v[2].ToArray()
+		if err != nil || len(node) < 2 {
+			return nil, fmt.Errorf("cluster slots: unexpected node")
+		}
+		host, _ := node[0].ToString()
+		port, _ := node[1].AsInt64()
+		id := host + ":" + strconv.FormatInt(port, 10)
+		i, ok := byNode[id]
+		if !ok {
+			i = len(out)
+			byNode[id] = i
+			out = append(out, nil)
+			first = append(first, int(lo))
+		}
+		out[i] = append(out[i], [2]int{int(lo), int(hi)})
+		first[i] = min(first[i], int(lo))
+	}
+	// Order masters by their first slot, so the choice does not depend on the
+	// order CLUSTER SLOTS lists them in.
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && first[j] < first[j-1]; j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+			first[j], first[j-1] = first[j-1], first[j]
+		}
+	}
+	return out, nil
+}
+
+// SplitUnits shares n units over k buckets: bucket i gets n/k, and the first
+// n%k one more.
+func SplitUnits(n int64, k, i int) int64 {
+	q, r := n/int64(k), n%int64(k)
+	if int64(i) < r {
+		return q + 1
+	}
+	return q
+}
+
+// KeysOf returns the keys of sale with its buckets (KeysFor for a sale that
+// is not split).
+func KeysOf(sale *flashgate.Sale) *Keys {
+	return BucketedKeysFor(sale.ID, sale.RegionNames(), sale.BucketTags)
+}
+
+// Transfer is one transfer of units between two buckets of a sale.
+type Transfer struct {
+	ID       string
+	From, To int // bucket indexes
+	Region   string
+	Units    int64
+}
+
+// take moves up to want units of region out of bucket from into its ledger,
+// bound for bucket to; it answers how many it took (0: from had none).
+func take(ctx context.Context, c rueidis.Client, from *Keys, to int, id, region string, want int64, nowMS int64) (int64, error) {
+	stock, ok := from.Stock(region)
+	if !ok {
+		return 0, ErrUnknownRegion
+	}
+	res, err := takeScript.Exec(ctx, c, []string{stock, from.xout},
+		[]string{id, strconv.FormatInt(want, 10), strconv.Itoa(to), region, strconv.FormatInt(nowMS, 10)}).AsStrSlice()
+	if err != nil {
+		return 0, fmt.Errorf("take %s bucket %d: %w", from.Sale, from.index, err)
+	}
+	switch takeReply(res[0]) {
+	case takeEmpty:
+		return 0, nil
+	case takeTook:
+		if len(res) == 3 {
+			return strconv.ParseInt(res[1], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("take %s: unexpected reply %q", from.Sale, res)
+}
+
+// land gives a taken transfer's units to its receiver (once) and then clears
+// the giver's ledger entry. It is what both the gateway and FinishTransfers run.
+func land(ctx context.Context, c rueidis.Client, k *Keys, t Transfer) (bool, error) {
+	if t.From < 0 || t.From >= len(k.buckets) || t.To < 0 || t.To >= len(k.buckets) {
+		return false, fmt.Errorf("transfer %s of %s: bucket out of range", t.ID, k.Sale)
+	}
+	to := k.buckets[t.To]
+	stock, ok := to.Stock(t.Region)
+	if !ok {
+		return false, ErrUnknownRegion
+	}
+	res, err := giveScript.Exec(ctx, c, []string{stock, to.xin}, []string{t.ID, strconv.FormatInt(t.Units, 10)}).AsStrSlice()
+	if err != nil {
+		return false, fmt.Errorf("give %s bucket %d: %w", k.Sale, t.To, err)
+	}
+	if len(res) == 0 || (giveReply(res[0]) != giveGiven && giveReply(res[0]) != giveAlready) {
+		return false, fmt.Errorf("give %s: unexpected reply %q", k.Sale, res)
+	}
+	from := k.buckets[t.From]
+	if err := c.Do(ctx, c.B().Hdel().Key(from.xout).Field(t.ID).Build()).Error(); err != nil {
+		return false, fmt.Errorf("transfer %s of %s: clear ledger: %w", t.ID, k.Sale, err)
+	}
+	return giveReply(res[0]) == giveGiven, nil
+}
+
+// Gather brings at least need units of region into bucket home, from the other
+// buckets in turn (starting at start, so that drained buckets do not all ask
+// the same one first), and answers how many it moved. It stops early when the
+// units are there; it moves fewer when the other buckets hold fewer. Every unit
+// taken is either in home's stock, or in a giver's ledger that
+// FinishTransfers lands (when this process dies between the two steps).
+func Gather(ctx context.Context, c rueidis.Client, k *Keys, home int, region string, need int64, start int, idBase string, nowMS int64) (int64, error) {
+	n := len(k.buckets)
+	var moved int64
+	for j := 0; j < n && moved < need; j++ {
+		from := (start + j) % n
+		if from == home {
+			continue
+		}
+		id := idBase + "." + strconv.Itoa(from)
+		got, err := take(ctx, c, k.buckets[from], home, id, region, need-moved, nowMS)
+		if err != nil {
+			return moved, err
+		}
+		if got == 0 {
+			continue
+		}
+		if _, err := land(ctx, c, k, Transfer{ID: id, From: from, To: home, Region: region, Units: got}); err != nil {
+			return moved, err
+		}
+		moved += got
+	}
+	return moved, nil
+}
+
+// AdmitBucketed runs the admission on the buyer's home bucket; when the home
+// lacks the units it gathers them from the other buckets and asks once more.
+// A sold-out answer then means every bucket was short: Remaining is what the
+// home holds after the gathering (0 when the whole sale is empty, as far as
+// the buckets answered).
+func (s *Scripts) AdmitBucketed(ctx context.Context, c rueidis.Client, k *Keys, a AdmitArgs) (Admission, error) {
+	if len(k.buckets) == 0 {
+		return s.Admit(ctx, c, k, a)
+	}
+	hk := k.Home(a.User)
+	adm, err := s.Admit(ctx, c, hk, a)
+	if err != nil || adm.Outcome != SoldOut {
+		return adm, err
+	}
+	need := a.Quantity - max(0, adm.Remaining)
+	id := "t" + strconv.FormatUint(a.OrderID, 10)
+	moved, err := Gather(ctx, c, k, hk.index, a.Region, need, int(a.OrderID%uint64(len(k.buckets))), id, a.Now.UnixMilli())
+	if err != nil {
+		return adm, err
+	}
+	if moved < need {
+		// The sale holds fewer than the quantity: whatever was gathered
+		// stays in the home bucket (no unit is stranded: any bucket can
+		// gather it in turn).
+		adm.Remaining = max(0, adm.Remaining) + moved
+		return adm, nil
+	}
+	return s.Admit(ctx, c, hk, a)
+}
+
+// ErrBucketed is returned by the single-tag calls for a sale split over buckets.
+var ErrBucketed = errors.New("sale is split over buckets: use its home bucket's keys")
+
+// PendingTransfers lists the transfers taken from the sale's buckets and not
+// yet cleared from the givers' ledgers.
+func PendingTransfers(ctx context.Context, c rueidis.Client, k *Keys) ([]Transfer, error) {
+	var out []Transfer
+	for _, b := range k.buckets {
+		m, err := c.Do(ctx, c.B().Hgetall().Key(b.xout).Build()).AsStrMap()
+		if err != nil {
+			return nil, fmt.Errorf("transfers of %s bucket %d: %w", k.Sale, b.index, err)
+		}
+		for id, v := range m {
+			p := strings.Split(v, "|")
+			if len(p) != 4 {
+				return nil, fmt.Errorf("transfer %s of %s: bad entry %q", id, k.Sale, v)
+			}
+			to, err1 := strconv.Atoi(p[0])
+			n, err2 := strconv.ParseInt(p[2], 10, 64)
+			if err1 != nil || err2 != nil {
+				return nil, fmt.Errorf("transfer %s of %s: bad entry %q", id, k.Sale, v)
+			}
+			out = append(out, Transfer{ID: id, From: b.index, To: to, Region: p[1], Units: n})
+		}
+	}
+	return out, nil
+}
+
+// FinishTransfers lands every transfer a process took and did not land (it
+// died between take and give, or between give and clearing the ledger). It is
+// safe beside live transfers: give lands a transfer once. It answers how many
+// transfers' units it landed now.
+func FinishTransfers(ctx context.Context, c rueidis.Client, k *Keys) (int, error) {
+	ts, err := PendingTransfers(ctx, c, k)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, t := range ts {
+		given, err := land(ctx, c, k, t)
+		if err != nil {
+			return n, err
+		}
+		if given {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// remainingBucketed is Remaining for a split sale: every bucket's stock keys
+// and transfers under way, in one round of pipelined reads.
+func remainingBucketed(ctx context.Context, c rueidis.Client, k *Keys) (map[string]int64, error) {
+	var cmds rueidis.Commands
+	var of []string // the region of each command
+	for _, b := range k.buckets {
+		regions, keys := b.StockKeys()
+		for i, key := range keys {
+			cmds = append(cmds, c.B().Get().Key(key).Build())
+			of = append(of, regions[i])
+		}
+	}
+	out := make(map[string]int64)
+	for i, r := range c.DoMulti(ctx, cmds...) {
+		n, err := r.AsInt64()
+		if rueidis.IsRedisNil(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("remaining %s: %w", k.Sale, err)
+		}
+		out[of[i]] += n
+	}
+	ts, err := PendingTransfers(ctx, c, k)
+	if err != nil {
+		return nil, err
+	}
+	// A transfer in a ledger has either landed (its units are in the
+	// receiver's stock, read above) or not (they are nowhere else).
+	landed := make(rueidis.Commands, len(ts))
+	for i, t := range ts {
+		if t.To < 0 || t.To >= len(k.buckets) {
+			return nil, fmt.Errorf("transfer %s of %s: bucket out of range", t.ID, k.Sale)
+		}
+		landed[i] = c.B().Sismember().Key(k.buckets[t.To].xin).Member(t.ID).Build()
+	}
+	for i, r := range c.DoMulti(ctx, landed...) {
+		in, err := r.AsBool()
+		if err != nil {
+			return nil, fmt.Errorf("remaining %s: %w", k.Sale, err)
+		}
+		if _, ok := out[ts[i].Region]; ok && !in {
+			out[ts[i].Region] += ts[i].Units
+		}
+	}
+	return out, nil
+}
