@@ -94,6 +94,8 @@ type saleSpec struct {
 	// with day and month windows in TimeZone (IANA, default UTC).
 	Limits   []flashgate.Limit `json:"limits"`
 	TimeZone string            `json:"time_zone"`
+	// Buckets splits the stock over that many Redis hash tags (docs/buckets.md).
+	Buckets int `json:"buckets"`
 }
 
 func (s *saleSpec) sale() *flashgate.Sale {
@@ -106,7 +108,7 @@ func (s *saleSpec) sale() *flashgate.Sale {
 		ID: s.ID, Title: s.Title, PriceCents: s.PriceCents, Total: s.Total,
 		StartsAt: s.StartsAt.UTC().Truncate(time.Millisecond), EndsAt: s.EndsAt.UTC().Truncate(time.Millisecond),
 		PerUserLimit: s.PerUserLimit, PerOrderMax: omax, Regions: s.Regions,
-		Limits: s.Limits, TimeZone: s.TimeZone,
+		Limits: s.Limits, TimeZone: s.TimeZone, Buckets: s.Buckets,
 	}
 }
 
@@ -134,7 +136,15 @@ func (a *adminAPI) createSale(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
 		return
 	}
-	err := insertSale(r.Context(), a.db, sale, time.Now().UTC())
+	// The buckets' tags come from the slot map as it is now (docs/buckets.md).
+	tags, err := lua.ChooseBucketTags(r.Context(), a.rc, sale.ID, sale.BucketCount())
+	if err != nil {
+		a.log.Error("create sale: bucket tags", "sale", sale.ID, "err", err)
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
+		return
+	}
+	sale.BucketTags = tags
+	err = insertSale(r.Context(), a.db, sale, time.Now().UTC())
 	switch {
 	case errors.Is(err, errSaleExists):
 		writeError(w, http.StatusConflict, flashgate.CodeConflict, "sale "+sale.ID+" exists")

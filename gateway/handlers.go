@@ -56,7 +56,7 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	rec, ok, err := lua.Order(rctx, g.rc, s.keys, id)
+	rec, ok, err := lua.Order(rctx, g.rc, s.keys.Home(claims.Subject), id)
 	cancel()
 	if err != nil {
 		unavailable(ctx, "order state unavailable")
@@ -138,7 +138,7 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	rec, known, err := lua.Order(rctx, g.rc, s.keys, id)
+	rec, known, err := lua.Order(rctx, g.rc, s.keys.Home(claims.Subject), id)
 	cancel()
 	// Another user's order, or one that never existed, is answered here. An
 	// order Redis does not know (it lost its data) goes on: MySQL decides.

@@ -357,7 +357,7 @@ func (g *Gateway) maybeReplay(s *sale, user, idem string) bool {
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
 	defer cancel()
-	known, err := lua.IdemKnown(rctx, g.rc, s.keys, user, idem)
+	known, err := lua.IdemKnown(rctx, g.rc, s.keys.Home(user), user, idem)
 	return err != nil || known
 }
 
@@ -382,11 +382,11 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 	}
 	var adm lua.Admission
 	start := time.Now()
-	_, err := g.breakers.forSlot(s.slot).Execute(func() (struct{}, error) {
+	_, err := g.breakers.forSlot(s.slotOf(sub.User)).Execute(func() (struct{}, error) {
 		actx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
 		defer cancel()
 		var err error
-		adm, err = g.scripts.Admit(actx, g.rc, s.keys, args)
+		adm, err = g.scripts.AdmitBucketed(actx, g.rc, s.keys, args)
 		return struct{}{}, err
 	})
 	if refusedByBreaker(err) {
@@ -395,7 +395,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 	}
 	g.metrics.AdmitLatency(time.Since(start))
 	if err != nil {
-		g.undoAdmit(s, args.OrderID, region, args.EncodedCharges, err)
+		g.undoAdmit(s, sub.User, args.OrderID, region, args.EncodedCharges, err)
 		unavailable(ctx, "stock service unavailable")
 		return
 	}
@@ -411,7 +411,10 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 			slog.Error("failpoint: exiting between admission and publish", "sale", s.spec.ID, "order", a.OrderID)
 			os.Exit(3)
 		}
-		if adm.Remaining <= 0 {
+		if adm.Remaining <= 0 && len(s.keys.Buckets()) == 0 {
+			// (A split sale's home bucket at 0 is not the sale at 0: its
+			// next buyer gathers from the others. Its mark is set by a
+			// sold-out answer, which has asked every bucket.)
 			g.markSoldOut(s, a.Region)
 		}
 		g.publish(ctx, s, &flashgate.Order{
@@ -420,7 +423,7 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Address: sub.Address,
 		})
 	case lua.Replayed:
-		g.replay(ctx, s, adm.OrderID)
+		g.replay(ctx, s, a.User, adm.OrderID)
 	case lua.NotWarmed:
 		g.askWarm(s)
 		unavailable(ctx, "sale is warming up")
@@ -454,9 +457,9 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 // admission never ran. It runs in the background so the 503 stays fast, and
 // retries until Redis answers; past undoPatience the reservation, if any, is
 // left to reconcile. A bounded pool does the background work (release.go).
-func (g *Gateway) undoAdmit(s *sale, id uint64, region, charges string, cause error) {
+func (g *Gateway) undoAdmit(s *sale, user string, id uint64, region, charges string, cause error) {
 	slog.Warn("admission failed; undoing it", "sale", s.spec.ID, "order", id, "cause", cause)
-	g.enqueueRelease(releaseJob{s: s, id: id, region: region, charges: charges, reason: flashgate.ReasonAdmitFailed})
+	g.enqueueRelease(releaseJob{s: s, user: user, id: id, region: region, charges: charges, reason: flashgate.ReasonAdmitFailed})
 }
 
 // publish sends an admitted order to JetStream and answers 202 once it is
@@ -482,7 +485,7 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order)
 	switch {
 	case rerr != nil:
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
-		g.enqueueRelease(releaseJob{s: s, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
+		g.enqueueRelease(releaseJob{s: s, user: m.UserID, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
 		unavailable(ctx, "order queue unavailable")
 	case rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased):
 		accepted(ctx, m.ID, flashgate.OrderPending)
@@ -501,7 +504,7 @@ func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.Relea
 	deadline := time.Now().Add(g.cfg.Gateway.PublishTimeout)
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
 		rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-		rel, err = g.scripts.Release(rctx, g.rc, s.keys, m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+		rel, err = g.scripts.Release(rctx, g.rc, s.keys.Home(m.UserID), m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
 		cancel()
 		if err == nil || time.Now().Add(wait).After(deadline) {
 			return rel, err
@@ -521,10 +524,10 @@ func (g *Gateway) send(s *sale, m *flashgate.Order) error {
 // the order, so a replay of an order still pending republishes it (the same
 // Nats-Msg-Id makes that a no-op when the first publish got through) and then
 // claims it, which stops a failing first request from releasing it.
-func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
+func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, user string, id uint64) {
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
 	defer cancel()
-	rec, ok, err := lua.Order(rctx, g.rc, s.keys, id)
+	rec, ok, err := lua.Order(rctx, g.rc, s.keys.Home(user), id)
 	if err != nil || !ok {
 		unavailable(ctx, "order state unavailable")
 		return
@@ -540,7 +543,7 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}
-		st, err := g.scripts.Claim(rctx, g.rc, s.keys, []uint64{id})
+		st, err := g.scripts.Claim(rctx, g.rc, s.keys.Home(user), []uint64{id})
 		if err != nil || st[0] == lua.ClaimReleased {
 			unavailable(ctx, "order queue unavailable")
 			return

@@ -87,8 +87,8 @@ func TestMigrateUpThenStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms) != 5 {
-		t.Fatalf("status lists %d migrations, want 5", len(ms))
+	if len(ms) != 6 {
+		t.Fatalf("status lists %d migrations, want 6", len(ms))
 	}
 	for _, m := range ms {
 		if !m.Applied || m.AppliedAt.IsZero() || !strings.HasSuffix(m.Name, ".sql") {

@@ -62,6 +62,7 @@ func saleCreateCmd(args []string, stdout, stderr io.Writer) error {
 	var limits limitsFlag
 	c.Var(&limits, "limit", "a purchase limit `DIM:MAX[:units|orders][:sale|day|month]`, DIM one of user, phone, device, ip, address (e.g. phone:1:orders:day); repeat for each")
 	tz := c.String("time-zone", "UTC", "IANA time `zone` in which day and month limit windows begin (e.g. Asia/Shanghai)")
+	buckets := c.Int("buckets", 1, "stock `buckets`: split the stock over K Redis hash tags, 1-64 (docs/buckets.md)")
 	pos, err := c.parse(args)
 	if err != nil {
 		return err
@@ -80,6 +81,9 @@ func saleCreateCmd(args []string, stdout, stderr io.Writer) error {
 	sale := flashgate.Sale{
 		ID: *id, Title: *title, PriceCents: *price, Total: *total, StartsAt: start, EndsAt: end,
 		PerUserLimit: *perUser, PerOrderMax: *perOrder, Limits: limits, TimeZone: *tz,
+	}
+	if *buckets != 1 {
+		sale.Buckets = *buckets
 	}
 	if len(regions) > 0 {
 		sale.Regions = regions
