@@ -40,7 +40,7 @@ type sale struct {
 	slot    uint16 // Redis Cluster hash slot of the sale's keys
 	// bucketSlots are the slots of a split sale's buckets (docs/buckets.md).
 	bucketSlots []uint16
-	rateKey uint64 // the sale's key in the per-sale rate limiter
+	rateKey     uint64 // the sale's key in the per-sale rate limiter
 }
 
 func newSale(spec *flashgate.Sale) *sale {
@@ -131,7 +131,7 @@ func (s *sale) render(now time.Time) {
 		StartsAt: spec.StartsAt, EndsAt: spec.EndsAt,
 		PerUserLimit: spec.PerUserLimit, PerOrderMax: spec.PerOrderMax,
 		Regions: spec.Regions, Limits: spec.Limits, TimeZone: spec.TimeZone, Buckets: spec.BucketCount(),
-		State: string(spec.StateAt(now, rem)),
+		State:     string(spec.StateAt(now, rem)),
 		Remaining: rem, RemainingBy: by,
 	})
 	s.info.Store(&b)
