@@ -280,7 +280,11 @@ func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}
-	if err := lua.Close(r.Context(), a.rc, lua.KeysFor(id, nil)); err != nil {
+	k, err := keysOf(r.Context(), a.db, id)
+	if err == nil {
+		err = lua.Close(r.Context(), a.rc, k)
+	}
+	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}

@@ -88,7 +88,7 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 	if retired, err := saleRetired(ctx, w.db, sale); err != nil || retired != nil {
 		return false, err
 	}
-	k := lua.KeysFor(sale, row.RegionNames())
+	k := lua.KeysOf(&row.Sale)
 	warm, err := w.isWarm(ctx, k)
 	if err != nil || warm {
 		return false, err
@@ -178,6 +178,9 @@ func (w *warmer) isWarm(ctx context.Context, k *lua.Keys) (bool, error) {
 
 // rebuildUsers replaces the users hash with the units MySQL counts per buyer.
 func (w *warmer) rebuildUsers(ctx context.Context, q queryer, k *lua.Keys) error {
+	if len(k.Buckets()) > 0 {
+		return w.rebuildUsersBucketed(ctx, q, k)
+	}
 	if err := w.rc.Do(ctx, w.rc.B().Del().Key(k.Users).Build()).Error(); err != nil {
 		return err
 	}
@@ -206,6 +209,38 @@ func (w *warmer) rebuildUsers(ctx context.Context, q queryer, k *lua.Keys) error
 	return flush()
 }
 
+// rebuildUsersBucketed is rebuildUsers for a split sale: each buyer's units
+// go to their home bucket (docs/buckets.md).
+func (w *warmer) rebuildUsersBucketed(ctx context.Context, q queryer, k *lua.Keys) error {
+	var cmds rueidis.Commands
+	for _, b := range k.Buckets() {
+		cmds = append(cmds, w.rc.B().Del().Key(b.Users).Build())
+	}
+	flush := func() error {
+		for _, r := range w.rc.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		cmds = cmds[:0]
+		return nil
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	err := mysql.EachBuyer(ctx, q, k.Sale, func(user string, units int64) error {
+		cmds = append(cmds, w.rc.B().Hset().Key(k.Home(user).Users).FieldValue().FieldValue(user, strconv.FormatInt(units, 10)).Build())
+		if len(cmds) == usersChunk {
+			return flush()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
 // rebuildLimits writes the purchase-limit counters MySQL holds (limit_usage)
 // for the windows that have not ended, each window's hash with its TTL. Like
 // the users hash it counts what MySQL counts: an order still in the stream is
@@ -219,6 +254,9 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 		return err
 	}
 	now := time.Now()
+	if len(k.Buckets()) > 0 {
+		return w.rebuildLimitsBucketed(ctx, k, loc, now)
+	}
 	window, key := "", ""
 	var fields []string
 	flush := func() error {
@@ -262,6 +300,43 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 	return flush()
 }
 
+// rebuildLimitsBucketed is rebuildLimits for a split sale, whose limits are
+// all by user (flashgate.Sale.Validate): each counter goes to its subject's
+// home bucket, one HSET (and PEXPIRE) each.
+func (w *warmer) rebuildLimitsBucketed(ctx context.Context, k *lua.Keys, loc *time.Location, now time.Time) error {
+	var cmds rueidis.Commands
+	flush := func() error {
+		for _, r := range w.rc.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		cmds = cmds[:0]
+		return nil
+	}
+	err := mysql.EachLimitUsage(ctx, w.db, k.Sale, func(lim int, win, subject string, used int64) error {
+		end := flashgate.WindowEnd(win, loc)
+		if !end.IsZero() && !end.After(now) {
+			return nil // the window is over: nothing to count in it
+		}
+		key := k.Home(subject).Limit(win)
+		cmds = append(cmds, w.rc.B().Hset().Key(key).FieldValue().
+			FieldValue(flashgate.Charge{Limit: lim, Subject: subject}.Field(), strconv.FormatInt(used, 10)).Build())
+		if !end.IsZero() {
+			ttl := flashgate.Charge{Ends: end}.TTL(now)
+			cmds = append(cmds, w.rc.B().Pexpire().Key(key).Milliseconds(ttl.Milliseconds()).Build())
+		}
+		if len(cmds) >= 2*usersChunk {
+			return flush()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
 // rebuildOrders writes back what Redis lost of the orders MySQL holds: each
 // order's record (so GET of an order answers after the loss) and each
 // Idempotency-Key's order (so a retry replays it instead of buying again).
@@ -280,9 +355,10 @@ func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
 	}
 	err := mysql.EachOrder(ctx, w.db, k.Sale, func(o flashgate.Order) error {
 		sid := strconv.FormatUint(o.ID, 10)
-		cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(lua.EncodeRecord(&o)).Build())
+		home := k.Home(o.UserID)
+		cmds = append(cmds, w.rc.B().Hsetnx().Key(home.Orders).Field(sid).Value(lua.EncodeRecord(&o)).Build())
 		if o.IdemKey != "" {
-			cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Idem).Field(o.UserID+"|"+o.IdemKey).Value(sid).Build())
+			cmds = append(cmds, w.rc.B().Hsetnx().Key(home.Idem).Field(o.UserID+"|"+o.IdemKey).Value(sid).Build())
 		}
 		if len(cmds) >= 2*usersChunk {
 			return flush()

@@ -1,11 +1,13 @@
 package lua
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -412,4 +414,179 @@ func remainingBucketed(ctx context.Context, c rueidis.Client, k *Keys) (map[stri
 		}
 	}
 	return out, nil
+}
+
+// byHome calls fn once per home bucket of n items (user(i) is item i's
+// buyer) with the indexes of the items at home there, in bucket order.
+func byHome(k *Keys, n int, user func(int) string, fn func(b *Keys, at []int) error) error {
+	groups := make([][]int, len(k.buckets))
+	for i := 0; i < n; i++ {
+		h := HomeBucket(user(i), len(k.buckets))
+		groups[h] = append(groups[h], i)
+	}
+	for b, at := range groups {
+		if len(at) == 0 {
+			continue
+		}
+		if err := fn(k.buckets[b], at); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ByHome is byHome for the callers of single-tag calls (Claim): on a sale
+// that is not split, fn is called once with k itself and every index.
+func ByHome(k *Keys, n int, user func(int) string, fn func(b *Keys, at []int) error) error {
+	if len(k.buckets) == 0 {
+		at := make([]int, n)
+		for i := range at {
+			at[i] = i
+		}
+		return fn(k, at)
+	}
+	return byHome(k, n, user, fn)
+}
+
+// resetBucketed is ResetStock for a split sale. Transfers under way are landed
+// first. Then, per region, the units MySQL says the stock keys must hold
+// together (Avail − Extra − every bucket's reservations) are shared over the
+// buckets afresh (SplitUnits), and each bucket is set with reconcile.lua,
+// atomically with counting its own reservations, which must be those the
+// plan read (else ErrReservationsChanged, as for one tag). The buckets that
+// lose units are set before those that gain, so a reset cut short (an error,
+// reservations that moved) can leave the sale short of units, which the next
+// repair gives back, but never over.
+//
+// onlyMissing sets only absent stock keys, to 0: a bucket that lost its
+// stock gets its units back from the full repair, which sees the sale short.
+func (s *Scripts) resetBucketed(ctx context.Context, c rueidis.Client, k *Keys, onlyMissing bool, plans []StockPlan) ([]StockChange, error) {
+	if _, err := FinishTransfers(ctx, c, k); err != nil {
+		return nil, err
+	}
+	n := len(k.buckets)
+	reserved := make([]map[string]int64, n)
+	for i, b := range k.buckets {
+		resv, err := Reservations(ctx, c, b)
+		if err != nil {
+			return nil, err
+		}
+		reserved[i] = map[string]int64{}
+		for _, o := range resv {
+			reserved[i][o.Region] += o.Quantity
+		}
+	}
+	before, err := bucketStock(ctx, c, k)
+	if err != nil {
+		return nil, err
+	}
+	// per[i]: bucket i's plans.
+	per := make([][]StockPlan, n)
+	for _, p := range plans {
+		var resvAll int64
+		for i := range n {
+			resvAll += reserved[i][p.Region]
+		}
+		if p.Reserved >= 0 && p.Reserved != resvAll {
+			return nil, fmt.Errorf("reset stock %s: region %q: %w (expected %d reserved, found %d)",
+				k.Sale, p.Region, ErrReservationsChanged, p.Reserved, resvAll)
+		}
+		free := max(0, p.Avail-p.Extra-resvAll)
+		for i := range n {
+			share := SplitUnits(free, n, i)
+			if onlyMissing {
+				share = 0
+			}
+			per[i] = append(per[i], StockPlan{Region: p.Region, Avail: share + reserved[i][p.Region], Reserved: reserved[i][p.Region]})
+		}
+	}
+	// Losers first: a bucket whose new total is below what it holds now.
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	gain := func(i int) int64 {
+		var d int64
+		for _, p := range per[i] {
+			d += p.Avail - p.Reserved - before[i][p.Region]
+		}
+		return d
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(gain(a), gain(b)) })
+	sum := map[string]*StockChange{}
+	out := make([]StockChange, len(plans))
+	for j, p := range plans {
+		out[j] = StockChange{Region: p.Region}
+		sum[p.Region] = &out[j]
+	}
+	for _, i := range order {
+		ch, err := s.ResetStock(ctx, c, k.buckets[i], onlyMissing, per[i])
+		if err != nil {
+			return nil, fmt.Errorf("bucket %d: %w", i, err)
+		}
+		for _, x := range ch {
+			o := sum[x.Region]
+			if x.Before != nil {
+				o.Before = addPtr(o.Before, *x.Before)
+			}
+			if x.After != nil {
+				o.After = addPtr(o.After, *x.After)
+			} else if x.Before != nil {
+				o.After = addPtr(o.After, *x.Before)
+			}
+		}
+	}
+	// A region no bucket changed is reported left alone.
+	for j := range out {
+		if onlyMissing && out[j].After != nil && out[j].Before != nil && *out[j].After == *out[j].Before {
+			out[j].After = nil
+		}
+	}
+	return out, nil
+}
+
+func addPtr(p *int64, n int64) *int64 {
+	v := n
+	if p != nil {
+		v += *p
+	}
+	return &v
+}
+
+// bucketStock reads every bucket's stock per region (0 for an absent key).
+func bucketStock(ctx context.Context, c rueidis.Client, k *Keys) ([]map[string]int64, error) {
+	out := make([]map[string]int64, len(k.buckets))
+	for i, b := range k.buckets {
+		out[i] = map[string]int64{}
+		regions, keys := b.StockKeys()
+		for j, r := range c.DoMulti(ctx, getAll(c, keys)...) {
+			n, err := r.AsInt64()
+			if err != nil && !rueidis.IsRedisNil(err) {
+				return nil, fmt.Errorf("stock of %s bucket %d: %w", k.Sale, i, err)
+			}
+			out[i][regions[j]] = n
+		}
+	}
+	return out, nil
+}
+
+func getAll(c rueidis.Client, keys []string) rueidis.Commands {
+	cmds := make(rueidis.Commands, len(keys))
+	for i, key := range keys {
+		cmds[i] = c.B().Get().Key(key).Build()
+	}
+	return cmds
+}
+
+// BucketTagsOf reads a warm sale's bucket tags from its meta (nil: not split,
+// or not warm).
+func BucketTagsOf(ctx context.Context, c rueidis.Client, sale string) ([]string, error) {
+	v, err := c.Do(ctx, c.B().Hget().Key(KeysFor(sale, nil).Meta).Field("buckets").Build()).ToString()
+	if rueidis.IsRedisNil(err) || (err == nil && v == "") {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("buckets of %s: %w", sale, err)
+	}
+	return strings.Split(v, ","), nil
 }

@@ -336,7 +336,21 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 
 // Confirm ends the reservations of settled orders and writes their status
 // (MySQL's outcome) and reason back. It answers how many reservations ended.
+// On a split sale each order is confirmed in its buyer's home bucket.
 func (s *Scripts) Confirm(ctx context.Context, c rueidis.Client, k *Keys, orders []flashgate.Order) (int64, error) {
+	if len(k.buckets) > 0 {
+		var total int64
+		err := byHome(k, len(orders), func(i int) string { return orders[i].UserID }, func(b *Keys, at []int) error {
+			part := make([]flashgate.Order, len(at))
+			for j, i := range at {
+				part[j] = orders[i]
+			}
+			n, err := s.Confirm(ctx, c, b, part)
+			total += n
+			return err
+		})
+		return total, err
+	}
 	args := make([]string, 0, 3*len(orders))
 	for i := range orders {
 		o := &orders[i]
@@ -574,7 +588,21 @@ func Order(ctx context.Context, c rueidis.Client, k *Keys, id uint64) (flashgate
 }
 
 // Reservations reads every open reservation of the sale (admitted, not settled).
+// A split sale's are read from every bucket.
 func Reservations(ctx context.Context, c rueidis.Client, k *Keys) (map[uint64]flashgate.Order, error) {
+	if len(k.buckets) > 0 {
+		all := map[uint64]flashgate.Order{}
+		for _, b := range k.buckets {
+			part, err := Reservations(ctx, c, b)
+			if err != nil {
+				return nil, err
+			}
+			for id, o := range part {
+				all[id] = o
+			}
+		}
+		return all, nil
+	}
 	m, err := c.Do(ctx, c.B().Hgetall().Key(k.Resv).Build()).AsStrMap()
 	if err != nil {
 		return nil, fmt.Errorf("reservations %s: %w", k.Sale, err)

@@ -1,0 +1,34 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/flashgate/flashgate/lua"
+)
+
+// layouts caches each sale's Redis key layout: its regions and, for a sale
+// split over stock buckets (docs/buckets.md), its buckets' tags. Both are
+// fixed when the sale is created, so an entry never goes stale; MySQL, which
+// keeps them, is read once per sale per process.
+var layouts sync.Map // sale id → *lua.Keys
+
+// keysOf returns sale's keys with every region and bucket. A sale MySQL does
+// not know gets its plain layout (no regions, not split): what every caller
+// used before buckets existed, for orders of a sale being retired.
+func keysOf(ctx context.Context, q queryer, sale string) (*lua.Keys, error) {
+	if k, ok := layouts.Load(sale); ok {
+		return k.(*lua.Keys), nil
+	}
+	row, err := loadSale(ctx, q, sale)
+	if errors.Is(err, errSaleNotFound) {
+		return lua.KeysFor(sale, nil), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	k := lua.KeysOf(&row.Sale)
+	layouts.Store(sale, k)
+	return k, nil
+}
