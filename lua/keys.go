@@ -239,3 +239,11 @@ func (k *Keys) Home(user string) *Keys {
 	}
 	return k.buckets[HomeBucket(user, len(k.buckets))]
 }
+
+// rateLimitPrefix names the fleet-wide rate-limit keys (ratelimit.mode:
+// global): a string per limited subject holding its GCRA state, which expires
+// once its bucket is full again.
+const rateLimitPrefix = keyPrefix + "rl:"
+
+// RateKey is the key of the fleet-wide rate limit kind ("sale", "user") of id.
+func RateKey(kind, id string) string { return rateLimitPrefix + kind + ":" + id }

@@ -27,6 +27,7 @@ var scriptOutcomeType = map[string]string{
 	"confirm.lua":   "",
 	"take.lua":      "takeReply",
 	"give.lua":      "giveReply",
+	"gcra.lua":      "gcraReply",
 }
 
 var (

@@ -64,10 +64,10 @@ func TestMigrationsParse(t *testing.T) {
 	for _, s := range p.ListSources() {
 		vs = append(vs, s.Version)
 	}
-	if len(vs) != 5 || vs[0] != 1 || vs[4] != 6 {
-		t.Fatalf("versions %v, want 1…6 (no 5)", vs)
+	if len(vs) != 6 || vs[0] != 1 || vs[5] != 7 {
+		t.Fatalf("versions %v, want 1…7 (no 5)", vs)
 	}
-	if v, err := LatestVersion(); err != nil || v != 6 {
+	if v, err := LatestVersion(); err != nil || v != 7 {
 		t.Fatalf("LatestVersion = %d, %v", v, err)
 	}
 }
@@ -131,8 +131,8 @@ func TestMigrateConcurrent(t *testing.T) {
 	}
 	defer db.Close()
 	var n int
-	if err := db.QueryRow(`SELECT COUNT(*) FROM goose_db_version WHERE version_id > 0`).Scan(&n); err != nil || n != 5 {
-		t.Errorf("goose_db_version has %d versions (%v), want 5", n, err)
+	if err := db.QueryRow(`SELECT COUNT(*) FROM goose_db_version WHERE version_id > 0`).Scan(&n); err != nil || n != 6 {
+		t.Errorf("goose_db_version has %d versions (%v), want 6", n, err)
 	}
 	// The CHECK constraint is there: sold can never pass total.
 	now := time.Now().UTC()
@@ -149,10 +149,10 @@ func TestOldSchemaRefused(t *testing.T) {
 	upTo(t, db, 2)
 	err := CheckSchema(ctx(t), db)
 	se := schemaError(t, err)
-	if se.Version != 2 || se.Want != 6 || len(se.Pending) != 3 {
+	if se.Version != 2 || se.Want != 7 || len(se.Pending) != 4 {
 		t.Errorf("%+v", se)
 	}
-	if want := "schema at version 2, this binary needs 6: run `flashgate migrate up`"; err.Error() != want {
+	if want := "schema at version 2, this binary needs 7: run `flashgate migrate up`"; err.Error() != want {
 		t.Errorf("message %q, want %q", err, want)
 	}
 	if err := Migrate(ctx(t), db); err != nil {
@@ -171,13 +171,13 @@ func TestNewerSchemaRefused(t *testing.T) {
 	if err := Migrate(ctx(t), db); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES (7, 1)`); err != nil {
+	if _, err := db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES (8, 1)`); err != nil {
 		t.Fatal(err)
 	}
 	for name, f := range map[string]func(context.Context, *sql.DB) error{"check": CheckSchema, "up": Migrate} {
 		err := f(ctx(t), db)
 		se := schemaError(t, err)
-		if len(se.Unknown) != 1 || se.Unknown[0] != 7 || !strings.Contains(err.Error(), "newer than this binary knows") {
+		if len(se.Unknown) != 1 || se.Unknown[0] != 8 || !strings.Contains(err.Error(), "newer than this binary knows") {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
