@@ -12,7 +12,6 @@ import (
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
-	"github.com/flashgate/flashgate/ratelimit"
 )
 
 func (g *Gateway) getSale(ctx *fasthttp.RequestCtx, s *sale) {
@@ -133,7 +132,7 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 	if !ok {
 		return
 	}
-	if ok, wait := g.limits.User.Allow(ratelimit.KeyString(claims.Subject), now.UnixNano()); !ok {
+	if ok, wait := g.allowUser(claims.Subject, now); !ok {
 		g.limited(ctx, metrics.LimitUser, "too many requests from your account", wait)
 		return
 	}

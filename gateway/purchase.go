@@ -167,14 +167,14 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	if !ok {
 		return
 	}
-	if ok, wait := g.limits.User.Allow(ratelimit.KeyString(claims.Subject), now.UnixNano()); !ok {
+	if ok, wait := g.allowUser(claims.Subject, now); !ok {
 		g.limited(ctx, metrics.LimitUser, "too many requests from your account", wait)
 		return
 	}
 	if !g.saleOpen(ctx, s, region, claims.Subject, idem, now) {
 		return
 	}
-	if ok, wait := g.limits.Sale.Allow(s.rateKey, now.UnixNano()); !ok {
+	if ok, wait := g.allowSale(s, now); !ok {
 		g.limited(ctx, metrics.LimitSale, "this sale is taking too many orders right now", wait)
 		return
 	}
