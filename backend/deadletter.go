@@ -209,7 +209,7 @@ func (ig *ingest) releaseFailed(ctx context.Context, o flashgate.Order, reason s
 	if ok {
 		region, charges = rec.Region, rec.Charges
 	}
-	r, err := ig.scripts.Release(ctx, ig.rc, home, o.ID, region, charges, lua.ReleaseBackend, reason)
+	r, err := ig.scripts.Release(ctx, ig.rc, k.HomeFor(o.UserID, region), o.ID, region, charges, lua.ReleaseBackend, reason)
 	if err != nil {
 		return err
 	}

@@ -670,7 +670,7 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []flash
 					region, charges = rec.Region, rec.Charges
 				}
 			}
-			r, err := w.scripts.Release(ctx, w.rc, k.Home(o.UserID), o.ID, region, charges, lua.ReleaseBackend, s.reason)
+			r, err := w.scripts.Release(ctx, w.rc, k.HomeFor(o.UserID, region), o.ID, region, charges, lua.ReleaseBackend, s.reason)
 			if err != nil {
 				return err
 			}

@@ -247,3 +247,20 @@ const rateLimitPrefix = keyPrefix + "rl:"
 
 // RateKey is the key of the fleet-wide rate limit kind ("sale", "user") of id.
 func RateKey(kind, id string) string { return rateLimitPrefix + kind + ":" + id }
+
+// HomeFor is Home(user) with a stock key for region even when the sale has no
+// such region: what releasing an order whose message names a region the sale
+// lacks needs (the script then finds the order's record disagrees, or none).
+func (k *Keys) HomeFor(user, region string) *Keys {
+	h := k.Home(user)
+	if _, ok := h.Stock(region); ok || region == "" {
+		return h
+	}
+	c := *h
+	c.region = make(map[string]string, len(h.region)+1)
+	for r, key := range h.region {
+		c.region[r] = key
+	}
+	c.region[region] = h.stock + ":" + region
+	return &c
+}

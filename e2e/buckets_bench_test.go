@@ -1,0 +1,297 @@
+//go:build bucketsbench
+
+package e2e
+
+// The figures of BENCHMARKS.md's "One hot sale over the Cluster" (docs/buckets.md):
+//
+//	go test -tags bucketsbench -count=1 -v -timeout 20m -run TestBucketsBench ./e2e
+//
+// on the stack's Redis Cluster (3 masters; nothing else may use it meanwhile:
+// the figures are INFO commandstats, reset at the start of each run).
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/internal/wire"
+	"github.com/flashgate/flashgate/loadgen"
+	"github.com/flashgate/flashgate/lua"
+)
+
+// bucketScriptStats are one master's EVAL/EVALSHA calls and their Redis time.
+type bucketScriptStats struct {
+	addr        string
+	calls, usec int64
+}
+
+// masters answers a client per master of the Cluster.
+func clusterMasters(t *testing.T, c rueidis.Client) map[string]rueidis.Client {
+	out := map[string]rueidis.Client{}
+	for addr, nc := range c.Nodes() {
+		role, err := nc.Do(context.Background(), nc.B().Role().Build()).ToArray()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, _ := role[0].ToString(); r == "master" {
+			out[addr] = nc
+		}
+	}
+	if len(out) != 3 {
+		t.Fatalf("%d masters, want 3", len(out))
+	}
+	return out
+}
+
+func resetBucketStats(t *testing.T, ms map[string]rueidis.Client) {
+	for addr, nc := range ms {
+		if err := nc.Do(context.Background(), nc.B().ConfigResetstat().Build()).Error(); err != nil {
+			t.Fatalf("%s: CONFIG RESETSTAT: %v", addr, err)
+		}
+	}
+}
+
+func readBucketStats(t *testing.T, ms map[string]rueidis.Client) []bucketScriptStats {
+	var out []bucketScriptStats
+	for addr, nc := range ms {
+		info, err := nc.Do(context.Background(), nc.B().Info().Section("commandstats").Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := bucketScriptStats{addr: addr}
+		for _, line := range strings.Split(info, "\n") {
+			line = strings.TrimSpace(line)
+			if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+				continue
+			}
+			for _, kv := range strings.Split(line[strings.IndexByte(line, ':')+1:], ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				n, _ := strconv.ParseInt(v, 10, 64)
+				switch k {
+				case "calls":
+					st.calls += n
+				case "usec":
+					st.usec += n
+				}
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// spread runs n admissions of one unit by n distinct buyers on a sale of k
+// buckets with stock to spare, straight through the scripts, and answers each
+// master's script calls and Redis time.
+func spread(t *testing.T, c rueidis.Client, ms map[string]rueidis.Client, k, n int) []bucketScriptStats {
+	now := time.Now()
+	spec := &flashgate.Sale{ID: testenv.ID("spread"), Title: "spread", Total: 10 * int64(n), StartsAt: now.Add(-time.Minute),
+		EndsAt: now.Add(time.Hour), PerUserLimit: 2, PerOrderMax: 2, Buckets: k}
+	var err error
+	if spec.BucketTags, err = lua.ChooseBucketTags(context.Background(), c, spec.ID, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := spec.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	scripts := lua.Load()
+	if _, err := scripts.Warm(context.Background(), c, spec, map[string]int64{"": spec.Total}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = lua.Retire(context.Background(), c, spec) })
+	keys := lua.KeysOf(spec)
+	// Load every script on every master first, so that the figures count
+	// admissions only.
+	for i := range 64 {
+		_, _ = scripts.AdmitBucketed(context.Background(), c, keys, lua.AdmitArgs{User: "warmup" + strconv.Itoa(i), Quantity: 1,
+			OrderID: uint64(now.UnixNano()) + uint64(i), Now: time.Now(), PayBy: time.Now().Add(time.Minute)})
+	}
+	resetBucketStats(t, ms)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	base := uint64(now.UnixNano()) + 1000
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				a, err := scripts.AdmitBucketed(context.Background(), c, keys, lua.AdmitArgs{User: "b" + strconv.FormatInt(i, 10),
+					Quantity: 1, OrderID: base + uint64(i), Now: time.Now(), PayBy: time.Now().Add(time.Minute)})
+				if err != nil || a.Outcome != lua.Admitted {
+					t.Errorf("admission %d: %v %v", i, a.Outcome, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return readBucketStats(t, ms)
+}
+
+func TestBucketsBench(t *testing.T) {
+	c := testenv.Redis(t, testenv.ClusterAddrs())
+	ms := clusterMasters(t, c)
+
+	// Spread and cost.
+	const n = 60000
+	usecPer := map[int]float64{}
+	for _, k := range []int{1, 12} {
+		st := spread(t, c, ms, k, n)
+		var calls, usec int64
+		for _, s := range st {
+			calls += s.calls
+			usec += s.usec
+		}
+		usecPer[k] = float64(usec) / n
+		var parts []string
+		for _, s := range st {
+			parts = append(parts, fmt.Sprintf("%s %.1f%% (%d calls, %.2f µs/call)", s.addr, 100*float64(s.calls)/float64(calls), s.calls, float64(s.usec)/float64(max(1, s.calls))))
+		}
+		t.Logf("K=%d: %d admissions, %d script calls, Redis time %.2f µs per admission; per master: %s; projected ceiling for one sale: %.0f admissions/s",
+			k, n, calls, usecPer[k], strings.Join(parts, ", "), float64(min(k, 3))/(usecPer[k]*1e-6))
+	}
+	t.Logf("cost: K=12 is %.1f%% of K=1's Redis time per admission", 100*usecPer[12]/usecPer[1])
+
+	// Exactness through three gateways and two backends.
+	cfg := e2eConfig(t)
+	cfg.Redis.Addrs = testenv.ClusterAddrs()
+	be := startBackend(t, cfg)
+	startBackend(t, cfg)
+	gws := []*wire.Gateway{startGateway(t, cfg), startGateway(t, cfg), startGateway(t, cfg)}
+	s := newSale(10000, 2)
+	s.PerOrderMax, s.Buckets = 2, 12
+	createSale(t, cfg, be.AdminAddr(), s)
+	for _, gw := range gws {
+		awaitSale(t, gw, s.ID)
+	}
+	const buyers = 100000
+	toks := tokens(t, cfg, "x", buyers)
+	spec, err := lua.LoadSale(context.Background(), c, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := lua.KeysOf(spec)
+
+	// Watchers: when Redis holds no unit any more, and when each gateway
+	// first answers sold out from memory (a purchase with a token that is
+	// not valid: the mark answers 409 before the token is read; without it
+	// the answer is 401).
+	done := make(chan struct{})
+	var emptyAt atomic.Int64
+	markedAt := make([]atomic.Int64, len(gws))
+	var wwg sync.WaitGroup
+	wwg.Add(1 + len(gws))
+	go func() {
+		defer wwg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			rem, err := lua.Remaining(context.Background(), c, keys)
+			if err == nil && rem[""] == 0 && emptyAt.Load() == 0 {
+				emptyAt.Store(time.Now().UnixNano())
+			}
+		}
+	}()
+	for i, gw := range gws {
+		go func() {
+			defer wwg.Done()
+			cl := &http.Client{Timeout: 2 * time.Second}
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(time.Millisecond):
+				}
+				req, _ := http.NewRequest("POST", "http://"+gw.Addr()+"/v1/sales/"+s.ID+"/orders", strings.NewReader(`{"quantity":1}`))
+				req.Header.Set("Authorization", "Bearer not-a-token")
+				res, err := cl.Do(req)
+				if err != nil {
+					continue
+				}
+				res.Body.Close()
+				if res.StatusCode == 409 && markedAt[i].Load() == 0 {
+					markedAt[i].Store(time.Now().UnixNano())
+				}
+			}
+		}()
+	}
+
+	// Each buyer tries twice (the second try meets the limit or the
+	// sell-out); half buy 1 unit an order, half 2; the three gateways take a
+	// third of the buyers each.
+	var mu sync.Mutex
+	var accepted []uint64
+	byStatus := map[int]int64{}
+	var lwg sync.WaitGroup
+	start := time.Now()
+	for g, gw := range gws {
+		for q := int64(1); q <= 2; q++ {
+			var part [][]byte
+			for i := g*2 + int(q-1); i < buyers; i += 2 * len(gws) {
+				part = append(part, toks[i])
+			}
+			lwg.Add(1)
+			go func() {
+				defer lwg.Done()
+				res, err := loadgen.Run(context.Background(), loadgen.Config{Target: "http://" + gw.Addr(), Sale: s.ID,
+					Tokens: part, Quantity: q, Concurrency: 64, Requests: int64(2 * len(part))})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				accepted = append(accepted, res.Accepted...)
+				for code, n := range res.ByStatus {
+					byStatus[code] += n
+				}
+				mu.Unlock()
+			}()
+		}
+	}
+	lwg.Wait()
+	load := time.Since(start)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		all := emptyAt.Load() != 0
+		for i := range markedAt {
+			all = all && markedAt[i].Load() != 0
+		}
+		if all {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(done)
+	wwg.Wait()
+	rep := drain(t, cfg, s.ID, accepted)
+	t.Logf("exactness: %d buyers x 2 tries through 3 gateways in %v, statuses %v; audit: sold %d of %d, oversold %d, over the limit %d, Redis stock left (stranded) %d, ledger holds %v, buyers %d",
+		buyers, load.Round(time.Millisecond), byStatus, rep.Sold, rep.Total, rep.Oversold, rep.OverLimitUsers, rep.RedisRemaining, rep.LedgerHolds, rep.DistinctBuyers)
+	var slowest time.Duration
+	for i := range markedAt {
+		d := time.Duration(markedAt[i].Load() - emptyAt.Load())
+		t.Logf("gateway %d answers sold out from memory %v after Redis held no unit", i, d.Round(time.Millisecond))
+		slowest = max(slowest, d)
+	}
+	t.Logf("every gateway answers sold out from memory %v after the last unit was sold (1 ms polling)", slowest.Round(time.Millisecond))
+	assertInvariants(t, rep)
+	if rep.Sold != 10000 || rep.Oversold != 0 || rep.OverLimitUsers != 0 || rep.RedisRemaining != 0 || byStatus[503] != 0 {
+		t.Fatalf("not exact: %+v", rep)
+	}
+}
