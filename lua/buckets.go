@@ -3,13 +3,16 @@ package lua
 import (
 	"cmp"
 	"context"
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -28,9 +31,23 @@ var (
 	takeSrc string
 	//go:embed give.lua
 	giveSrc string
+	//go:embed view.lua
+	viewSrc string
 
 	takeScript = rueidis.NewLuaScript(takeSrc)
 	giveScript = rueidis.NewLuaScript(giveSrc)
+	viewScript = rueidis.NewLuaScript(viewSrc)
+	viewSHA    = func() string { sum := sha1.Sum([]byte(viewSrc)); return hex.EncodeToString(sum[:]) }()
+)
+
+// How long the two halves of a transfer's record are kept after it landed.
+// A landed transfer stays in its giver's ledger for ledgerKeep, so that a
+// reader adding up the buckets never misses its units (remainingBucketed);
+// its id stays in the receiver's set for receivedKeep, far longer, so that a
+// late give of it finds it landed. Reconcile prunes both (FinishTransfers).
+const (
+	ledgerKeep   = 10 * time.Second
+	receivedKeep = 10 * time.Minute
 )
 
 // takeReply is the first word of take.lua's answer.
@@ -208,6 +225,7 @@ type Transfer struct {
 	From, To int // bucket indexes
 	Region   string
 	Units    int64
+	TakenMS  int64 // when it was taken (unix ms)
 }
 
 // take moves up to want units of region out of bucket from into its ledger,
@@ -233,9 +251,10 @@ func take(ctx context.Context, c rueidis.Client, from *Keys, to int, id, region 
 	return 0, fmt.Errorf("take %s: unexpected reply %q", from.Sale, res)
 }
 
-// land gives a taken transfer's units to its receiver (once) and then clears
-// the giver's ledger entry. It is what both the gateway and FinishTransfers run.
-func land(ctx context.Context, c rueidis.Client, k *Keys, t Transfer) (bool, error) {
+// land gives a taken transfer's units to its receiver, once. The giver's
+// ledger entry stays (see ledgerKeep). It is what both the gateway and
+// FinishTransfers run; it answers whether the units landed now.
+func land(ctx context.Context, c rueidis.Client, k *Keys, t Transfer, nowMS int64) (bool, error) {
 	if t.From < 0 || t.From >= len(k.buckets) || t.To < 0 || t.To >= len(k.buckets) {
 		return false, fmt.Errorf("transfer %s of %s: bucket out of range", t.ID, k.Sale)
 	}
@@ -244,16 +263,13 @@ func land(ctx context.Context, c rueidis.Client, k *Keys, t Transfer) (bool, err
 	if !ok {
 		return false, ErrUnknownRegion
 	}
-	res, err := giveScript.Exec(ctx, c, []string{stock, to.xin}, []string{t.ID, strconv.FormatInt(t.Units, 10)}).AsStrSlice()
+	res, err := giveScript.Exec(ctx, c, []string{stock, to.xin},
+		[]string{t.ID, strconv.FormatInt(t.Units, 10), strconv.FormatInt(nowMS, 10)}).AsStrSlice()
 	if err != nil {
 		return false, fmt.Errorf("give %s bucket %d: %w", k.Sale, t.To, err)
 	}
 	if len(res) == 0 || (giveReply(res[0]) != giveGiven && giveReply(res[0]) != giveAlready) {
 		return false, fmt.Errorf("give %s: unexpected reply %q", k.Sale, res)
-	}
-	from := k.buckets[t.From]
-	if err := c.Do(ctx, c.B().Hdel().Key(from.xout).Field(t.ID).Build()).Error(); err != nil {
-		return false, fmt.Errorf("transfer %s of %s: clear ledger: %w", t.ID, k.Sale, err)
 	}
 	return giveReply(res[0]) == giveGiven, nil
 }
@@ -280,7 +296,7 @@ func Gather(ctx context.Context, c rueidis.Client, k *Keys, home int, region str
 		if got == 0 {
 			continue
 		}
-		if _, err := land(ctx, c, k, Transfer{ID: id, From: from, To: home, Region: region, Units: got}); err != nil {
+		if _, err := land(ctx, c, k, Transfer{ID: id, From: from, To: home, Region: region, Units: got}, nowMS); err != nil {
 			return moved, err
 		}
 		moved += got
@@ -290,9 +306,12 @@ func Gather(ctx context.Context, c rueidis.Client, k *Keys, home int, region str
 
 // AdmitBucketed runs the admission on the buyer's home bucket; when the home
 // lacks the units it gathers them from the other buckets and asks once more.
-// A sold-out answer then means every bucket was short: Remaining is what the
-// home holds after the gathering (0 when the whole sale is empty, as far as
-// the buckets answered).
+// A sold-out answer then means the sale holds fewer units than the quantity:
+// Remaining is what it holds (every bucket and every transfer on the move),
+// 0 when it is empty. When units exist but keep moving away faster than the
+// gathering finds them (the last units of a contended sale), it gives up
+// after gatherRounds and answers sold out with what the sale still holds
+// (above 0: no sold-out mark is set on that).
 func (s *Scripts) AdmitBucketed(ctx context.Context, c rueidis.Client, k *Keys, a AdmitArgs) (Admission, error) {
 	if len(k.buckets) == 0 {
 		return s.Admit(ctx, c, k, a)
@@ -302,21 +321,34 @@ func (s *Scripts) AdmitBucketed(ctx context.Context, c rueidis.Client, k *Keys, 
 	if err != nil || adm.Outcome != SoldOut {
 		return adm, err
 	}
-	need := a.Quantity - max(0, adm.Remaining)
-	id := "t" + strconv.FormatUint(a.OrderID, 10)
-	moved, err := Gather(ctx, c, k, hk.index, a.Region, need, int(a.OrderID%uint64(len(k.buckets))), id, a.Now.UnixMilli())
-	if err != nil {
-		return adm, err
+	for round := 0; round < gatherRounds; round++ {
+		need := a.Quantity - max(0, adm.Remaining)
+		id := "t" + strconv.FormatUint(a.OrderID, 10) + "." + strconv.Itoa(round)
+		moved, err := Gather(ctx, c, k, hk.index, a.Region, need, int(a.OrderID%uint64(len(k.buckets)))+round, id, a.Now.UnixMilli())
+		if err != nil {
+			return adm, err
+		}
+		if moved >= need {
+			if adm, err = s.Admit(ctx, c, hk, a); err != nil || adm.Outcome != SoldOut {
+				return adm, err
+			}
+			continue // taken by a buyer of the same home meanwhile
+		}
+		// Short: is the sale, or are the units on the move?
+		rem, err := Remaining(ctx, c, k)
+		if err != nil {
+			return adm, err
+		}
+		adm.Remaining = max(0, rem[a.Region])
+		if adm.Remaining < a.Quantity {
+			return adm, nil
+		}
 	}
-	if moved < need {
-		// The sale holds fewer than the quantity: whatever was gathered
-		// stays in the home bucket (no unit is stranded: any bucket can
-		// gather it in turn).
-		adm.Remaining = max(0, adm.Remaining) + moved
-		return adm, nil
-	}
-	return s.Admit(ctx, c, hk, a)
+	return adm, nil
 }
+
+// gatherRounds bounds the gatherings of one purchase.
+const gatherRounds = 4
 
 // ErrBucketed is returned by the single-tag calls for a sale split over buckets.
 var ErrBucketed = errors.New("sale is split over buckets: use its home bucket's keys")
@@ -340,77 +372,133 @@ func PendingTransfers(ctx context.Context, c rueidis.Client, k *Keys) ([]Transfe
 			if err1 != nil || err2 != nil {
 				return nil, fmt.Errorf("transfer %s of %s: bad entry %q", id, k.Sale, v)
 			}
-			out = append(out, Transfer{ID: id, From: b.index, To: to, Region: p[1], Units: n})
+			ms, _ := strconv.ParseInt(p[3], 10, 64)
+			out = append(out, Transfer{ID: id, From: b.index, To: to, Region: p[1], Units: n, TakenMS: ms})
 		}
 	}
 	return out, nil
 }
 
 // FinishTransfers lands every transfer a process took and did not land (it
-// died between take and give, or between give and clearing the ledger). It is
-// safe beside live transfers: give lands a transfer once. It answers how many
-// transfers' units it landed now.
+// died between take and give), and prunes the records of landed transfers
+// (ledgerKeep, receivedKeep). It is safe beside live transfers: give lands a
+// transfer once. It answers how many transfers' units it landed now.
 func FinishTransfers(ctx context.Context, c rueidis.Client, k *Keys) (int, error) {
+	return finishTransfers(ctx, c, k, time.Now())
+}
+
+func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Time) (int, error) {
 	ts, err := PendingTransfers(ctx, c, k)
 	if err != nil {
 		return 0, err
 	}
 	n := 0
+	nowMS := now.UnixMilli()
+	inLedger := map[string]bool{}
 	for _, t := range ts {
-		given, err := land(ctx, c, k, t)
+		given, err := land(ctx, c, k, t, nowMS)
 		if err != nil {
 			return n, err
 		}
 		if given {
 			n++
 		}
+		// Landed now or before: the entry goes once it is old enough that no
+		// reader's sum can still be straddling it.
+		if nowMS-t.TakenMS < ledgerKeep.Milliseconds() {
+			inLedger[t.ID] = true
+			continue
+		}
+		if err := c.Do(ctx, c.B().Hdel().Key(k.buckets[t.From].xout).Field(t.ID).Build()).Error(); err != nil {
+			return n, fmt.Errorf("transfer %s of %s: clear ledger: %w", t.ID, k.Sale, err)
+		}
+	}
+	// A received id goes long after its ledger entry, and never while one
+	// is left: a give of it must find it landed.
+	for _, b := range k.buckets {
+		m, err := c.Do(ctx, c.B().Hgetall().Key(b.xin).Build()).AsStrMap()
+		if err != nil {
+			return n, fmt.Errorf("transfers into %s bucket %d: %w", k.Sale, b.index, err)
+		}
+		var old []string
+		for id, at := range m {
+			ms, _ := strconv.ParseInt(at, 10, 64)
+			if !inLedger[id] && nowMS-ms >= receivedKeep.Milliseconds() {
+				old = append(old, id)
+			}
+		}
+		if len(old) > 0 {
+			if err := c.Do(ctx, c.B().Hdel().Key(b.xin).Field(old...).Build()).Error(); err != nil {
+				return n, fmt.Errorf("transfers into %s bucket %d: %w", k.Sale, b.index, err)
+			}
+		}
 	}
 	return n, nil
 }
 
-// remainingBucketed is Remaining for a split sale: every bucket's stock keys
-// and transfers under way, in one round of pipelined reads.
+// remainingBucketed is Remaining for a split sale: each bucket's stock and
+// ledger read in one step (view.lua). A transfer's units are counted when
+// its giver's ledger shows it taken and its receiver's set did not show it
+// landed: read before the take, the giver still held them; read after it,
+// the entry is there (entries outlive their landing by ledgerKeep), and the
+// receiver holds them exactly when its set shows them landed. So no unit on
+// the move is missed; one can be counted twice (giver read before the take,
+// receiver after the landing), never none.
 func remainingBucketed(ctx context.Context, c rueidis.Client, k *Keys) (map[string]int64, error) {
-	var cmds rueidis.Commands
-	var of []string // the region of each command
-	for _, b := range k.buckets {
-		regions, keys := b.StockKeys()
-		for i, key := range keys {
-			cmds = append(cmds, c.B().Get().Key(key).Build())
-			of = append(of, regions[i])
-		}
+	cmds := make(rueidis.Commands, len(k.buckets))
+	regions := make([][]string, len(k.buckets))
+	for i, b := range k.buckets {
+		var keys []string
+		regions[i], keys = b.StockKeys()
+		cmds[i] = c.B().Evalsha().Sha1(viewSHA).Numkeys(int64(2 + len(keys))).Key(append([]string{b.xout, b.xin}, keys...)...).Build()
 	}
+	res := c.DoMulti(ctx, cmds...)
 	out := make(map[string]int64)
-	for i, r := range c.DoMulti(ctx, cmds...) {
-		n, err := r.AsInt64()
-		if rueidis.IsRedisNil(err) {
-			continue
+	landed := make([]map[string]bool, len(k.buckets))
+	var moving []Transfer
+	for i, r := range res {
+		v, err := r.ToArray()
+		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			b := k.buckets[i]
+			_, keys := b.StockKeys()
+			v, err = viewScript.Exec(ctx, c, append([]string{b.xout, b.xin}, keys...), nil).ToArray()
 		}
-		if err != nil {
-			return nil, fmt.Errorf("remaining %s: %w", k.Sale, err)
+		if err != nil || len(v) != 3 {
+			return nil, fmt.Errorf("remaining %s bucket %d: %v", k.Sale, i, err)
 		}
-		out[of[i]] += n
+		stock, _ := v[0].AsStrSlice()
+		for j, sv := range stock {
+			if sv == "" {
+				continue
+			}
+			n, err := strconv.ParseInt(sv, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("remaining %s bucket %d: %w", k.Sale, i, err)
+			}
+			out[regions[i][j]] += n
+		}
+		xout, _ := v[1].AsStrSlice()
+		for j := 0; j+1 < len(xout); j += 2 {
+			p := strings.Split(xout[j+1], "|")
+			if len(p) != 4 {
+				return nil, fmt.Errorf("transfer %s of %s: bad entry %q", xout[j], k.Sale, xout[j+1])
+			}
+			to, _ := strconv.Atoi(p[0])
+			n, _ := strconv.ParseInt(p[2], 10, 64)
+			moving = append(moving, Transfer{ID: xout[j], From: i, To: to, Region: p[1], Units: n})
+		}
+		ids, _ := v[2].AsStrSlice()
+		landed[i] = make(map[string]bool, len(ids))
+		for _, id := range ids {
+			landed[i][id] = true
+		}
 	}
-	ts, err := PendingTransfers(ctx, c, k)
-	if err != nil {
-		return nil, err
-	}
-	// A transfer in a ledger has either landed (its units are in the
-	// receiver's stock, read above) or not (they are nowhere else).
-	landed := make(rueidis.Commands, len(ts))
-	for i, t := range ts {
+	for _, t := range moving {
 		if t.To < 0 || t.To >= len(k.buckets) {
 			return nil, fmt.Errorf("transfer %s of %s: bucket out of range", t.ID, k.Sale)
 		}
-		landed[i] = c.B().Sismember().Key(k.buckets[t.To].xin).Member(t.ID).Build()
-	}
-	for i, r := range c.DoMulti(ctx, landed...) {
-		in, err := r.AsBool()
-		if err != nil {
-			return nil, fmt.Errorf("remaining %s: %w", k.Sale, err)
-		}
-		if _, ok := out[ts[i].Region]; ok && !in {
-			out[ts[i].Region] += ts[i].Units
+		if _, ok := out[t.Region]; ok && !landed[t.To][t.ID] {
+			out[t.Region] += t.Units
 		}
 	}
 	return out, nil

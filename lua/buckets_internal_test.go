@@ -11,8 +11,8 @@ import (
 
 // TestTransferCrashFinished: a transfer whose taker died after take.lua (units
 // out of the giver, in its ledger) is counted by Remaining and landed once by
-// FinishTransfers; one that died after give.lua (landed, ledger not cleared)
-// is cleared without landing twice. No unit is lost or made twice.
+// FinishTransfers; a landed one is counted once and never landed twice; the
+// records go after ledgerKeep and receivedKeep. No unit is lost or made twice.
 func TestTransferCrashFinished(t *testing.T) {
 	c := testenv.Redis(t, testenv.ClusterAddrs())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -66,7 +66,7 @@ func TestTransferCrashFinished(t *testing.T) {
 	if got, err := take(ctx, c, k.buckets[0], 1, "t2", "", 2, now.UnixMilli()); err != nil || got != 2 {
 		t.Fatalf("take: %d %v", got, err)
 	}
-	if _, err := giveScript.Exec(ctx, c, []string{k.buckets[1].stock, k.buckets[1].xin}, []string{"t2", "2"}).ToArray(); err != nil {
+	if _, err := giveScript.Exec(ctx, c, []string{k.buckets[1].stock, k.buckets[1].xin}, []string{"t2", "2", "1"}).ToArray(); err != nil {
 		t.Fatal(err)
 	}
 	if total() != 8 {
@@ -76,9 +76,28 @@ func TestTransferCrashFinished(t *testing.T) {
 		t.Fatalf("finish a landed transfer: %d %v", n, err)
 	}
 	if stock(0) != 5 || stock(1) != 3 || total() != 8 {
-		t.Fatalf("after clearing: %d %d, remaining %d", stock(0), stock(1), total())
+		t.Fatalf("after finishing: %d %d, remaining %d", stock(0), stock(1), total())
+	}
+	// Young entries stay (a reader's sum may straddle them); old ones go,
+	// and the received ids after them.
+	if ts, err := PendingTransfers(ctx, c, k); err != nil || len(ts) != 2 {
+		t.Fatalf("young ledger: %v %v", ts, err)
+	}
+	if _, err := finishTransfers(ctx, c, k, now.Add(ledgerKeep+time.Second)); err != nil {
+		t.Fatal(err)
 	}
 	if ts, err := PendingTransfers(ctx, c, k); err != nil || len(ts) != 0 {
-		t.Fatalf("ledger: %v %v", ts, err)
+		t.Fatalf("old ledger: %v %v", ts, err)
+	}
+	if stock(0) != 5 || stock(1) != 3 || total() != 8 {
+		t.Fatalf("after clearing: %d %d, remaining %d", stock(0), stock(1), total())
+	}
+	if _, err := finishTransfers(ctx, c, k, now.Add(receivedKeep+time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range k.buckets {
+		if n, err := c.Do(ctx, c.B().Hlen().Key(b.xin).Build()).AsInt64(); err != nil || n != 0 {
+			t.Fatalf("received ids of bucket %d: %d %v", b.index, n, err)
+		}
 	}
 }

@@ -28,6 +28,7 @@ var scriptOutcomeType = map[string]string{
 	"take.lua":      "takeReply",
 	"give.lua":      "giveReply",
 	"gcra.lua":      "gcraReply",
+	"view.lua":      "",
 }
 
 var (
