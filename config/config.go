@@ -101,7 +101,7 @@ type Gateway struct {
 type RateLimit struct {
 	// Mode is where the per-user and per-sale budgets live: "local" (each
 	// gateway its own, the default) or "global" (in Redis, shared by the
-	// fleet: docs/ratelimit.md). Per-IP stays local in both.
+	// fleet: docs/gateway.md, "Rate limits"). Per-IP stays local in both.
 	Mode        string `yaml:"mode"`
 	PerIP       Rate   `yaml:"per_ip"`
 	PerUser     Rate   `yaml:"per_user"`

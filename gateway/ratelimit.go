@@ -10,7 +10,7 @@ import (
 )
 
 // The per-user and per-sale budgets, local or fleet-wide (ratelimit.mode,
-// docs/ratelimit.md). Local: this gateway's own GCRA in memory. Global: a
+// docs/gateway.md, "Rate limits"). Local: this gateway's own GCRA in memory. Global: a
 // GCRA in Redis (lua.RateAllow) that every gateway shares, so the fleet lets
 // through what one gateway would; a key Redis has refused is refused from
 // memory until its wait has passed (Limits.Denied), so a flood over a limit

@@ -344,6 +344,14 @@ func (s *Scripts) AdmitBucketed(ctx context.Context, c rueidis.Client, k *Keys, 
 			return adm, nil
 		}
 	}
+	// Out of rounds: the answer is sold out, with what the whole sale holds
+	// (not what the home bucket held at its last ask), so that a sale with
+	// units left is not marked sold out.
+	rem, err := Remaining(ctx, c, k)
+	if err != nil {
+		return adm, err
+	}
+	adm.Remaining = max(0, rem[a.Region])
 	return adm, nil
 }
 
