@@ -18,14 +18,14 @@ func TestMigrateCommand(t *testing.T) {
 		!strings.Contains(err.Error(), "run `flashgate migrate up`") {
 		t.Errorf("status of an empty database: %v", err)
 	}
-	if got := strings.Count(out.String(), "pending"); got != 5 {
-		t.Errorf("status lists %d pending, want 5:\n%s", got, out.String())
+	if got := strings.Count(out.String(), "pending"); got != 6 {
+		t.Errorf("status lists %d pending, want 6:\n%s", got, out.String())
 	}
 	out.Reset()
 	if err := run([]string{"migrate", "up", "--config", ""}, &out, &errb); err != nil {
 		t.Fatalf("up: %v\n%s", err, errb.String())
 	}
-	if got := strings.Count(out.String(), "applied"); got != 5 || !strings.Contains(out.String(), "0006  0006_retention.sql") {
+	if got := strings.Count(out.String(), "applied"); got != 6 || !strings.Contains(out.String(), "0007  0007_sale_buckets.sql") {
 		t.Errorf("after up:\n%s", out.String())
 	}
 	out.Reset()
