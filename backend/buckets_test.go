@@ -123,6 +123,30 @@ func TestSplitSaleWriteWarmReconcile(t *testing.T) {
 		t.Fatalf("after the repair: %v", rem)
 	}
 
+	// A master loses u1's home bucket (its meta, stock and buyers'
+	// records), the sale's own meta stays: reconcile refills the bucket
+	// (its buyers' counts from MySQL) and the repair gives its units back.
+	lost := k.Home("u1")
+	_, lostStock := lost.StockKeys()
+	if err := e.rc.Do(ctx(t), e.rc.B().Del().Key(append([]string{lost.Meta, lost.Users, lost.Orders, lost.Idem, lost.Resv}, lostStock...)...).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	rep = reconcileNow(t, r, sale.ID, ReconcileOptions{})
+	if !rep.Rewarmed || !rep.Repair.Done || !rep.Invariant3Holds {
+		t.Fatalf("after losing a bucket: %+v", rep)
+	}
+	if rem, _ := lua.Remaining(ctx(t), e.rc, k); rem["bj"] != 36 || rem["sh"] != 18 {
+		t.Fatalf("after the refill: %v", rem)
+	}
+	for _, o := range orders {
+		if k.Home(o.UserID) != lost {
+			continue
+		}
+		if _, out := buy(t, e, k, o.UserID, 1, o.Region); out != lua.LimitReached {
+			t.Fatalf("%s (home lost and refilled): %v, want limit_reached", o.UserID, out)
+		}
+	}
+
 	// Every unit left sells, to buyers of every bucket.
 	sold := map[string]int64{}
 	for i := 0; sold["bj"] < 36 || sold["sh"] < 18; i++ {

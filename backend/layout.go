@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 
 	"github.com/flashgate/flashgate/lua"
@@ -31,4 +32,17 @@ func keysOf(ctx context.Context, q queryer, sale string) (*lua.Keys, error) {
 	k := lua.KeysOf(&row.Sale)
 	layouts.Store(sale, k)
 	return k, nil
+}
+
+// bucketProbe is a user id whose home is bucket i of k's buckets: what the
+// per-bucket filters of a refill (which pick buyers by user) ask about a
+// bucket as a whole.
+func bucketProbe(k *lua.Keys, i int) string {
+	n := len(k.Buckets())
+	for j := 0; ; j++ {
+		u := "probe-" + strconv.Itoa(j)
+		if lua.HomeBucket(u, n) == i {
+			return u
+		}
+	}
 }

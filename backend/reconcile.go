@@ -268,7 +268,9 @@ func (re *reconciler) finishTransfers(ctx context.Context, id string, rep *Recon
 func (re *reconciler) restoreLost(ctx context.Context, id string, before *ledgerRead, opt ReconcileOptions, rep *ReconcileReport) error {
 	var err error
 	switch {
-	case !before.meta:
+	case !before.meta || len(before.row.BucketTags) > 1:
+		// (A split sale that kept its meta may have lost buckets: the warm
+		// refills those, and the repair below gives their units back.)
 		if rep.Rewarmed, err = re.warmer.warm(ctx, id); err != nil {
 			return err
 		}

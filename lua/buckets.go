@@ -686,3 +686,21 @@ func BucketTagsOf(ctx context.Context, c rueidis.Client, sale string) ([]string,
 	}
 	return strings.Split(v, ","), nil
 }
+
+// WarmBuckets warms again the buckets of a split sale at the indexes given
+// (their meta copy, and stock keys of 0 where absent): the buckets a master
+// lost while the sale's own meta stayed (docs/buckets.md). Their units come
+// back with the next stock repair (ResetStock).
+func (s *Scripts) WarmBuckets(ctx context.Context, c rueidis.Client, sale *flashgate.Sale, idx []int) error {
+	k := KeysOf(sale)
+	fields := metaFields(sale)
+	for _, i := range idx {
+		if i < 0 || i >= len(k.buckets) {
+			return fmt.Errorf("warm %s: bucket %d of %d", sale.ID, i, len(k.buckets))
+		}
+		if _, err := s.warmOne(ctx, c, k.buckets[i], fields, func(string) int64 { return 0 }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
