@@ -34,11 +34,14 @@ func (g *Gateway) allowSale(s *sale, now time.Time) (bool, time.Duration) {
 	return g.allowGlobal(g.limits.Sale, rateSale, s.spec.ID, s.rateKey, now)
 }
 
-// The kinds of fleet-wide limit (lua.RateKey).
+// The kinds of fleet-wide limit: their names in lua.RateKey, their numbers in
+// the deny cache.
 const (
 	rateUser = "user"
 	rateSale = "sale"
 )
+
+var denyKind = map[string]uint8{rateUser: 1, rateSale: 2}
 
 // allowGlobal takes one request from the fleet-wide limit kind of id, with
 // the rate of the local limiter k (which decides when Redis does not answer).
@@ -47,20 +50,20 @@ func (g *Gateway) allowGlobal(k *ratelimit.Keyed, kind, id string, local uint64,
 	if !on {
 		return true, 0
 	}
-	key := lua.RateKey(kind, id)
 	n := now.UnixNano()
-	if denied, wait := g.limits.Denied.Denied(key, n); denied {
+	deny := ratelimit.DenyKey{Kind: denyKind[kind], ID: id}
+	if denied, wait := g.limits.Denied.Denied(deny, n); denied {
 		return false, wait
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	ok, wait, err := lua.RateAllow(ctx, g.rc, key, interval, tolerance)
+	ok, wait, err := lua.RateAllow(ctx, g.rc, lua.RateKey(kind, id), interval, tolerance)
 	cancel()
 	if err != nil {
 		slog.Debug("fleet-wide rate limit unavailable; the local one decides", "kind", kind, "err", err)
 		return k.Allow(local, n)
 	}
 	if !ok {
-		g.limits.Denied.Deny(key, n, n+int64(wait))
+		g.limits.Denied.Deny(deny, n, n+int64(wait))
 	}
 	return ok, wait
 }

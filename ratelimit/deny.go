@@ -13,19 +13,27 @@ import (
 // still full, remembers nothing new (the refusal then comes from Redis again).
 type DenyCache struct {
 	mu        sync.Mutex
-	until     map[string]int64 // key → unix ns the refusal lasts to
+	until     map[DenyKey]int64 // key → unix ns the refusal lasts to
 	max       int
 	lastSweep int64
 }
 
+// DenyKey names one limited subject: a kind of limit (the caller's numbering)
+// and the subject's id. A struct, not a joined string, so that a refusal from
+// memory allocates nothing.
+type DenyKey struct {
+	Kind uint8
+	ID   string
+}
+
 // NewDenyCache returns a cache of at most max keys.
 func NewDenyCache(max int) *DenyCache {
-	return &DenyCache{until: make(map[string]int64), max: max}
+	return &DenyCache{until: make(map[DenyKey]int64), max: max}
 }
 
 // Denied reports whether key was refused and its wait has not passed at now
 // (unix ns), and what is left of the wait.
-func (d *DenyCache) Denied(key string, now int64) (bool, time.Duration) {
+func (d *DenyCache) Denied(key DenyKey, now int64) (bool, time.Duration) {
 	d.mu.Lock()
 	u, ok := d.until[key]
 	if ok && u <= now {
@@ -40,7 +48,7 @@ func (d *DenyCache) Denied(key string, now int64) (bool, time.Duration) {
 }
 
 // Deny remembers that key is refused until until (unix ns).
-func (d *DenyCache) Deny(key string, now, until int64) {
+func (d *DenyCache) Deny(key DenyKey, now, until int64) {
 	if until <= now {
 		return
 	}
