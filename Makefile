@@ -18,7 +18,7 @@ GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
 
-.PHONY: help deps build bench-build up infra-up down status reset test demo bench bench-go bench-edge hostile lint fmt clean fuzz
+.PHONY: install help deps build bench-build up infra-up down status reset test demo bench bench-go bench-edge hostile lint fmt clean fuzz
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -26,8 +26,30 @@ help: ## list the targets
 deps: ## install missing Debian packages (redis, mariadb, nats, nginx, wrk, ...) and Go modules
 	@GO=$(GO) $(STACK) deps
 
+# The commit and version `flashgate version` prints when the build carries no VCS information.
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+LDFLAGS := -X main.commit=$(COMMIT) -X main.version=$(VERSION)
+
 build: deps ## build bin/flashgate
-	$(GO) build -o $(BIN) ./cmd/flashgate
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/flashgate
+
+# make install PREFIX=/opt/flashgate [DESTDIR=...] [SYSCONFDIR=...]: the binary (the Lua scripts,
+# the migrations and the OpenAPI document are embedded in it), the configuration (kept if one is
+# there), the systemd units with PREFIX written into their paths, the license and the docs.
+PREFIX     ?= /usr/local
+SYSCONFDIR ?= $(PREFIX)/etc
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+install: build ## install bin/flashgate, configs, systemd units and docs under PREFIX (default /usr/local)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSCONFDIR)/flashgate $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/flashgate/docs
+	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/flashgate
+	test -e $(DESTDIR)$(SYSCONFDIR)/flashgate/flashgate.yaml || install -m 0644 configs/flashgate.yaml $(DESTDIR)$(SYSCONFDIR)/flashgate/flashgate.yaml
+	for u in deploy/systemd/*.service; do \
+		sed -e 's|/usr/local/etc|$(SYSCONFDIR)|g' -e 's|/usr/local|$(PREFIX)|g' $$u > $(DESTDIR)$(UNITDIR)/$$(basename $$u) && \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/$$(basename $$u) || exit 1; \
+	done
+	install -m 0644 README.md LICENSE api/openapi.yaml $(DESTDIR)$(PREFIX)/share/doc/flashgate/
+	install -m 0644 docs/*.md $(DESTDIR)$(PREFIX)/share/doc/flashgate/docs/
 
 # The benchmark harnesses are programs of their own, not commands of the product (bench/README.md).
 bench-build: deps ## build bin/flashgate-bench-ingest, bin/flashgate-bench-conns and bin/bench-report

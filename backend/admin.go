@@ -16,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/api"
 	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/bus"
@@ -59,8 +60,11 @@ func (a *adminAPI) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", a.metrics.Handler())
+	mux.Handle("GET /openapi.json", api.Handler())
 	mux.Handle("/debug/pprof/", a.auth(metrics.PprofHandler().ServeHTTP))
 	mux.Handle("POST /admin/v1/sales", a.auth(a.createSale))
+	mux.Handle("GET /admin/v1/sales", a.auth(a.listSales))
+	mux.Handle("PATCH /admin/v1/sales/{sale}", a.auth(a.updateSale))
 	mux.Handle("GET /admin/v1/sales/{sale}", a.auth(a.ledger))
 	mux.Handle("POST /admin/v1/sales/{sale}/close", a.auth(a.closeSale))
 	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", a.auth(a.reconcileSale))
@@ -258,12 +262,30 @@ func (a *adminAPI) saleOr404(w http.ResponseWriter, r *http.Request, id string) 
 	return row, true
 }
 
-// closeSale stops selling now: MySQL first (from then on the guard fails every
-// order of the sale: sale_closed), then Redis (the admit script answers ended),
-// then the gateways' caches.
+// closeSale stops selling now: Redis first (the admit script answers ended
+// from then on), then MySQL (the sale leaves the open list; an order stamped
+// later than the close plus closeGrace fails sale_closed), then the gateways'
+// caches. In this order every order already in the stream was admitted before
+// the close, and the writer honours it: a 202 given stays an order. A close
+// that fails half-way answers 503 and is safe to repeat.
 func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sale")
 	if _, ok := a.saleOr404(w, r, id); !ok {
+		return
+	}
+	// A cold sale is warmed first (lua.Close alone would leave a meta with
+	// nothing but the state); a warm one is closed in place.
+	if _, err := a.warmer.warm(r.Context(), id); err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
+		return
+	}
+	// Every bucket of a split sale is closed, then the sale's meta.
+	k, err := keysOf(r.Context(), a.db, id)
+	if err == nil {
+		err = lua.Close(r.Context(), a.rc, k)
+	}
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}
 	if err := closeSaleRow(r.Context(), a.db, id, time.Now().UTC()); err != nil {
@@ -272,20 +294,6 @@ func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 	}
 	row, ok := a.saleOr404(w, r, id)
 	if !ok {
-		return
-	}
-	// A cold sale is warmed as closed (lua.Close alone would leave a meta with
-	// nothing but the state); a warm one is closed in place.
-	if _, err := a.warmer.warm(r.Context(), id); err != nil {
-		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
-		return
-	}
-	k, err := keysOf(r.Context(), a.db, id)
-	if err == nil {
-		err = lua.Close(r.Context(), a.rc, k)
-	}
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}
 	a.events.publish(bus.SaleEvent{Type: bus.EventClosed, SaleID: id, Sale: &row.Sale})

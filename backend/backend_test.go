@@ -278,7 +278,8 @@ func TestAdminAPI(t *testing.T) {
 		t.Errorf("orders by status: %v", body["orders_by_status"])
 	}
 
-	// An order admitted before the close and written after it fails sale_closed.
+	// An order admitted before the close and written after it is a 202 given:
+	// it is confirmed.
 	late := admit(t, s.rc, k, "late", 1, "sh")
 	status, body = s.call("POST", "/admin/v1/sales/"+id+"/close", tok, "")
 	if status != 200 || body["closed"] != true {
@@ -293,10 +294,11 @@ func TestAdminAPI(t *testing.T) {
 		t.Errorf("admit after close: %v %v, want ended", a.Outcome, err)
 	}
 	s.publish(late)
-	eventually(t, 10*time.Second, "late order failed", func() bool { return s.rows(id, "failed") == 1 })
-	if st, why, _ := s.order(late.ID); st != "failed" || why != flashgate.ReasonSaleClosed {
-		t.Errorf("late order: %s/%s", st, why)
+	eventually(t, 10*time.Second, "late order written", func() bool { _, _, ok := s.order(late.ID); return ok })
+	if st, why, _ := s.order(late.ID); st != "confirmed" {
+		t.Errorf("an order admitted before the close: %s/%s, want confirmed", st, why)
 	}
+	eventually(t, 5*time.Second, "reservations settled", func() bool { return reservations(t, s.rc, k) == 0 })
 	if r := check(t, s.env, id, append(accepted, late.ID)); !r.OK() {
 		t.Errorf("audit after close: %v", r)
 	}

@@ -202,7 +202,8 @@ func TestPay(t *testing.T) {
 		closedSale := spec(5, 1, nil)
 		ck := s.lifecycleSale(closedSale)
 		m := admit(t, s.rc, ck, "u8", 1, "")
-		if err := closeSaleRow(ctx(t), s.db, closedSale.ID, time.Now()); err != nil {
+		// Closed a minute before the admission: the writer fails the order.
+		if err := closeSaleRow(ctx(t), s.db, closedSale.ID, m.CreatedAt.Add(-time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 		s.process(closedSale.ID, []flashgate.Order{m})

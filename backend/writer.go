@@ -505,7 +505,7 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		return nil, fmt.Errorf("batch of %s: %w", sale, err)
 	}
 	defer tx.Rollback()
-	limit, closed, known, err := mysql.LockSaleLimit(ctx, tx, sale)
+	limit, closedAt, known, err := mysql.LockSaleLimit(ctx, tx, sale)
 	if err != nil {
 		return nil, fmt.Errorf("batch of %s: lock sale: %w", sale, err)
 	}
@@ -528,7 +528,7 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		if _, dup := res[o.ID]; dup {
 			continue
 		}
-		reason := refusal(known && shape != nil, closed, shape, o)
+		reason := refusal(known && shape != nil, closedAt, shape, o)
 		if reason == "" {
 			if reason, err = w.guardOne(ctx, tx, sale, shape, limit, o, now); err != nil {
 				return nil, err
@@ -549,12 +549,22 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 	return res, nil
 }
 
-// refusal is why an order fails before any guard runs ("" if it may try).
-func refusal(known, closed bool, shape *saleShape, o flashgate.Order) string {
+// closeGrace is how much later than the sale's close an order may have been
+// admitted and still be honoured: the close reaches Redis before MySQL
+// (adminAPI.closeSale), so an order admitted by Redis carries an admission
+// time before closed_at but for the skew between the gateway's clock and the
+// closing backend's.
+const closeGrace = 5 * time.Second
+
+// refusal is why an order fails before any guard runs ("" if it may try). An
+// order admitted before its sale closed is a 202 already given: it is written
+// like any other (the stock guards still hold it to the units there are). One
+// admitted after it came from a Redis that never heard of the close.
+func refusal(known bool, closedAt time.Time, shape *saleShape, o flashgate.Order) string {
 	switch {
 	case !known:
 		return flashgate.ReasonUnknownSale
-	case closed:
+	case !closedAt.IsZero() && o.CreatedAt.After(closedAt.Add(closeGrace)):
 		return flashgate.ReasonSaleClosed
 	case !shape.fits(o.Region):
 		return reasonUnknownRegion

@@ -45,18 +45,30 @@ type Config struct {
 
 // Gateway is the edge process.
 type Gateway struct {
-	Listen          string        `yaml:"listen"`
-	AdminListen     string        `yaml:"admin_listen"`
-	MaxBodyBytes    int           `yaml:"max_body_bytes"`
-	ReadTimeout     time.Duration `yaml:"read_timeout"`
-	WriteTimeout    time.Duration `yaml:"write_timeout"`
-	IdleTimeout     time.Duration `yaml:"idle_timeout"`
-	Concurrency     int           `yaml:"concurrency"`
-	AdmitTimeout    time.Duration `yaml:"admit_timeout"`
-	PublishTimeout  time.Duration `yaml:"publish_timeout"`
+	// Listen is the public API's address (docs/design.md §3); behind nginx, a loopback address.
+	Listen string `yaml:"listen"`
+	// AdminListen is the admin port: /healthz, /readyz, /metrics, /openapi.json, /admin/v1/limits, pprof.
+	AdminListen string `yaml:"admin_listen"`
+	// MaxBodyBytes bounds a request body; a larger one is 413.
+	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// ReadTimeout bounds reading one request, counted from its first byte (408 past it).
+	ReadTimeout time.Duration `yaml:"read_timeout"`
+	// WriteTimeout bounds writing one answer.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// IdleTimeout closes a keep-alive connection that sends nothing this long.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// Concurrency caps the connections the public port serves at once (fasthttp's Concurrency).
+	Concurrency int `yaml:"concurrency"`
+	// AdmitTimeout bounds the admission call to Redis; past it the answer is 503 and the order id is released in the background.
+	AdmitTimeout time.Duration `yaml:"admit_timeout"`
+	// PublishTimeout bounds the JetStream publish and its ack; past it the reservation is released and the answer is 503.
+	PublishTimeout time.Duration `yaml:"publish_timeout"`
+	// ShutdownTimeout bounds a graceful stop: requests in flight finish, then the process exits.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
-	SaleRefresh     time.Duration `yaml:"sale_refresh"`
-	NodeLeaseTTL    time.Duration `yaml:"node_lease_ttl"`
+	// SaleRefresh is how often a gateway re-reads every live sale into its cache (events carry changes at once; this heals a lost one).
+	SaleRefresh time.Duration `yaml:"sale_refresh"`
+	// NodeLeaseTTL is the lifetime of the order-id node a gateway leases from Redis (renewed while it runs).
+	NodeLeaseTTL time.Duration `yaml:"node_lease_ttl"`
 	// ReusePort lets several gateway processes listen on one port (SO_REUSEPORT),
 	// the kernel spreading connections over them: one process per core.
 	ReusePort bool `yaml:"reuseport"`
@@ -102,11 +114,15 @@ type RateLimit struct {
 	// Mode is where the per-user and per-sale budgets live: "local" (each
 	// gateway its own, the default) or "global" (in Redis, shared by the
 	// fleet: docs/gateway.md, "Rate limits"). Per-IP stays local in both.
-	Mode        string `yaml:"mode"`
-	PerIP       Rate   `yaml:"per_ip"`
-	PerUser     Rate   `yaml:"per_user"`
-	PerSale     Rate   `yaml:"per_sale"`
-	MaxInflight int    `yaml:"max_inflight"`
+	Mode string `yaml:"mode" json:"mode"`
+	// PerIP limits requests per client address.
+	PerIP Rate `yaml:"per_ip" json:"per_ip"`
+	// PerUser limits requests per JWT subject.
+	PerUser Rate `yaml:"per_user" json:"per_user"`
+	// PerSale limits admissions per sale per gateway (global mode: per fleet).
+	PerSale Rate `yaml:"per_sale" json:"per_sale"`
+	// MaxInflight caps the requests past pre-validation at once per gateway (0: no cap); past it, 429.
+	MaxInflight int `yaml:"max_inflight" json:"max_inflight"`
 }
 
 // The rate-limit modes (RateLimit.Mode; "" is local).
@@ -121,18 +137,27 @@ func (r *RateLimit) Global() bool { return r.Mode == RateGlobal }
 // Rate is a token bucket: Rate tokens a second, up to Burst at once. A Rate of
 // 0 turns the limit off.
 type Rate struct {
-	Rate  float64 `yaml:"rate"`
-	Burst int     `yaml:"burst"`
+	// Rate is tokens a second (0 turns the limit off).
+	Rate float64 `yaml:"rate" json:"rate"`
+	// Burst is the bucket's size: the requests allowed at once.
+	Burst int `yaml:"burst" json:"burst"`
 }
 
 // Backend is the order-writing process.
 type Backend struct {
-	AdminListen     string        `yaml:"admin_listen"`
-	BatchSize       int           `yaml:"batch_size"`
-	BatchWait       time.Duration `yaml:"batch_wait"`
-	MaxAckPending   int           `yaml:"max_ack_pending"`
-	MaxDeliver      int           `yaml:"max_deliver"`
-	AckWait         time.Duration `yaml:"ack_wait"`
+	// AdminListen is the backend's admin API (docs/api.md), probes, /metrics and /openapi.json.
+	AdminListen string `yaml:"admin_listen"`
+	// BatchSize is the most orders one MySQL transaction writes (1..5000).
+	BatchSize int `yaml:"batch_size"`
+	// BatchWait is how long the consumer waits to fill a batch before it writes what it has.
+	BatchWait time.Duration `yaml:"batch_wait"`
+	// MaxAckPending bounds the messages the durable consumer has delivered and not yet acked.
+	MaxAckPending int `yaml:"max_ack_pending"`
+	// MaxDeliver deliveries of a message that keeps failing send it to the dead-letter stream.
+	MaxDeliver int `yaml:"max_deliver"`
+	// AckWait: a message not acked this long after delivery is delivered again.
+	AckWait time.Duration `yaml:"ack_wait"`
+	// ShutdownTimeout bounds a graceful stop: the batch in hand commits, then the process exits.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 }
 
@@ -141,7 +166,9 @@ type Backend struct {
 // kid header; Keys verify tokens by their kid, so a new key can sign while
 // tokens of the old one still verify.
 type Auth struct {
-	JWTSecret          string `yaml:"jwt_secret" env:"JWT_SECRET"`
+	// JWTSecret verifies HS256 tokens without a kid header (at least 32 bytes outside dev mode).
+	JWTSecret string `yaml:"jwt_secret" env:"JWT_SECRET"`
+	// EdDSAPublicKeyFile is a PEM Ed25519 public key verifying EdDSA tokens without a kid header.
 	EdDSAPublicKeyFile string `yaml:"eddsa_public_key_file"`
 	// Keys are the verification keys chosen by a token's kid header.
 	Keys []Key `yaml:"keys"`
@@ -163,6 +190,7 @@ type Key struct {
 
 // Admin guards the backend's admin API.
 type Admin struct {
+	// Token is the bearer token of both admin ports (at least 24 bytes outside dev mode; empty refuses every admin request).
 	Token string `yaml:"token"`
 	// URL is where the CLI finds the backend's admin API.
 	URL string `yaml:"url"`
@@ -171,6 +199,7 @@ type Admin struct {
 // Redis lists the seed addresses: one for a standalone Redis, several for a
 // cluster (rueidis finds out which it is).
 type Redis struct {
+	// Addrs are the seed addresses: one for a standalone Redis, several for a cluster (rueidis finds out which it is).
 	Addrs []string `yaml:"addrs"`
 	// MaxFlushDelay lets the gateway's Redis connection gather the admissions
 	// of concurrent requests into one write (rueidis MaxFlushDelay): fewer
@@ -184,17 +213,25 @@ type Redis struct {
 
 // NATS is JetStream for orders and core NATS for sale events.
 type NATS struct {
-	URL          string `yaml:"url"`
-	Stream       string `yaml:"stream"`
+	// URL is the NATS server (comma-separated for several).
+	URL string `yaml:"url"`
+	// Stream is the JetStream stream of orders; its dead letters go to <stream>_DLQ.
+	Stream string `yaml:"stream"`
+	// OrderSubject is the subject orders are published on (the stream's subject).
 	OrderSubject string `yaml:"order_subject"`
+	// EventSubject prefixes the sale events (<subject>.<sale>: created, closed, sold_out, restocked, warm).
 	EventSubject string `yaml:"event_subject"`
 	// CommandSubject carries pay and cancel from gateways to backends (core
 	// NATS request-reply, one backend of the queue group answers).
-	CommandSubject string        `yaml:"command_subject"`
-	Consumer       string        `yaml:"consumer"`
-	Replicas       int           `yaml:"replicas"`
-	DedupWindow    time.Duration `yaml:"dedup_window"`
-	MaxStreamMsgs  int64         `yaml:"max_stream_msgs"`
+	CommandSubject string `yaml:"command_subject"`
+	// Consumer is the durable pull consumer all backends share.
+	Consumer string `yaml:"consumer"`
+	// Replicas of the stream (1 for a single server; 3 in a NATS cluster).
+	Replicas int `yaml:"replicas"`
+	// DedupWindow is the stream's duplicate window on Nats-Msg-Id (at least 2m, docs/design.md §7).
+	DedupWindow time.Duration `yaml:"dedup_window"`
+	// MaxStreamMsgs bounds the stream's messages (0: no bound).
+	MaxStreamMsgs int64 `yaml:"max_stream_msgs"`
 	// User and Password log in to NATS; the server's permissions for that
 	// user decide what this process may publish and subscribe to.
 	User     string `yaml:"user"`
@@ -203,8 +240,10 @@ type NATS struct {
 
 // MySQL is the source of truth.
 type MySQL struct {
-	DSN          string `yaml:"dsn"`
-	MaxOpenConns int    `yaml:"max_open_conns"`
+	// DSN is the go-sql-driver/mysql data source name of the source of truth.
+	DSN string `yaml:"dsn"`
+	// MaxOpenConns bounds the connection pool.
+	MaxOpenConns int `yaml:"max_open_conns"`
 	// AutoMigrate lets the backend apply pending schema migrations at start
 	// (docs/storage.md). Off, a backend finding an older schema refuses to
 	// start and asks for `flashgate migrate up`: in production a schema change
@@ -214,6 +253,7 @@ type MySQL struct {
 
 // Orders sets the order life cycle.
 type Orders struct {
+	// PaymentTimeout: a confirmed order unpaid this long expires and its units go back.
 	PaymentTimeout time.Duration `yaml:"payment_timeout"`
 }
 

@@ -113,7 +113,7 @@ func TestEnv(t *testing.T) {
 			func(c Config) bool { return c.Auth.JWTSecret == "s1" }, ""},
 		{"jwt secret, full name", map[string]string{"FLASHGATE_AUTH_JWT_SECRET": "s2"},
 			func(c Config) bool { return c.Auth.JWTSecret == "s2" }, ""},
-		{"jwt secret, both: DESIGN's name wins", map[string]string{"FLASHGATE_AUTH_JWT_SECRET": "long", "FLASHGATE_JWT_SECRET": "short"},
+		{"jwt secret, both: docs/design.md's name wins", map[string]string{"FLASHGATE_AUTH_JWT_SECRET": "long", "FLASHGATE_JWT_SECRET": "short"},
 			func(c Config) bool { return c.Auth.JWTSecret == "short" }, ""},
 		{"admin token", map[string]string{"FLASHGATE_ADMIN_TOKEN": "tok"},
 			func(c Config) bool { return c.Admin.Token == "tok" }, ""},

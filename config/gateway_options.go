@@ -1,6 +1,11 @@
 package config
 
-import "time"
+import (
+	"os"
+	"reflect"
+	"strings"
+	"time"
+)
 
 // GatewayOptions is the part of the configuration a gateway runs with: its
 // own section and the few values it takes from other sections. The gateway is
@@ -45,4 +50,50 @@ func LoadRateLimit(file string) (RateLimit, error) {
 		return RateLimit{}, err
 	}
 	return c.RateLimit, nil
+}
+
+// Shadowed are the keys under prefix (a block such as "ratelimit") that a
+// FLASHGATE_* variable of the environment sets: key → variable. A reload
+// reads the file again, but the environment still wins for these keys, so the
+// file's value of each is not used; the gateway logs them and shows them in
+// GET /admin/v1/limits.
+func Shadowed(prefix string) map[string]string {
+	return shadowed(prefix, os.LookupEnv)
+}
+
+func shadowed(prefix string, lookup func(string) (string, bool)) map[string]string {
+	out := map[string]string{}
+	var visit func(t reflect.Type, key, env string)
+	visit = func(t reflect.Type, key, env string) {
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			name := yamlName(f)
+			if name == "-" {
+				continue
+			}
+			k, e := name, "FLASHGATE_"+strings.ToUpper(name)
+			if key != "" {
+				k, e = key+"."+name, env+"_"+strings.ToUpper(name)
+			}
+			if f.Type.Kind() == reflect.Struct {
+				visit(f.Type, k, e)
+				continue
+			}
+			if k != prefix && !strings.HasPrefix(k, prefix+".") {
+				continue
+			}
+			for _, n := range envNames(f, e) {
+				if _, ok := lookup(n); ok {
+					out[k] = n
+				}
+			}
+			for n, path := range shortEnv {
+				if _, ok := lookup(n); ok && path == k {
+					out[k] = n
+				}
+			}
+		}
+	}
+	visit(reflect.TypeOf(Config{}), "", "")
+	return out
 }

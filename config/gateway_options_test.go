@@ -61,3 +61,27 @@ func TestLoadRateLimit(t *testing.T) {
 		t.Fatal("LoadRateLimit of a file with an unknown key: no error")
 	}
 }
+
+// TestShadowed: a FLASHGATE_* variable that sets a key of the block is named
+// with the key's YAML path; variables of other blocks are not.
+func TestShadowed(t *testing.T) {
+	env := map[string]string{
+		"FLASHGATE_RATELIMIT_PER_IP_RATE": "7", "FLASHGATE_RATELIMIT_MAX_INFLIGHT": "3",
+		"FLASHGATE_GATEWAY_LISTEN": ":1",
+	}
+	got := shadowed("ratelimit", func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	want := map[string]string{
+		"ratelimit.per_ip.rate": "FLASHGATE_RATELIMIT_PER_IP_RATE", "ratelimit.max_inflight": "FLASHGATE_RATELIMIT_MAX_INFLIGHT",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("shadowed = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("shadowed[%s] = %q, want %q", k, got[k], v)
+		}
+	}
+	if got := shadowed("admin", func(k string) (string, bool) { return "x", k == "FLASHGATE_ADMIN_TOKEN" }); got["admin.token"] != "FLASHGATE_ADMIN_TOKEN" {
+		t.Errorf("admin.token by its short name: %v", got)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/flashgate/flashgate/api"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/metrics"
 )
@@ -39,12 +40,13 @@ func (g *Gateway) adminMux() *http.ServeMux {
 		}
 		w.Write([]byte("ready\n"))
 	})
-	// The probes and /metrics stay open (orchestrators and Prometheus scrape
+	// The probes, /metrics and /openapi.json stay open (orchestrators and Prometheus scrape
 	// them; they reveal counts, not orders). The admin API and pprof need the
 	// admin token: profiles expose internals (heap contents, stacks, the
 	// command line) and a CPU profile or trace costs the process while it
 	// runs, even on a loopback port anything on the host can reach.
 	mux.Handle("GET /metrics", g.metrics.Handler())
+	mux.Handle("GET /openapi.json", api.Handler())
 	mux.Handle("GET /admin/v1/limits", auth.RequireAdmin(g.cfg.AdminToken, http.HandlerFunc(g.serveLimits)))
 	mux.Handle("/admin/", auth.RequireAdmin(g.cfg.AdminToken, http.NotFoundHandler()))
 	mux.Handle("/debug/pprof/", auth.RequireAdmin(g.cfg.AdminToken, metrics.PprofHandler()))

@@ -216,7 +216,7 @@ func (e *env) awaitLimits(cond func(v map[string]any) bool) map[string]any {
 }
 
 func perIPRate(v map[string]any) float64 {
-	return v["limits"].(map[string]any)["PerIP"].(map[string]any)["Rate"].(float64)
+	return v["limits"].(map[string]any)["per_ip"].(map[string]any)["rate"].(float64)
 }
 
 // TestLiveReloadUnderLoad changes the file while requests flow and sees the
@@ -529,5 +529,39 @@ func TestSoldOutBeforeTheToken(t *testing.T) {
 	}
 	if rem, resv := e.stock(s); rem != 1 || resv == 0 {
 		t.Errorf("remaining %d, reservations %d: want 1 left and the 2 accepted reserved", rem, resv)
+	}
+}
+
+// TestReloadShadowedByEnv: a rate-limit key that a FLASHGATE_* variable sets
+// keeps the environment's value through a reload of the file, and
+// GET /admin/v1/limits says which key and which variable, by the YAML key an
+// operator edits.
+func TestReloadShadowedByEnv(t *testing.T) {
+	t.Setenv("FLASHGATE_RATELIMIT_PER_IP_RATE", "77")
+	path := filepath.Join(t.TempDir(), "flashgate.yaml")
+	writeConfig(t, path, "  per_ip: {rate: 20, burst: 5}\n")
+	e := start(t, func(c *config.Config) {
+		c.Source = path
+		c.RateLimit = config.RateLimit{PerIP: config.Rate{Rate: 77, Burst: 5}}
+	})
+	v := e.limitsView()
+	if sh, _ := v["shadowed_by_env"].(map[string]any); sh["ratelimit.per_ip.rate"] != "FLASHGATE_RATELIMIT_PER_IP_RATE" || len(sh) != 1 {
+		t.Fatalf("shadowed_by_env at start: %v", v["shadowed_by_env"])
+	}
+	// The operator edits per_ip in the file: burst changes, rate stays the environment's.
+	writeConfig(t, path, "  per_ip: {rate: 400, burst: 9}\n")
+	v = e.awaitLimits(func(v map[string]any) bool {
+		return v["limits"].(map[string]any)["per_ip"].(map[string]any)["burst"] == 9.0
+	})
+	if perIPRate(v) != 77 {
+		t.Fatalf("per_ip.rate after the reload: %v, want the environment's 77", perIPRate(v))
+	}
+	if sh, _ := v["shadowed_by_env"].(map[string]any); sh["ratelimit.per_ip.rate"] != "FLASHGATE_RATELIMIT_PER_IP_RATE" {
+		t.Fatalf("shadowed_by_env after the reload: %v", v["shadowed_by_env"])
+	}
+	for _, k := range []string{"per_ip", "per_user", "per_sale", "max_inflight"} {
+		if _, ok := v["limits"].(map[string]any)[k]; !ok {
+			t.Errorf("limits has no YAML key %s: %v", k, v["limits"])
+		}
 	}
 }

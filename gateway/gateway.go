@@ -132,6 +132,7 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: trusted_proxies: %w", err)
 	}
 	g.limits = ratelimit.New(opts.RateLimit, opts.Gateway.LimiterMaxKeys, opts.File)
+	g.limits.Shadow(config.Shadowed("ratelimit"))
 	g.armFailpoints()
 	g.breakers = newBreakers(opts.Gateway.BreakerFailures, opts.Gateway.BreakerOpen, g.metrics)
 	return g, nil

@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -232,7 +233,7 @@ func (g *Gateway) soldOutEarly(ctx *fasthttp.RequestCtx, s *sale, now time.Time)
 	if f := s.soldOutFlag(region); f == nil || !f.Load() {
 		return false
 	}
-	fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+	soldOut(ctx, now)
 	return true
 }
 
@@ -341,7 +342,7 @@ func (g *Gateway) saleOpen(ctx *fasthttp.RequestCtx, s *sale, region, user, idem
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
 		return false
 	case s.soldOutFlag(region).Load() && !g.maybeReplay(s, user, idem):
-		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+		soldOut(ctx, now)
 		return false
 	}
 	return true
@@ -441,10 +442,13 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 		}
 		fail(ctx, fasthttp.StatusForbidden, flashgate.CodeLimitReached, msg)
 	case lua.SoldOut:
-		if adm.Remaining <= 0 {
-			g.markSoldOut(s, a.Region)
+		if adm.Remaining > 0 {
+			// Units are left, fewer than asked for: not a mark for everyone.
+			fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+			return
 		}
-		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+		g.markSoldOut(s, a.Region)
+		soldOut(ctx, a.Now)
 	case lua.DuplicateID:
 		slog.Error("order id already taken: the id source is broken", "sale", s.spec.ID, "order", a.OrderID, "node", lease.Node())
 		unavailable(ctx, "order ids unavailable")
@@ -513,10 +517,22 @@ func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.Relea
 	}
 }
 
+// orderBufs are the buffers orders are encoded in: the NATS client has copied
+// a message when the publish returns, so a buffer serves the next order.
+var orderBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
 func (g *Gateway) send(s *sale, m *flashgate.Order) error {
+	subject := s.subject.Load()
+	if subject == nil {
+		v := bus.OrderSubject(g.cfg.NATS, s.spec.ID)
+		subject = &v
+		s.subject.Store(subject)
+	}
 	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
 	defer cancel()
-	_, err := bus.PublishOrder(pctx, g.js, bus.OrderSubject(g.cfg.NATS, s.spec.ID), m, make([]byte, 0, 192))
+	buf := orderBufs.Get().(*[]byte)
+	_, err := bus.PublishOrder(pctx, g.js, *subject, m, *buf)
+	orderBufs.Put(buf)
 	return err
 }
 

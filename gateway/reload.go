@@ -29,6 +29,17 @@ func (g *Gateway) reload(why string) {
 		return
 	}
 	slog.Info("rate limits reloaded", "why", why, "file", g.cfg.File, "limits", rl)
+	g.noteShadowed(config.Shadowed("ratelimit"))
+}
+
+// noteShadowed records and logs the rate-limit keys a FLASHGATE_* variable
+// sets: the environment wins over the file at every reload, so an edit of
+// such a key in the file changes nothing, and the operator must be told.
+func (g *Gateway) noteShadowed(keys map[string]string) {
+	g.limits.Shadow(keys)
+	for key, env := range keys {
+		slog.Warn("rate limit key set by the environment: the file's value is not used", "key", key, "env", env, "file", g.cfg.File)
+	}
 }
 
 // watchConfig reloads on SIGHUP and when the configuration file changes. It

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -12,7 +13,24 @@ var (
 	ctJSON        = []byte("application/json")
 	hdrRetryAfter = []byte("Retry-After")
 	one           = []byte("1")
+	// X-Accel-Expires lets nginx keep a sold-out 409 and answer the sale's
+	// next purchases itself (nginx/nginx.conf, the orders location;
+	// docs/edge.md). nginx takes the header off before the client sees it.
+	hdrAccelExpires = []byte("X-Accel-Expires")
 )
+
+// soldOut answers 409 sold_out for a sale (or region) marked sold out: the
+// one answer an nginx in front may repeat without asking. X-Accel-Expires
+// "@<unix second>" keeps nginx's copy until the end of the current second
+// (nginx's cache counts whole seconds: a relative "1" would let a copy live up
+// to two), so a copy is less than a second old when a restock clears the mark.
+// Every other answer is left uncacheable.
+func soldOut(ctx *fasthttp.RequestCtx, now time.Time) {
+	fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+	var buf [24]byte
+	b := append(buf[:0], '@')
+	ctx.Response.Header.SetBytesKV(hdrAccelExpires, strconv.AppendInt(b, now.Unix(), 10))
+}
 
 // fail writes a docs/design.md §3 error body. Every message is ours (ASCII), but
 // it is escaped anyway so the body stays valid JSON whatever a caller passes.

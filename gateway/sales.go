@@ -41,6 +41,9 @@ type sale struct {
 	// bucketSlots are the slots of a split sale's buckets (docs/buckets.md).
 	bucketSlots []uint16
 	rateKey     uint64 // the sale's key in the per-sale rate limiter
+	// subject is the sale's JetStream order subject, built by its first
+	// publish (the subject's prefix is the gateway's configuration).
+	subject atomic.Pointer[string]
 }
 
 func newSale(spec *flashgate.Sale) *sale {

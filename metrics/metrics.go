@@ -8,7 +8,7 @@
 // Every Gateway and Backend has its own *prometheus.Registry, never the global
 // one: tests run several of each in one process. The methods the gateway calls
 // per request allocate nothing: every series they touch is created up front and
-// picked by array index (STYLE.md, "Hot paths").
+// picked by array index (the hot path of docs/gateway.md allocates nothing).
 package metrics
 
 import (

@@ -159,13 +159,24 @@ func LockSale(ctx context.Context, tx Querier, id string) (bool, error) {
 }
 
 // LockSaleLimit takes the sale row lock and reads what the order-by-order
-// guards need: the per-user limit and whether the sale is closed.
-func LockSaleLimit(ctx context.Context, tx Querier, id string) (limit int64, closed, found bool, err error) {
-	err = tx.QueryRowContext(ctx, `SELECT per_user_limit, closed FROM sales WHERE id = ? FOR UPDATE`, id).Scan(&limit, &closed)
+// guards need: the per-user limit and, for a closed sale, when it closed
+// (closedAt is the zero time for an open sale; for a sale closed before
+// closed_at existed, the Unix epoch: it closed before any order we hold).
+func LockSaleLimit(ctx context.Context, tx Querier, id string) (limit int64, closedAt time.Time, found bool, err error) {
+	var closed bool
+	var at sql.NullTime
+	err = tx.QueryRowContext(ctx, `SELECT per_user_limit, closed, closed_at FROM sales WHERE id = ? FOR UPDATE`, id).Scan(&limit, &closed, &at)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, false, nil
+		return 0, time.Time{}, false, nil
 	}
-	return limit, closed, err == nil, err
+	switch {
+	case err != nil || !closed:
+	case at.Valid:
+		closedAt = at.Time
+	default:
+		closedAt = time.Unix(0, 0)
+	}
+	return limit, closedAt, err == nil, err
 }
 
 // OpenSaleIDs lists the sales still selling or about to: not closed, not ended.
@@ -321,4 +332,68 @@ func CreateDatabase(ctx context.Context, db Querier, name string) error {
 func DropDatabase(ctx context.Context, db Querier, name string) error {
 	_, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`")
 	return err
+}
+
+// MostUsed is the most one subject has used of a sale's purchase limit (by
+// index) in a window, in MySQL.
+func MostUsed(ctx context.Context, q Querier, sale string, limit int, window string) (int64, error) {
+	var n int64
+	err := q.QueryRowContext(ctx, `SELECT COALESCE(MAX(used), 0) FROM limit_usage WHERE sale_id = ? AND lim = ? AND window_id = ?`,
+		sale, limit, window).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("usage of %s limit %d: %w", sale, limit, err)
+	}
+	return n, nil
+}
+
+// UpdateSale writes a sale's window and limits and its total, under the row
+// lock the caller's transaction took (LockSale): the caller has checked that
+// the change invalidates no count already taken.
+func UpdateSale(ctx context.Context, tx Querier, s *flashgate.Sale, now time.Time) error {
+	var limits any
+	if len(s.Limits) > 0 {
+		b, err := json.Marshal(s.Limits)
+		if err != nil {
+			return fmt.Errorf("update sale %s: %w", s.ID, err)
+		}
+		limits = string(b)
+	}
+	_, err := tx.ExecContext(ctx, `UPDATE sales SET total = ?, starts_at = ?, ends_at = ?, per_user_limit = ?,
+		per_order_max = ?, limits = ?, updated_at = ? WHERE id = ?`,
+		s.Total, s.StartsAt.UTC(), s.EndsAt.UTC(), s.PerUserLimit, s.PerOrderMax, limits, now.UTC(), s.ID)
+	if err != nil {
+		return fmt.Errorf("update sale %s: %w", s.ID, err)
+	}
+	return nil
+}
+
+// MostUnitsOneBuyer is the most units one buyer of the sale holds in MySQL.
+func MostUnitsOneBuyer(ctx context.Context, q Querier, sale string) (int64, error) {
+	var n int64
+	err := q.QueryRowContext(ctx, `SELECT COALESCE(MAX(units), 0) FROM user_purchases WHERE sale_id = ?`, sale).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("buyers of %s: %w", sale, err)
+	}
+	return n, nil
+}
+
+// SaleIDs lists the ids of the newest sales by start, at most limit of them.
+func SaleIDs(ctx context.Context, q Querier, limit int) ([]string, error) {
+	rows, err := q.QueryContext(ctx, `SELECT id FROM sales ORDER BY starts_at DESC, id LIMIT ?`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list sales: %w", err)
+	}
+	var ids []string
+	err = scanRows(rows, func() error {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		ids = append(ids, id)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list sales: %w", err)
+	}
+	return ids, nil
 }

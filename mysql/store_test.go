@@ -141,9 +141,9 @@ func TestSavepointRollsBackOneOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	limit, closed, found, err := LockSaleLimit(c, tx, s.ID)
-	if err != nil || !found || closed || limit != 2 {
-		t.Fatalf("LockSaleLimit = %d %t %t %v", limit, closed, found, err)
+	limit, closedAt, found, err := LockSaleLimit(c, tx, s.ID)
+	if err != nil || !found || !closedAt.IsZero() || limit != 2 {
+		t.Fatalf("LockSaleLimit = %d %v %t %v", limit, closedAt, found, err)
 	}
 	if err := Savepoint(c, tx); err != nil {
 		t.Fatal(err)
@@ -172,12 +172,21 @@ func TestCloseSale(t *testing.T) {
 	db, s := migrated(t)
 	c := ctx(t)
 	must := mustFor(t)
-	if err := CloseSale(c, db, s.ID, time.Now().UTC()); err != nil {
+	first := time.Now().UTC().Truncate(time.Millisecond)
+	if err := CloseSale(c, db, s.ID, first); err != nil {
 		t.Fatal(err)
 	}
-	if err := CloseSale(c, db, s.ID, time.Now().UTC()); err != nil {
+	if err := CloseSale(c, db, s.ID, first.Add(time.Minute)); err != nil {
 		t.Errorf("closing twice: %v", err)
 	}
+	tx, err := Begin(c, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, closedAt, found, err := LockSaleLimit(c, tx, s.ID); err != nil || !found || !closedAt.Equal(first) {
+		t.Errorf("LockSaleLimit of the closed sale: closed at %v (want the first close, %v), found %t, %v", closedAt, first, found, err)
+	}
+	tx.Rollback()
 	if err := CloseSale(c, db, "nope", time.Now().UTC()); !errors.Is(err, ErrSaleNotFound) {
 		t.Errorf("closing an unknown sale: %v", err)
 	}

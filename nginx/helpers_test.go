@@ -315,7 +315,7 @@ func try(method, url, token string, body []byte, hdr map[string]string) (reply, 
 	return r, nil
 }
 
-// wantError checks a DESIGN §3 error answer: the status, Content-Type application/json, and a
+// wantError checks a docs/design.md §3 error answer: the status, Content-Type application/json, and a
 // body of exactly {"code": code, "message": "<non-empty>"}.
 func wantError(t testing.TB, r reply, status int, code string) {
 	t.Helper()

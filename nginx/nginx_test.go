@@ -193,7 +193,7 @@ func TestProxyHeaders(t *testing.T) {
 	}
 }
 
-// TestBurstFromOneIP: one address sending far more than its rate gets nginx's 429s, DESIGN §3
+// TestBurstFromOneIP: one address sending far more than its rate gets nginx's 429s, docs/design.md §3
 // shaped, and the gateway sees only what nginx let through.
 func TestBurstFromOneIP(t *testing.T) {
 	g := startGateway(t, func(s *flashgate.Sale) { s.Total = 1000 })

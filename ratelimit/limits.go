@@ -25,6 +25,8 @@ type Limits struct {
 	source  string
 	lastErr string
 	errAt   time.Time
+	// shadowed are the keys the environment sets (key → variable).
+	shadowed map[string]string
 }
 
 // New builds the limits of cfg; keyed limiters hold at most maxKeys keys each.
@@ -74,6 +76,14 @@ func (l *Limits) Refused(err error) {
 	l.mu.Unlock()
 }
 
+// Shadow records the keys of the block that an environment variable sets
+// (key → variable): a reload of the file does not change them.
+func (l *Limits) Shadow(keys map[string]string) {
+	l.mu.Lock()
+	l.shadowed = keys
+	l.mu.Unlock()
+}
+
 // Enter admits one request past pre-validation unless max_inflight are in
 // flight already; every true must be paired with Leave.
 func (l *Limits) Enter() bool {
@@ -98,14 +108,17 @@ type View struct {
 	Source      string           `json:"source"`
 	LastError   string           `json:"last_reload_error,omitempty"`
 	LastErrorAt *time.Time       `json:"last_reload_error_at,omitempty"`
-	Inflight    int64            `json:"inflight"`
-	Keys        map[string]int   `json:"keys"`
+	// ShadowedByEnv are the keys a FLASHGATE_* variable sets: the file's
+	// value of each is not used (key → variable).
+	ShadowedByEnv map[string]string `json:"shadowed_by_env,omitempty"`
+	Inflight      int64             `json:"inflight"`
+	Keys          map[string]int    `json:"keys"`
 }
 
 // View reports the limits in force.
 func (l *Limits) View() View {
 	l.mu.Lock()
-	v := View{Limits: l.current, LoadedAt: l.loaded, Source: l.source, LastError: l.lastErr}
+	v := View{Limits: l.current, LoadedAt: l.loaded, Source: l.source, LastError: l.lastErr, ShadowedByEnv: l.shadowed}
 	if l.lastErr != "" {
 		at := l.errAt
 		v.LastErrorAt = &at

@@ -41,7 +41,7 @@
 # (10000), BENCH_PROFILE (1: CPU and allocation profiles of the bench gateway during purchases and
 # of the ingesting backend; 0: none), BENCH_SELLOUT_TOTAL (1000), BENCH_PURCHASE_TOTAL (10000000),
 # BENCH_NGINX_PORT (18090), BENCH_GATEWAY_PORT (18080), BENCH_GATEWAY_ADMIN_PORT (18081),
-# BENCH_SEEDSYNC_PORT (18095), BENCH_STRICT=1 (exit 1 when a target is missed), BENCH_RESULTS
+# BENCH_SEEDSYNC_PORT (18095), BENCH_EDGE_PORT (18091: nginx/nginx.conf in front of the bench gateway), BENCH_STRICT=1 (exit 1 when a target is missed), BENCH_RESULTS
 # (bench/results.json), BENCH_MARKDOWN (BENCHMARKS.md), STACK_CONFIG (configs/flashgate.yaml),
 # GO (go). The parts' own scripts read their own variables too (bench/README.md).
 set -euo pipefail
@@ -62,6 +62,7 @@ NGINX_PORT="${BENCH_NGINX_PORT:-18090}"
 GW_PORT="${BENCH_GATEWAY_PORT:-18080}"
 GW_ADMIN="${BENCH_GATEWAY_ADMIN_PORT:-18081}"
 SEEDS_PORT="${BENCH_SEEDSYNC_PORT:-18095}"
+EDGE_PORT="${BENCH_EDGE_PORT:-18091}"
 RESULTS="${BENCH_RESULTS:-bench/results.json}"
 MARKDOWN="${BENCH_MARKDOWN:-BENCHMARKS.md}"
 CONFIG="${STACK_CONFIG:-configs/flashgate.yaml}"
@@ -115,7 +116,7 @@ status_of() { "$STACK" status 2>/dev/null | awk -v p="$1" '$1 == p { print $2 }'
 # ---------------------------------------------------------------------------------------------
 # settings
 
-for v in CONC USERS INGEST_ORDERS CONNS SELLOUT_TOTAL PURCHASE_TOTAL NGINX_PORT GW_PORT GW_ADMIN SEEDS_PORT; do
+for v in CONC USERS INGEST_ORDERS CONNS SELLOUT_TOTAL PURCHASE_TOTAL NGINX_PORT GW_PORT GW_ADMIN SEEDS_PORT EDGE_PORT; do
 	posint "${!v}" || die "$v (BENCH_*) must be a positive whole number, not '${!v}'"
 done
 if [[ "$DURATION" =~ ^([1-9][0-9]*)s?$ ]]; then
@@ -129,14 +130,14 @@ DURATION="${DSECS}s"
 [[ "$PROFILE" == 0 || "$PROFILE" == 1 ]] || die "BENCH_PROFILE must be 0 or 1"
 
 need "$GO" nginx envsubst curl awk redis-benchmark redis-cli
-for p in "$NGINX_PORT" "$GW_PORT" "$GW_ADMIN" "$SEEDS_PORT"; do
+for p in "$NGINX_PORT" "$GW_PORT" "$GW_ADMIN" "$SEEDS_PORT" "$EDGE_PORT"; do
 	tcp_open "$p" && die "127.0.0.1:$p is taken (BENCH_NGINX_PORT / BENCH_GATEWAY_PORT / BENCH_GATEWAY_ADMIN_PORT / BENCH_SEEDSYNC_PORT choose others)"
 done
 
-PARTS=(seeds_sync redis_evalsha purchases sellout nginx_fixed refusals refusals_audit p99_half_peak backend_ingest rss_10k)
+PARTS=(seeds_sync redis_evalsha purchases sellout nginx_fixed refusals refusals_audit refusals_nginx p99_half_peak nginx_half_peak backend_ingest rss_10k)
 mkdir -p "$OUT" "$LOG" "$RUN" "$NGINX_PREFIX/tmp" "$PROF" "$PROF_TXT"
 for p in "${PARTS[@]}"; do
-	rm -f "$OUT/$p".{json,out,err,cmd,rc,skip}
+	rm -f "$OUT/$p".{json,out,err,cmd,rc,skip,cpu}
 done
 rm -f "$OUT/run.json" "$PROF"/*.pprof
 STARTED="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -182,9 +183,11 @@ close_sales() {
 }
 cleanup() {
 	local rc=$?
+	rm -f "$OUT/admin.hdr"
 	stop_pid "$PROF_PID" TERM 20
 	stop_pid "$PART_PID" TERM 300 # the first SIGTERM ends a load and lets a script clean up
 	stop_nginx
+	[[ "$(type -t stop_edge)" == function ]] && stop_edge
 	stop_gateway
 	((${#SALES[@]} == 0)) || close_sales
 	if ((${#STARTED_APPS[@]})); then
@@ -249,9 +252,54 @@ show() {
 		sed "s/^/bench:        $1 | /" >&2 || true
 }
 
+# CPU per answer (issue 13): utime + stime of each process of the chain, in clock ticks, from
+# /proc/<pid>/stat, read right before and right after a part (its audit and drain included: the
+# backend's writes and MariaDB's commits of the part's orders are part of what a purchase costs).
+# cpu_snap PART before|after NGINX_PIDFILE: appends "<when> <process> <ticks>" lines to
+# var/bench/PART.cpu; nginx (master and workers) only when a pid file is given. bench/report
+# divides the difference by the part's answers.
+CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)"
+ticks_of() { # ticks_of PID...: the sum of utime+stime of those processes (and nothing for a gone one)
+	local p sum=0 st rest
+	local -a f
+	for p in "$@"; do
+		[[ -n "$p" && -r "/proc/$p/stat" ]] || continue
+		st="$(cat "/proc/$p/stat" 2>/dev/null)" || continue
+		rest="${st##*) }" # the fields after the command name (which may hold spaces)
+		read -r -a f <<<"$rest"
+		sum=$((sum + f[11] + f[12])) # fields 14 and 15 of proc(5): utime, stime
+	done
+	echo "$sum"
+}
+pid_in() { [[ -f "$1" ]] && tr -dc '0-9' <"$1"; }
+nginx_pids() { # the master named by the pid file and its workers
+	local m
+	m="$(pid_in "$1")"
+	[[ -n "$m" ]] || return 0
+	echo "$m"
+	pgrep -P "$m" 2>/dev/null || true
+}
+cpu_snap() {
+	local part="$1" when="$2" rp=() f
+	for f in "$RUN"/redis-*.pid; do rp+=("$(pid_in "$f")"); done
+	{
+		[[ "$when" == before ]] && echo "clk_tck $CLK_TCK"
+		echo "$when gateway $(ticks_of "$GW_PID")"
+		echo "$when redis $(ticks_of "${rp[@]}")"
+		echo "$when nats $(ticks_of "$(pid_in "$RUN/nats.pid")")"
+		echo "$when backend $(ticks_of "$(pid_in "$RUN/backend.pid")")"
+		echo "$when mariadb $(ticks_of "$(pid_in "$RUN/mariadb.pid")")"
+		if [[ -n "${3:-}" ]]; then
+			# shellcheck disable=SC2046 # one pid per word
+			echo "$when nginx $(ticks_of $(nginx_pids "$3"))"
+		fi
+		echo "$when at $(date +%s.%N)"
+	} >>"$OUT/$part.cpu"
+}
+
 FAILED=0
 step=0
-steps=9
+steps=12
 next() {
 	step=$((step + 1))
 	say "[$step/$steps] $*"
@@ -272,6 +320,10 @@ say "building bin/flashgate, bin/flashgate-bench-ingest, bin/flashgate-bench-con
 # The operator's credentials (docs/credentials.md): the CLI and the bench's own processes log in.
 # shellcheck disable=SC1091 # written by scripts/stack.sh
 . "$ROOT/var/secrets.env"
+# The admin API's bearer token (pprof needs it), in a file curl reads (-H @file): never on a
+# command line the report shows.
+ADMIN_HDR="$OUT/admin.hdr"
+(umask 077 && printf 'Authorization: Bearer %s\n' "${FLASHGATE_ADMIN_TOKEN:-}" >"$ADMIN_HDR")
 if [[ "$(status_of backend)" != up ]]; then
 	before=()
 	for p in nginx gateway backend; do
@@ -324,8 +376,14 @@ printf '\n==== bench gateway %s ====\n' "$(date -Is)" >>"$LOG/bench-gateway.log"
 GW_PID=$!
 echo "$GW_PID" >"$GW_PIDFILE"
 # The command as it ran, with what else of FLASHGATE_* the environment gave it (secrets left out).
+# redact: a secret's value out of NAME=value lines (passwords, tokens, the DSN's password); bench/report
+# redacts what it writes again.
+redact() {
+	sed -E -e 's/^(FLASHGATE_[A-Z0-9_]*(PASSWORD|SECRET|TOKEN|_KEY)[A-Z0-9_]*)=.*/\1=<redacted>/' \
+		-e 's#^(FLASHGATE_[A-Z0-9_]*DSN=[^:@/]*):[^@]*@#\1:<redacted>@#'
+}
 GW_ENV="$(env | grep -E '^FLASHGATE_[A-Z0-9_]+=' | grep -vE '^FLASHGATE_(JWT_SECRET|ADMIN_TOKEN|GATEWAY_LISTEN|GATEWAY_ADMIN_LISTEN|RATELIMIT_PER_(IP|USER|SALE)_RATE)=' |
-	sort | tr '\n' ' ' || true)"
+	sort | redact | tr '\n' ' ' || true)"
 GW_ENV+="FLASHGATE_GATEWAY_LISTEN=127.0.0.1:$GW_PORT FLASHGATE_GATEWAY_ADMIN_LISTEN=127.0.0.1:$GW_ADMIN FLASHGATE_RATELIMIT_PER_IP_RATE=0 FLASHGATE_RATELIMIT_PER_USER_RATE=0 FLASHGATE_RATELIMIT_PER_SALE_RATE=0"
 GW_CMD="$GW_ENV bin/flashgate gateway --config $CONFIG --log-level warn"
 GW_URL="http://127.0.0.1:$GW_PORT"
@@ -353,6 +411,7 @@ purchases() {
 	SALES+=("$SALE_P")
 	note purchases "$BIN" bench --config "$CONFIG" --label purchases --create --sale "$SALE_P" --total "$PURCHASE_TOTAL" \
 		--per-user-limit 1 --target "$GW_URL" "${LOADGEN[@]}" --json "$OUT/purchases.json"
+	cpu_snap purchases before
 	"$BIN" bench --config "$CONFIG" --label purchases --create --sale "$SALE_P" --total "$PURCHASE_TOTAL" \
 		--per-user-limit 1 --target "$GW_URL" "${LOADGEN[@]}" --json "$OUT/purchases.json" \
 		>"$OUT/purchases.out" 2>"$OUT/purchases.err" </dev/null &
@@ -366,17 +425,24 @@ purchases() {
 			sleep 0.1
 		done
 		psecs=$((DSECS > 3 ? DSECS - 2 : 1))
-		note purchases curl -s -o "$PROF/gateway-cpu.pprof" "http://127.0.0.1:$GW_ADMIN/debug/pprof/profile?seconds=$psecs"
-		curl -s --max-time $((psecs + 30)) -o "$PROF/gateway-cpu.pprof" "http://127.0.0.1:$GW_ADMIN/debug/pprof/profile?seconds=$psecs" &
+		note purchases curl -s -H @"$ADMIN_HDR" -o "$PROF/gateway-cpu.pprof" "http://127.0.0.1:$GW_ADMIN/debug/pprof/profile?seconds=$psecs"
+		curl -s -f -H @"$ADMIN_HDR" --max-time $((psecs + 30)) -o "$PROF/gateway-cpu.pprof" "http://127.0.0.1:$GW_ADMIN/debug/pprof/profile?seconds=$psecs" &
 		PROF_PID=$!
 	fi
+	# The load's end (the tool then waits for the backend to write every order and audits):
+	# the CPU of the load alone, beside that of load + drain.
+	while kill -0 "$PART_PID" 2>/dev/null && ! grep -q 'waiting up to' "$OUT/purchases.err" 2>/dev/null; do sleep 0.05; done
+	kill -0 "$PART_PID" 2>/dev/null && cpu_snap purchases load
 	wait "$PART_PID" || rc=$?
 	PART_PID=""
 	if [[ -n "$PROF_PID" ]]; then
 		wait "$PROF_PID" || say "warning: the gateway's CPU profile failed"
 		PROF_PID=""
-		note purchases curl -s -o "$PROF/gateway-allocs.pprof" "http://127.0.0.1:$GW_ADMIN/debug/pprof/allocs"
-		curl -s --max-time 30 -o "$PROF/gateway-allocs.pprof" "http://127.0.0.1:$GW_ADMIN/debug/pprof/allocs" ||
+	fi
+	cpu_snap purchases after
+	if [[ "$PROFILE" == 1 ]]; then
+		note purchases curl -s -H @"$ADMIN_HDR" -o "$PROF/gateway-allocs.pprof" "http://127.0.0.1:$GW_ADMIN/debug/pprof/allocs"
+		curl -s -f -H @"$ADMIN_HDR" --max-time 30 -o "$PROF/gateway-allocs.pprof" "http://127.0.0.1:$GW_ADMIN/debug/pprof/allocs" ||
 			say "warning: the gateway's allocation profile failed"
 	fi
 	echo "$rc" >"$OUT/purchases.rc"
@@ -413,7 +479,7 @@ else
 fi
 
 # the HTTP limit: nginx answering a fixed 409, driven by the load tool
-next "nginx_fixed: nginx/bench.conf on 127.0.0.1:$NGINX_PORT, bin/flashgate bench --no-check"
+# nginx/bench.conf on its own port: the fixed 409, the HTTP limit of this machine
 # shellcheck disable=SC2016 # literal ${...}: the names envsubst may substitute
 BENCH_LISTEN="127.0.0.1:$NGINX_PORT" BENCH_LOG_DIR="$LOG" BENCH_PID="$NGINX_PID" \
 	envsubst '${BENCH_LISTEN} ${BENCH_LOG_DIR} ${BENCH_PID}' <"$ROOT/nginx/bench.conf" >"$NGINX_PREFIX/nginx.conf"
@@ -423,27 +489,41 @@ hard="$(ulimit -Hn)"
 g="worker_rlimit_nofile $hard;"
 [[ "$(id -u)" == 0 ]] && g+=" user root root;"
 nginx_args=(-p "$NGINX_PREFIX/" -c "$NGINX_PREFIX/nginx.conf" -e "$LOG/nginx-bench-error.log" -g "$g")
-if nginx "${nginx_args[@]}" -t -q 2>>"$LOG/nginx-bench-error.log" && nginx "${nginx_args[@]}" &&
-	wait_for 10 tcp_open "$NGINX_PORT"; then
-	note nginx_fixed nginx "${nginx_args[@]}"
-	if run nginx_fixed "$BIN" bench --config "$CONFIG" --label nginx --no-check --sale bench-nginx-fixed \
-		--target "http://127.0.0.1:$NGINX_PORT" "${LOADGEN[@]}" --json "$OUT/nginx_fixed.json"; then
-		show nginx_fixed
-	else
-		FAILED=1
+start_nginx() { # start_nginx PART: the fixed-answer nginx, for PART
+	if nginx "${nginx_args[@]}" -t -q 2>>"$LOG/nginx-bench-error.log" && nginx "${nginx_args[@]}" &&
+		wait_for 10 tcp_open "$NGINX_PORT"; then
+		note "$1" nginx "${nginx_args[@]}"
+		return 0
 	fi
-else
-	echo 1 >"$OUT/nginx_fixed.rc"
-	say "nginx_fixed FAILED: the bench nginx did not start (see $LOG/nginx-bench-error.log)"
+	echo 1 >"$OUT/$1.rc"
+	say "$1 FAILED: the bench nginx did not start (see $LOG/nginx-bench-error.log)"
 	tail -n 5 "$LOG/nginx-bench-error.log" >&2 || true
 	FAILED=1
+	return 1
+}
+
+next "nginx_fixed: nginx/bench.conf on 127.0.0.1:$NGINX_PORT, bin/flashgate bench --no-check"
+if start_nginx nginx_fixed; then
+	cpu_snap nginx_fixed before "$NGINX_PID"
+	run nginx_fixed "$BIN" bench --config "$CONFIG" --label nginx --no-check --sale bench-nginx-fixed \
+		--target "http://127.0.0.1:$NGINX_PORT" "${LOADGEN[@]}" --json "$OUT/nginx_fixed.json" || FAILED=1
+	cpu_snap nginx_fixed after "$NGINX_PID"
+	show nginx_fixed
 fi
 stop_nginx
 
+# the gateway's purchase requests so far (its metric), to show what reached it
+gw_purchases() {
+	curl -s --max-time 5 "http://127.0.0.1:$GW_ADMIN/metrics" |
+		awk '/^flashgate_gateway_requests_total\{/ && /route="purchase"/ { n += $NF } END { printf "%d\n", n }'
+}
+
 next "refusals: bin/flashgate bench --no-check on the sold-out sale, then its audit"
 if ((SOLD_OUT)); then
+	cpu_snap refusals before
 	run refusals "$BIN" bench --config "$CONFIG" --label refusals --no-check --sale "$SALE_R" --target "$GW_URL" \
 		"${LOADGEN[@]}" --json "$OUT/refusals.json" || FAILED=1
+	cpu_snap refusals after
 	show refusals
 	run refusals_audit "$BIN" bench --config "$CONFIG" --label refusals-audit --sale "$SALE_R" --target "$GW_URL" \
 		--users 1000 --concurrency 64 --requests 1000 --json "$OUT/refusals_audit.json" || FAILED=1
@@ -453,19 +533,79 @@ else
 	skip refusals_audit "no refusals run"
 fi
 
-# 3c. p99 of accepted purchases at half the peak rate, audited
+# the same sold-out sale through nginx with its production config (nginx/nginx.conf, rendered as
+# scripts/stack.sh renders it) in front of the bench gateway, its per-IP limits (limit_req, the
+# two limit_conn) lifted as the gateway's are (every request comes from this one address): nginx answers the sold-out 409s from
+# its one-second cache, and the gateway's metric shows how many still reached it.
+next "refusals_nginx: nginx/nginx.conf on 127.0.0.1:$EDGE_PORT in front of the bench gateway, the sold-out sale"
+EDGE_PREFIX="$OUT/nginx-edge"
+EDGE_PID="$RUN/bench-nginx-edge.pid"
+stop_edge() {
+	local np
+	np="$(pid_in "$EDGE_PID")"
+	if [[ -n "$np" ]] && tr '\0' ' ' <"/proc/$np/cmdline" 2>/dev/null | grep -q "$EDGE_PREFIX"; then
+		stop_pid "$np" QUIT 100
+	fi
+	rm -f "$EDGE_PID"
+}
+if ((SOLD_OUT)); then
+	mkdir -p "$EDGE_PREFIX/tmp" "$EDGE_PREFIX/log"
+	# shellcheck disable=SC2016 # literal ${...}: the names envsubst may substitute
+	NGINX_LISTEN="127.0.0.1:$EDGE_PORT" NGINX_UPSTREAM_SERVERS="        server 127.0.0.1:$GW_PORT max_fails=3 fail_timeout=5s;" \
+		NGINX_RATE=1000000 NGINX_BURST=1000000 NGINX_CONN=65535 NGINX_READ_TIMEOUT=5s NGINX_HTML="$ROOT/nginx/html" \
+		NGINX_LOG_DIR="$EDGE_PREFIX/log" NGINX_PID="$EDGE_PID" NGINX_RLIMIT_NOFILE="$hard" NGINX_WORKER_CONNECTIONS=$(((hard - 64) / 2)) \
+		envsubst '${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS}' \
+		<"$ROOT/nginx/nginx.conf" | sed -E 's/limit_conn per_ip_body [0-9]+;/limit_conn per_ip_body 65535;/' >"$EDGE_PREFIX/nginx.conf"
+	grep -q 'limit_conn per_ip_body 65535;' "$EDGE_PREFIX/nginx.conf" || die "nginx/nginx.conf has no 'limit_conn per_ip_body N;' for the bench to lift"
+	eg=""
+	[[ "$(id -u)" == 0 ]] && eg="user root root;"
+	edge_args=(-p "$EDGE_PREFIX/" -c "$EDGE_PREFIX/nginx.conf" -e "$EDGE_PREFIX/log/nginx-error.log")
+	[[ -n "$eg" ]] && edge_args+=(-g "$eg")
+	if nginx "${edge_args[@]}" -t -q 2>>"$LOG/nginx-bench-error.log" && nginx "${edge_args[@]}" &&
+		wait_for 10 tcp_open "$EDGE_PORT"; then
+		echo "# nginx/nginx.conf rendered as scripts/stack.sh does, with NGINX_RATE=1000000 NGINX_BURST=1000000 NGINX_CONN=65535 and per_ip_body 65535 (one load-tool address)" >>"$OUT/refusals_nginx.cmd"
+		note refusals_nginx nginx "${edge_args[@]}"
+		gwb="$(gw_purchases)"
+		cpu_snap refusals_nginx before "$EDGE_PID"
+		run refusals_nginx "$BIN" bench --config "$CONFIG" --label refusals-nginx --no-check --sale "$SALE_R" \
+			--target "http://127.0.0.1:$EDGE_PORT" "${LOADGEN[@]}" --json "$OUT/refusals_nginx.json" || FAILED=1
+		cpu_snap refusals_nginx after "$EDGE_PID"
+		printf 'gateway_purchases_before %s\ngateway_purchases_after %s\n' "$gwb" "$(gw_purchases)" >>"$OUT/refusals_nginx.cpu"
+		show refusals_nginx
+	else
+		echo 1 >"$OUT/refusals_nginx.rc"
+		say "refusals_nginx FAILED: nginx did not start (see $EDGE_PREFIX/log/nginx-error.log)"
+		FAILED=1
+	fi
+	stop_edge
+else
+	skip refusals_nginx "no sold-out sale (see sellout)"
+fi
+
+# 3c. p99 of accepted purchases at half the peak rate, audited; then nginx's fixed answer paced at
+# the same rate (the yardstick of the tail)
 if posint "${PURCHASE_RATE:-x}" && ((GW_OK)); then
 	HALF=$(((PURCHASE_RATE + 1) / 2))
 	next "p99_half_peak: bin/flashgate bench --create --rate $HALF (half of $PURCHASE_RATE accepted/s), audited"
 	SALE_H="bench-p99-$STAMP"
 	SALES+=("$SALE_H")
+	cpu_snap p99_half_peak before
 	run p99_half_peak "$BIN" bench --config "$CONFIG" --label p99-half-peak --create --sale "$SALE_H" \
 		--total "$PURCHASE_TOTAL" --per-user-limit 1 --target "$GW_URL" "${LOADGEN[@]}" --rate "$HALF" \
 		--json "$OUT/p99_half_peak.json" || FAILED=1
+	cpu_snap p99_half_peak after
 	show p99_half_peak
+	next "nginx_half_peak: nginx/bench.conf paced at $HALF req/s"
+	if start_nginx nginx_half_peak; then
+		run nginx_half_peak "$BIN" bench --config "$CONFIG" --label nginx-half-peak --no-check --sale bench-nginx-fixed \
+			--target "http://127.0.0.1:$NGINX_PORT" "${LOADGEN[@]}" --rate "$HALF" --json "$OUT/nginx_half_peak.json" || FAILED=1
+		show nginx_half_peak
+	fi
+	stop_nginx
 else
 	next "p99_half_peak"
 	skip p99_half_peak "no purchase rate measured (see purchases)"
+	skip nginx_half_peak "no purchase rate measured (see purchases)"
 fi
 
 # 3d. the backend's ingestion from a pre-filled stream (its own backend process, database, stream)

@@ -346,6 +346,8 @@ write_secrets_env() {
 				printf 'export FLASHGATE_REDIS_ADDRS=127.0.0.1:%s\nexport FLASHGATE_NATS_URL=nats://127.0.0.1:%s\n' "$REDIS_PORT" "$NATS_PORT"
 			fi
 			printf 'export FLASHGATE_REDIS_CLUSTER_ADDRS=%s\n' "$(IFS=,; echo "${cl[*]}")"
+			# The public API through nginx (the README's curl examples use it).
+			printf 'export FLASHGATE_PUBLIC_URL=http://127.0.0.1:%s\n' "$NGINX_PORT"
 			# redis-cli reads its password here (with --user $FLASHGATE_REDIS_USERNAME).
 			printf "export REDISCLI_AUTH='%s'\n" "$S_REDIS_ADMIN"
 		} >"$SECRETS_ENV.tmp.$$"

@@ -33,7 +33,7 @@ import (
 // The parts, in the order the script runs them.
 var partNames = []string{
 	"seeds_sync", "redis_evalsha", "purchases", "sellout", "nginx_fixed", "refusals",
-	"refusals_audit", "p99_half_peak", "backend_ingest", "rss_10k",
+	"refusals_audit", "refusals_nginx", "p99_half_peak", "nginx_half_peak", "backend_ingest", "rss_10k",
 }
 
 // Markers of the generated section of BENCHMARKS.md.
@@ -101,6 +101,7 @@ func run(dir, resultsPath, mdPath, profDir string, strict bool, stdout io.Writer
 		rep.Profiles = readProfiles(profDir)
 	}
 	rep.evaluate()
+	rep.redactAll()
 
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -109,7 +110,7 @@ func run(dir, resultsPath, mdPath, profDir string, strict bool, stdout io.Writer
 	if err := enc.Encode(rep); err != nil {
 		return 1, err
 	}
-	if err := writeFile(resultsPath, buf.Bytes()); err != nil {
+	if err := writeFile(resultsPath, []byte(redact(buf.String()))); err != nil {
 		return 1, err
 	}
 	if mdPath != "" {
@@ -117,7 +118,7 @@ func run(dir, resultsPath, mdPath, profDir string, strict bool, stdout io.Writer
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return 1, err
 		}
-		out, err := replaceSection(string(doc), rep.markdown(resultsPath))
+		out, err := replaceSection(string(doc), redact(rep.markdown(resultsPath)))
 		if err != nil {
 			return 1, fmt.Errorf("%s: %w", mdPath, err)
 		}

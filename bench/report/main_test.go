@@ -13,6 +13,7 @@ func figs() *Figures {
 		RedisP1: ptr(30000), RedisP16: ptr(200000), NginxPerS: ptr(60000), SeedsPerS: ptr(500),
 		PurchasesPerS: ptr(18000), RefusalsPerS: ptr(54000), P99MS: ptr(4.2), SendLagP99MS: ptr(0.3),
 		HalfPeakRate: ptr(9000), IngestPerS: ptr(5000), RSSMB: ptr(150), RSSMiB: ptr(143.05),
+		CPUPerPurchaseUS: ptr(200), GatewayCPUPerPurchaseUS: ptr(60), RefusalsNginxPerS: ptr(54000), NginxHalfPeakP99MS: ptr(2.1),
 	}
 }
 
@@ -28,10 +29,11 @@ func TestTargetsAtTheirBounds(t *testing.T) {
 	// 18000/30000 = 0.6, 54000/60000 = 0.9, 18000/500 = 36, 5000/500 = 10, 4.2 < 5, 150 <= 150: all met,
 	// the ratios exactly on their goals.
 	ts := targets(figs(), map[string]string{})
-	if len(ts) != 6 {
-		t.Fatalf("%d targets, want 6", len(ts))
+	if len(ts) != 10 {
+		t.Fatalf("%d targets, want 10", len(ts))
 	}
-	want := []string{"purchases_vs_redis", "refusals_vs_nginx", "purchases_vs_seeds", "ingest_vs_seeds", "p99_half_peak", "rss_10k"}
+	want := []string{"purchases_vs_redis", "refusals_vs_nginx", "purchases_vs_seeds", "ingest_vs_seeds", "p99_half_peak", "rss_10k",
+		"cpu_per_purchase", "gateway_cpu_per_purchase", "refusal_via_nginx_vs_nginx", "p99_vs_nginx_at_half_peak"}
 	for i, tg := range ts {
 		if tg.Name != want[i] {
 			t.Errorf("target %d is %s, want %s", i, tg.Name, want[i])
@@ -53,8 +55,13 @@ func TestTargetsJustMissed(t *testing.T) {
 	f.IngestPerS = ptr(4999)     // 9.998 × seeds
 	f.P99MS = ptr(5)             // the goal is strictly below 5 ms
 	f.RSSMB = ptr(150.01)        // over 150 MB
+	f.CPUPerPurchaseUS = ptr(200.5)
+	f.GatewayCPUPerPurchaseUS = ptr(60.2)
+	f.RefusalsNginxPerS = ptr(53999)
+	f.NginxHalfPeakP99MS = ptr(1.66) // 5 / 1.66 > 3
 	m := byName(targets(f, map[string]string{}))
-	for _, name := range []string{"purchases_vs_redis", "refusals_vs_nginx", "ingest_vs_seeds", "p99_half_peak", "rss_10k"} {
+	for _, name := range []string{"purchases_vs_redis", "refusals_vs_nginx", "ingest_vs_seeds", "p99_half_peak", "rss_10k",
+		"cpu_per_purchase", "gateway_cpu_per_purchase", "refusal_via_nginx_vs_nginx", "p99_vs_nginx_at_half_peak"} {
 		if m[name].Met {
 			t.Errorf("%s met: %s", name, m[name].Line())
 		}
@@ -190,7 +197,17 @@ func TestRunFromParts(t *testing.T) {
 		write(p+".rc", "0\n")
 		write(p+".cmd", "bin/flashgate something --for "+p+"\n")
 	}
-	write("run.json", `{"started":"2026-11-22T10:00:00Z","finished":"2026-11-22T10:04:30Z","elapsed_s":270,"loadavg_start":"1.0 1.0 1.0","loadavg_end":"2.0 2.0 2.0","stack":"running","gateway":"bin/flashgate gateway","settings":{"duration":"10s","concurrency":256,"users":200000}}`)
+	// The stack's secrets as the script's environment holds them: none may reach what the report writes.
+	const pw, dsnPW, tok = "s3cretRedisPassw0rd", "d7220acf0641444352e9", "eyJhbGciOiJIUzI1NiJ9.payload.sig"
+	write("run.json", `{"started":"2026-11-22T10:00:00Z","finished":"2026-11-22T10:04:30Z","elapsed_s":270,"loadavg_start":"1.0 1.0 1.0","loadavg_end":"2.0 2.0 2.0","stack":"running",`+
+		`"gateway":"FLASHGATE_MYSQL_DSN=flashgate_admin:`+dsnPW+`@tcp(127.0.0.1:13306)/flashgate FLASHGATE_REDIS_PASSWORD=`+pw+` FLASHGATE_NATS_URL=nats://fg:`+pw+`@127.0.0.1:14222 bin/flashgate gateway",`+
+		`"settings":{"duration":"10s","concurrency":256,"users":200000}}`)
+	write("refusals.cmd", "curl -H 'Authorization: Bearer "+tok+"' http://127.0.0.1:18080/ FLASHGATE_JWT_SECRET="+pw+"\n")
+	// CPU readings (clock ticks at 100 Hz): purchases 180,000 accepted; refusals_nginx 540,000 409s.
+	write("purchases.cpu", "clk_tck 100\nbefore gateway 1000\nbefore redis 500\nbefore nats 10\nbefore backend 0\nbefore mariadb 0\nbefore at 100.0\n"+
+		"load gateway 2800\nload redis 1400\nload nats 910\nload backend 450\nload mariadb 900\nload at 110.0\n"+
+		"after gateway 4600\nafter redis 1400\nafter nats 910\nafter backend 900\nafter mariadb 1800\nafter at 112.0\n")
+	write("refusals_nginx.cpu", "clk_tck 100\nbefore gateway 0\nbefore nginx 0\nbefore at 1\nafter gateway 54\nafter nginx 540\nafter at 11\ngateway_purchases_before 7\ngateway_purchases_after 17\n")
 	write("redis_evalsha.json", `{"name":"redis_evalsha","rps_p1":30000,"rps_p16":200000,"pipeline":16,"clients":64,"requests":200000,"threads":2,"admitted_fraction":1}`)
 	write("nginx_fixed.json", bench(0, 0, 600000, 10, nil))
 	write("seeds_sync.json", `{"name":"seeds_sync","orders_per_s":500,"req_per_s":510,"accepted":5000,"orders_in_db":5000,"elapsed_s":10}`)
@@ -199,7 +216,9 @@ func TestRunFromParts(t *testing.T) {
 	write("sellout.json", bench(1000, 1000, 19000, 1, &yes))
 	write("refusals.json", bench(0, 0, 540000, 10, nil))
 	write("refusals_audit.json", bench(0, 0, 1000, 0.1, &yes))
+	write("refusals_nginx.json", bench(0, 0, 540000, 10, nil))
 	write("p99_half_peak.json", bench(90000, 90000, 0, 10, &yes))
+	write("nginx_half_peak.json", bench(0, 0, 90000, 10, nil)) // p99 3 ms: 4.1 / 3
 	write("backend_ingest.json", `{"orders":50000,"elapsed_s":10,"orders_per_s":5000,"audit_ok":true,"audit":{"ok":true,"by_status":{"confirmed":50000},"ledger_holds":true}}`)
 	write("rss_10k.json", `{"conns":10000,"opened":10000,"still_open":10000,"after":{"rss_kb":97656}}`)
 
@@ -218,10 +237,10 @@ func TestRunFromParts(t *testing.T) {
 		t.Errorf("exit %d with a failed audit, want 1", code)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) < 6 {
+	if len(lines) < 10 {
 		t.Fatalf("output:\n%s", out.String())
 	}
-	last := lines[len(lines)-6:]
+	last := lines[len(lines)-10:]
 	wantPrefix := []string{
 		"target purchases_vs_redis: 0.60 (goal >= 0.6) missed",
 		"target refusals_vs_nginx: 0.90 (goal >= 0.9) met",
@@ -229,6 +248,11 @@ func TestRunFromParts(t *testing.T) {
 		"target ingest_vs_seeds: 10.00 (goal >= 10) met",
 		"target p99_half_peak: 4.10 ms",
 		"target rss_10k: 100.0 MB (goal <= 150 MB) met",
+		// (3600+900+900+900+1800) ticks = 81 s over 180,000 purchases: 450 µs; the purchases part failed.
+		"target cpu_per_purchase: 450 us (goal <= 200) missed",
+		"target gateway_cpu_per_purchase: 200 us (goal <= 60) missed",
+		"target refusal_via_nginx_vs_nginx: 0.90 (goal >= 0.9) met",
+		"target p99_vs_nginx_at_half_peak: 1.37 (goal <= 3) met",
 	}
 	for i, w := range wantPrefix {
 		if !strings.HasPrefix(last[i], w) {
@@ -263,7 +287,7 @@ func TestRunFromParts(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.OK || got.Date != "2026-11-22T10:04:30Z" || got.Machine.Cores < 1 || len(got.Parts) != len(partNames) || len(got.Targets) != 6 {
+	if got.OK || got.Date != "2026-11-22T10:04:30Z" || got.Machine.Cores < 1 || len(got.Parts) != len(partNames) || len(got.Targets) != 10 {
 		t.Errorf("results.json: %+v", got)
 	}
 	for _, p := range got.Parts {
@@ -283,9 +307,21 @@ func TestRunFromParts(t *testing.T) {
 	if !strings.HasPrefix(s, "# flashgate benchmarks\n\nintro\n\n"+beginMarker+"\n") || !strings.HasSuffix(s, endMarker+"\n\n"+hand[1:]) {
 		t.Errorf("BENCHMARKS.md:\n%s", s)
 	}
-	for _, w := range []string{"2026-11-22 10:04 UTC", "`purchases_vs_redis`", "bin/flashgate something --for rss_10k", "**FAILED**"} {
+	for _, w := range []string{"2026-11-22 10:04 UTC", "`purchases_vs_redis`", "bin/flashgate something --for rss_10k", "**FAILED**",
+		"| `purchases` | accepted purchase | 180,000 | — | 200.0 | 50.0 | 50.0 | 50.0 | 100.0 | **450.0** |",
+		"| `purchases`, the load alone (10.0 s of 12.0 s) | accepted purchase | 180,000 | — | 100.0 | 50.0 | 50.0 | 25.0 | 50.0 | **275.0** |",
+		"| `refusals_nginx` | 409 | 540,000 | 10.0 | 1.0 | — | — | — | — | **11.0** |", "10 of them reached the gateway",
+		"FLASHGATE_REDIS_PASSWORD=<redacted>", "flashgate_admin:<redacted>@tcp(127.0.0.1:13306)"} {
 		if !strings.Contains(s, w) {
 			t.Errorf("BENCHMARKS.md lacks %q", w)
+		}
+	}
+
+	for name, text := range map[string]string{"results.json": string(b), "BENCHMARKS.md": s, "stdout": out.String()} {
+		for _, secret := range []string{pw, dsnPW, tok} {
+			if strings.Contains(text, secret) {
+				t.Errorf("%s holds the secret %q", name, secret)
+			}
 		}
 	}
 
@@ -315,5 +351,24 @@ func TestTopRows(t *testing.T) {
 	}
 	if got := topRows(s, 1); len(got) != 2 {
 		t.Errorf("topRows(1): %q", got)
+	}
+}
+
+func TestRedact(t *testing.T) {
+	cases := map[string]string{
+		"FLASHGATE_REDIS_PASSWORD=abc123 FLASHGATE_REDIS_ADDRS=127.0.0.1:16379":             "FLASHGATE_REDIS_PASSWORD=<redacted> FLASHGATE_REDIS_ADDRS=127.0.0.1:16379",
+		"FLASHGATE_MYSQL_DSN=admin:pw@tcp(127.0.0.1:13306)/flashgate":                       "FLASHGATE_MYSQL_DSN=admin:<redacted>@tcp(127.0.0.1:13306)/flashgate",
+		"nats://user:pw@127.0.0.1:4222 redis://:pw2@h:6379":                                 "nats://user:<redacted>@127.0.0.1:4222 redis://:<redacted>@h:6379",
+		`"FLASHGATE_ADMIN_TOKEN='x y'" FLASHGATE_JWT_SECRET="q" admin_api_key=k`:            `"FLASHGATE_ADMIN_TOKEN=<redacted>" FLASHGATE_JWT_SECRET=<redacted> admin_api_key=<redacted>`,
+		"Authorization: Bearer eyJhbGciOi.abc.def":                                          "Authorization: Bearer <redacted>",
+		"FLASHGATE_REDIS_CLUSTER_ADDRS=127.0.0.1:17001,127.0.0.1:17002 --rate 1934 a:b c@d": "FLASHGATE_REDIS_CLUSTER_ADDRS=127.0.0.1:17001,127.0.0.1:17002 --rate 1934 a:b c@d",
+	}
+	for in, want := range cases {
+		if got := redact(in); got != want {
+			t.Errorf("redact(%q)\n got %q\nwant %q", in, got, want)
+		}
+		if got := redact(redact(in)); got != want {
+			t.Errorf("redact twice (%q) = %q", in, got)
+		}
 	}
 }

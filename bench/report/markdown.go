@@ -147,6 +147,8 @@ func (r *Report) markdown(resultsPath string) string {
 	}
 	w("\n")
 
+	r.cpuTable(w)
+
 	if len(r.Audits) > 0 {
 		w("Audits (docs/design.md §2's invariants, read back from MySQL and Redis after each flashgate run):\n\n")
 		for _, a := range r.Audits {
@@ -191,6 +193,43 @@ func (r *Report) markdown(resultsPath string) string {
 	}
 	w("```\n")
 	return b.String()
+}
+
+// cpuTable is the CPU per answer of each part that was measured.
+func (r *Report) cpuTable(w func(string, ...any)) {
+	var parts []*Part
+	for i := range r.Parts {
+		if r.Parts[i].CPU != nil {
+			parts = append(parts, &r.Parts[i])
+		}
+	}
+	if len(parts) == 0 {
+		return
+	}
+	w("CPU per answer, µs (utime + stime of each process from `/proc/<pid>/stat`, read right before and after the part, its audit and the backend's drain included; \"load alone\": up to the end of the load, before the drain; Redis is every Redis of the stack):\n\n")
+	w("| part | per | answers | nginx | gateway | Redis | NATS | backend | MariaDB | **chain** |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range parts {
+		c := p.CPU
+		cell := func(n string) string {
+			if v, ok := c.PerUS[n]; ok {
+				return strconv.FormatFloat(v, 'f', 1, 64)
+			}
+			return "—"
+		}
+		w("| `%s` | %s | %s | %s | %s | %s | %s | %s | %s | **%.1f** |\n", p.Name, c.Per, num(float64(c.Answers)),
+			cell("nginx"), cell("gateway"), cell("redis"), cell("nats"), cell("backend"), cell("mariadb"), c.TotalUS)
+		if len(c.LoadPerUS) > 0 {
+			lc := func(n string) string {
+				if v, ok := c.LoadPerUS[n]; ok {
+					return strconv.FormatFloat(v, 'f', 1, 64)
+				}
+				return "—"
+			}
+			w("| `%s`, the load alone (%.1f s of %.1f s) | %s | %s | %s | %s | %s | %s | %s | %s | **%.1f** |\n", p.Name, c.LoadSeconds, c.Seconds, c.Per, num(float64(c.Answers)),
+				lc("nginx"), lc("gateway"), lc("redis"), lc("nats"), lc("backend"), lc("mariadb"), c.LoadTotalUS)
+		}
+	}
+	w("\n")
 }
 
 func orDash(s string) string {
@@ -255,6 +294,22 @@ func (r *Report) describe(name string) (fig, det string) {
 	case "refusals":
 		if b := r.bench[name]; b != nil {
 			return num(b.perS(409)) + " 409s/s", load(b)
+		}
+	case "refusals_nginx":
+		if b := r.bench[name]; b != nil {
+			d := "the sold-out sale through nginx/nginx.conf (its per-IP limits lifted) in front of the bench gateway: " + load(b)
+			if p := r.part(name); p != nil && p.CPU != nil && p.CPU.GatewayN != nil {
+				d += fmt.Sprintf("; %s of them reached the gateway", num(float64(*p.CPU.GatewayN)))
+			}
+			return num(b.perS(409)) + " 409s/s", d
+		}
+	case "nginx_half_peak":
+		if b := r.bench[name]; b != nil {
+			d := fmt.Sprintf("nginx's fixed 409 paced at %s req/s like p99_half_peak: ", num(b.Load.Rate)) + load(b)
+			if b.Load.SendLag != nil {
+				d += fmt.Sprintf("; send lag p50 %s, p99 %s", ms(b.Load.SendLag.P50), ms(b.Load.SendLag.P99))
+			}
+			return "p99 " + ms(b.Load.Latency.P99), d
 		}
 	case "refusals_audit":
 		if b := r.bench[name]; b != nil {

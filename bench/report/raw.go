@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -246,6 +247,11 @@ func load(dir string) (*Report, error) {
 			p.Why = "no result (var/bench/" + name + ".json)"
 		default:
 			p.Status = "ok"
+		}
+		if c, err := readCPU(filepath.Join(dir, name+".cpu")); err == nil {
+			p.cpu = c
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil, err
 		}
 		if p.Result != nil {
 			if err := rep.decode(name, p.Result); err != nil {

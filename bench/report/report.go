@@ -19,6 +19,9 @@ type Part struct {
 	Why      string          `json:"why,omitempty"`
 	Commands []string        `json:"commands,omitempty"`
 	Result   json.RawMessage `json:"result,omitempty"`
+	// CPU is the chain's CPU per answer during the part (issue 13), when measured.
+	CPU *CPUUse `json:"cpu,omitempty"`
+	cpu *cpuRaw
 }
 
 // Audit is the verdict of one audited part.
@@ -61,6 +64,12 @@ type Figures struct {
 	RSSMB          *float64 `json:"rss_10k_mb"`
 	RSSMiB         *float64 `json:"rss_10k_mib"`
 	PurchasesP99MS *float64 `json:"purchases_accepted_p99_ms"`
+	// issue 13
+	CPUPerPurchaseUS        *float64 `json:"cpu_us_per_purchase"`
+	GatewayCPUPerPurchaseUS *float64 `json:"gateway_cpu_us_per_purchase"`
+	RefusalsNginxPerS       *float64 `json:"refusals_via_nginx_per_s"`
+	NginxHalfPeakP99MS      *float64 `json:"nginx_half_peak_p99_ms"`
+	cpuDetail               string
 }
 
 // Report is bench/results.json.
@@ -156,6 +165,24 @@ func (r *Report) problem(name string) string {
 }
 
 func ptr(v float64) *float64 { return &v }
+
+// redactAll removes secrets from the strings the report copies from the run
+// (commands, the gateway's command line); run redacts the written files again.
+func (r *Report) redactAll() {
+	if r.Run != nil {
+		r.Run.Gateway = redact(r.Run.Gateway)
+		r.Run.Stack = redact(r.Run.Stack)
+	}
+	for i := range r.Parts {
+		for j, c := range r.Parts[i].Commands {
+			r.Parts[i].Commands[j] = redact(c)
+		}
+		r.Parts[i].Why = redact(r.Parts[i].Why)
+	}
+	for i, p := range r.Problems {
+		r.Problems[i] = redact(p)
+	}
+}
 
 // readProfiles reads the pprof -top texts in dir.
 func readProfiles(dir string) []Profile {

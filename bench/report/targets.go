@@ -57,6 +57,37 @@ func (r *Report) evaluate() {
 	if r.ingest != nil && r.ingest.OrdersPerS > 0 {
 		f.IngestPerS = ptr(r.ingest.OrdersPerS)
 	}
+	// CPU per answer, for the parts that were measured.
+	for i := range r.Parts {
+		p := &r.Parts[i]
+		b := r.bench[p.Name]
+		if p.cpu == nil || b == nil {
+			continue
+		}
+		switch p.Name {
+		case "purchases", "p99_half_peak":
+			p.CPU = p.cpu.use(b.Load.Accepted, "accepted purchase")
+		default:
+			p.CPU = p.cpu.use(b.status(409), "409")
+		}
+	}
+	if p := r.part("purchases"); p != nil && p.CPU != nil {
+		f.CPUPerPurchaseUS = ptr(p.CPU.TotalUS)
+		var parts []string
+		for _, n := range p.CPU.procs() {
+			parts = append(parts, fmt.Sprintf("%s %.0f", n, p.CPU.PerUS[n]))
+		}
+		f.cpuDetail = strings.Join(parts, " + ") + fmt.Sprintf(" µs, %s purchases", num(float64(p.CPU.Answers)))
+		if v, ok := p.CPU.PerUS["gateway"]; ok {
+			f.GatewayCPUPerPurchaseUS = ptr(v)
+		}
+	}
+	if b := r.bench["refusals_nginx"]; b != nil && b.perS(409) > 0 {
+		f.RefusalsNginxPerS = ptr(b.perS(409))
+	}
+	if b := r.bench["nginx_half_peak"]; b != nil && b.Load.Latency.P99 > 0 {
+		f.NginxHalfPeakP99MS = ptr(float64(b.Load.Latency.P99) / 1000)
+	}
 	if r.conns != nil && r.conns.After.RSSKB > 0 {
 		f.RSSMB = ptr(float64(r.conns.After.RSSKB) * 1024 / 1e6)
 		f.RSSMiB = ptr(float64(r.conns.After.RSSKB) / 1024)
@@ -87,9 +118,9 @@ func (r *Report) audit(name string) (Audit, bool) {
 		if b.Load.BadOrderIDs > 0 {
 			a.Summary += fmt.Sprintf(", 202s without order id %d", b.Load.BadOrderIDs)
 		}
-	case "refusals":
-		// The refusals run has no audit of its own (refusals_audit follows it); what it
-		// must show is that nothing was sold.
+	case "refusals", "refusals_nginx":
+		// The refusals runs have no audit of their own (refusals_audit follows one); what
+		// they must show is that nothing was sold.
 		b := r.bench[name]
 		if b == nil {
 			return a, false
@@ -176,6 +207,27 @@ func targets(f *Figures, problems map[string]string) []Target {
 		rss.Detail = fmt.Sprintf("%.1f MiB", deref(f.RSSMiB))
 	}
 	out = append(out, rss.judge([]string{"rss_10k"}, problems))
+
+	// issue 13: what an answer costs, and the edge and the tail against nginx's.
+	cpu := Target{Name: "cpu_per_purchase", What: "CPU µs per accepted purchase, the whole chain (gateway, Redis, NATS, backend, MariaDB; /proc utime+stime during `purchases`, drain included)",
+		Goal: "<= 200", Unit: "us", op: "<=", threshold: 200, decimals: 0}
+	cpu.Value = f.CPUPerPurchaseUS
+	cpu.Detail = f.cpuDetail
+	out = append(out, cpu.judge([]string{"purchases"}, problems))
+	gw := Target{Name: "gateway_cpu_per_purchase", What: "the gateway's CPU µs per accepted purchase (the same reading)",
+		Goal: "<= 60", Unit: "us", op: "<=", threshold: 60, decimals: 0}
+	gw.Value = f.GatewayCPUPerPurchaseUS
+	out = append(out, gw.judge([]string{"purchases"}, problems))
+	out = append(out, ratio("refusal_via_nginx_vs_nginx",
+		"sold-out 409s/s through nginx with its production config (nginx/nginx.conf) in front of the gateway ÷ nginx's fixed 409s/s, same tool, same run",
+		f.RefusalsNginxPerS, f.NginxPerS, "per s", []string{"refusals_nginx", "nginx_fixed", "sellout"}, 0.9))
+	tail := Target{Name: "p99_vs_nginx_at_half_peak", What: "p99 of accepted purchases ÷ p99 of nginx's fixed answer, both paced at half the purchase peak in the same run",
+		Goal: "<= 3", op: "<=", threshold: 3, decimals: 2}
+	if f.P99MS != nil && f.NginxHalfPeakP99MS != nil && *f.NginxHalfPeakP99MS > 0 {
+		tail.Value = ptr(*f.P99MS / *f.NginxHalfPeakP99MS)
+		tail.Detail = fmt.Sprintf("%.2f ms / %.2f ms at %s req/s", *f.P99MS, *f.NginxHalfPeakP99MS, numf(deref(f.HalfPeakRate)))
+	}
+	out = append(out, tail.judge([]string{"p99_half_peak", "nginx_half_peak"}, problems))
 	return out
 }
 
@@ -223,7 +275,7 @@ func (t Target) figure() string {
 		return "n/a"
 	}
 	s := strconv.FormatFloat(*t.Value, 'f', t.decimals, 64)
-	if t.Unit == "ms" || t.Unit == "MB" {
+	if t.Unit == "ms" || t.Unit == "MB" || t.Unit == "us" {
 		s += " " + t.Unit
 	}
 	return s

@@ -3,7 +3,7 @@
 // outside bench/ imports it.
 //
 // It serves only POST /v1/sales/{sale}/orders, and serves it the way the seed
-// articles' first solution does (/work/shared/seeds 000 and 003): per request,
+// articles' first solution does (the flash-sale write-ups flashgate started from): per request,
 // in one MySQL transaction,
 //
 //	SELECT stock FROM seckill_stock WHERE id = ?                  -- sold out? 409

@@ -33,12 +33,15 @@ processes
 tools
   token --user ID            print an HS256 token for a user (FLASHGATE_JWT_SECRET)
   sale create --id ID ...    create a sale through the admin API
+  sale list                  the newest sales, one line each
   sale show ID               print a sale's ledger
+  sale update ID --total N   change a live sale's window, total or limits (refused if it breaks counts taken)
   sale close ID              stop selling now
   sale reconcile ID          repair and report a sale's ledger
   migrate up | status        apply the pending schema migrations | list them, applied or pending
   bench --sale ID ...        fire purchase requests, then audit the invariants
   demo                       create a sale and bench it (what 'make demo' runs)
+  version                    the module version, commit and Go version of this binary
   help                       this text
 
 Every command takes --config PATH (default ` + defaultConfigFile + ` if it exists)
@@ -84,6 +87,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return benchCmd(args, stdout, stderr)
 	case "demo":
 		return demoCmd(args, stdout, stderr)
+	case "version", "--version":
+		return versionCmd(args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

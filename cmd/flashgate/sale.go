@@ -5,23 +5,30 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/adminapi"
 )
 
-const saleUsage = `usage: flashgate sale <create|show|close|reconcile> ...
+const saleUsage = `usage: flashgate sale <create|list|show|update|close|reconcile> ...
 
   sale create --id ID --title T --price-cents N --total N --starts-at T (--ends-at T | --duration D)
               --per-user-limit N --per-order-max N [--region bj=400 ...]
+  sale list [--limit N] the newest sales, one line each (GET /admin/v1/sales)
   sale show ID          the ledger (GET /admin/v1/sales/ID)
+  sale update ID [--starts-at T] [--ends-at T] [--total N] [--per-user-limit N] [--per-order-max N]
+                 [--limit DIM:MAX[:units|orders][:sale|day|month] ...]
+                        change a live sale; a change that would invalidate counts already
+                        taken is refused with the reason (PATCH /admin/v1/sales/ID)
   sale close ID         stop selling now
   sale reconcile ID     repair and report
 
@@ -36,6 +43,10 @@ func saleCmd(args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "create":
 		return saleCreateCmd(args[1:], stdout, stderr)
+	case "list":
+		return saleListCmd(args[1:], stdout, stderr)
+	case "update":
+		return saleUpdateCmd(args[1:], stdout, stderr)
 	case "show", "close", "reconcile":
 		return saleActionCmd(args[0], args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
@@ -218,5 +229,111 @@ func (l *limitsFlag) Set(s string) error {
 		}
 	}
 	*l = append(*l, x)
+	return nil
+}
+
+func saleListCmd(args []string, stdout, stderr io.Writer) error {
+	c := newCommand("sale list", "[--limit N] [--json]", stderr)
+	limit := c.Int("limit", 100, "at most this many sales, newest start first (1-1000)")
+	asJSON := c.Bool("json", false, "print the admin API's JSON instead of a table")
+	pos, err := c.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return c.usageError("unexpected arguments %q", pos)
+	}
+	cfg, err := c.config()
+	if err != nil {
+		return err
+	}
+	body, err := adminapi.New(cfg).Do(context.Background(), http.MethodGet, "/admin/v1/sales?limit="+strconv.Itoa(*limit), nil)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		writePretty(stdout, body)
+		return nil
+	}
+	var list struct {
+		Sales []struct {
+			flashgate.Sale
+			Sold int64 `json:"sold"`
+		} `json:"sales"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
+		return fmt.Errorf("admin API: %w", err)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tSOLD/TOTAL\tPER USER\tPER ORDER\tSTARTS\tENDS")
+	now := time.Now()
+	for _, s := range list.Sales {
+		state := "open"
+		switch {
+		case s.Closed:
+			state = "closed"
+		case !s.EndsAt.After(now):
+			state = "ended"
+		case s.StartsAt.After(now):
+			state = "upcoming"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d\t%d\t%s\t%s\n", s.ID, state, s.Sold, s.Total, s.PerUserLimit, s.PerOrderMax,
+			s.StartsAt.UTC().Format(time.RFC3339), s.EndsAt.UTC().Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+func saleUpdateCmd(args []string, stdout, stderr io.Writer) error {
+	c := newCommand("sale update", "ID [--starts-at T] [--ends-at T] [--total N] [--per-user-limit N] [--per-order-max N]", stderr)
+	startsAt := c.String("starts-at", "", "new start `time`: RFC 3339, now, or +30s-style offset (only before the sale starts)")
+	endsAt := c.String("ends-at", "", "new end `time`: RFC 3339 or +1h-style offset (in the future)")
+	total := c.Int64("total", 0, "new units on sale (not below what is sold and reserved)")
+	perUser := c.Int64("per-user-limit", 0, "new units one user may hold (not below what a buyer already holds)")
+	perOrder := c.Int64("per-order-max", 0, "new units one order may buy")
+	var limits limitsFlag
+	c.Var(&limits, "limit", "the sale's purchase limits with new maxima, all of them in order, as at create: `DIM:MAX[:units|orders][:sale|day|month]`; repeat for each")
+	pos, err := c.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return c.usageError("sale update takes one sale id")
+	}
+	patch := map[string]any{}
+	now := time.Now()
+	for flag, v := range map[string]string{"starts_at": *startsAt, "ends_at": *endsAt} {
+		if v == "" {
+			continue
+		}
+		t, err := parseTime(v, now)
+		if err != nil {
+			return c.usageError("--%s: %v", strings.ReplaceAll(flag, "_", "-"), err)
+		}
+		patch[flag] = t
+	}
+	c.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "total":
+			patch["total"] = *total
+		case "per-user-limit":
+			patch["per_user_limit"] = *perUser
+		case "per-order-max":
+			patch["per_order_max"] = *perOrder
+		case "limit":
+			patch["limits"] = []flashgate.Limit(limits)
+		}
+	})
+	if len(patch) == 0 {
+		return c.usageError("nothing to change: give --starts-at, --ends-at, --total, --per-user-limit, --per-order-max or --limit")
+	}
+	cfg, err := c.config()
+	if err != nil {
+		return err
+	}
+	body, err := adminapi.New(cfg).Do(context.Background(), http.MethodPatch, "/admin/v1/sales/"+url.PathEscape(pos[0]), patch)
+	if err != nil {
+		return err
+	}
+	writePretty(stdout, body)
 	return nil
 }

@@ -30,7 +30,7 @@ async function refresh() {
     const res = await fetch("/v1/sales/" + encodeURIComponent(saleID), { cache: "no-store" });
     const body = await res.json();
     if (!res.ok) {
-      // DESIGN §3: every error is {"code","message"}; Retry-After says when to ask again.
+      // docs/design.md §3: every error is {"code","message"}; Retry-After says when to ask again.
       const ra = Number(res.headers.get("Retry-After"));
       if (ra > 0) wait = ra * 1000;
       throw new Error(body.message || body.code || res.statusText);
