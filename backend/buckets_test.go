@@ -218,6 +218,9 @@ func TestAdminCreatesSplitSale(t *testing.T) {
 			t.Errorf("master %d holds %d buckets, want 4", port, n)
 		}
 	}
+	if status, body := s.call("PATCH", "/admin/v1/sales/"+id, tok, `{"per_user_limit":3}`); status != 409 || body["code"] != "conflict" {
+		t.Errorf("patch of a split sale: %d %v, want 409 conflict", status, body)
+	}
 	status, body = s.call("GET", "/admin/v1/sales/"+id, tok, "")
 	inv, _ := body["invariant3"].(map[string]any)
 	if status != 200 || body["remaining"] != float64(120) || inv["holds"] != true {
