@@ -34,6 +34,26 @@ import (
 type bucketScriptStats struct {
 	addr        string
 	calls, usec int64
+	cpu         float64 // s of CPU (user + sys) the process used meanwhile
+}
+
+// cpuUsed reads each master's CPU seconds (INFO cpu: used_cpu_user + used_cpu_sys).
+func cpuUsed(t *testing.T, ms map[string]rueidis.Client) map[string]float64 {
+	out := map[string]float64{}
+	for addr, nc := range ms {
+		info, err := nc.Do(context.Background(), nc.B().Info().Section("cpu").Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+				f, _ := strconv.ParseFloat(v, 64)
+				out[addr] += f
+			}
+		}
+	}
+	return out
 }
 
 // masters answers a client per master of the Cluster.
@@ -94,13 +114,16 @@ func readBucketStats(t *testing.T, ms map[string]rueidis.Client) []bucketScriptS
 // spread runs n admissions of one unit by n distinct buyers on a sale of k
 // buckets with stock to spare, straight through the scripts, and answers each
 // master's script calls and Redis time.
-func spread(t *testing.T, c rueidis.Client, ms map[string]rueidis.Client, k, n int) []bucketScriptStats {
+func spread(t *testing.T, c rueidis.Client, ms map[string]rueidis.Client, k, n, inflight int, oneMaster bool) []bucketScriptStats {
 	now := time.Now()
 	spec := &flashgate.Sale{ID: testenv.ID("spread"), Title: "spread", Total: 10 * int64(n), StartsAt: now.Add(-time.Minute),
 		EndsAt: now.Add(time.Hour), PerUserLimit: 2, PerOrderMax: 2, Buckets: k}
 	var err error
 	if spec.BucketTags, err = lua.ChooseBucketTags(context.Background(), c, spec.ID, k); err != nil {
 		t.Fatal(err)
+	}
+	if oneMaster && k > 1 {
+		spec.BucketTags = sameMasterTags(t, c, spec.ID, k)
 	}
 	if err := spec.Validate(); err != nil {
 		t.Fatal(err)
@@ -118,10 +141,11 @@ func spread(t *testing.T, c rueidis.Client, ms map[string]rueidis.Client, k, n i
 			OrderID: uint64(now.UnixNano()) + uint64(i), Now: time.Now(), PayBy: time.Now().Add(time.Minute)})
 	}
 	resetBucketStats(t, ms)
+	cpu0 := cpuUsed(t, ms)
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	base := uint64(now.UnixNano()) + 1000
-	for range 32 {
+	for range inflight {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -140,39 +164,97 @@ func spread(t *testing.T, c rueidis.Client, ms map[string]rueidis.Client, k, n i
 		}()
 	}
 	wg.Wait()
-	return readBucketStats(t, ms)
+	st := readBucketStats(t, ms)
+	cpu1 := cpuUsed(t, ms)
+	for i := range st {
+		st[i].cpu = cpu1[st[i].addr] - cpu0[st[i].addr]
+	}
+	return st
+}
+
+// sameMasterTags picks k bucket tags of sale that all hash to the master of
+// the sale's own tag: a split sale without the spread, to tell the cost of
+// the buckets from the cost of spreading them over processes that share 2
+// cores.
+func sameMasterTags(t *testing.T, c rueidis.Client, sale string, k int) []string {
+	res, err := c.Do(context.Background(), c.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := func(slot int) int64 {
+		for _, r := range res {
+			v, _ := r.ToArray()
+			lo, _ := v[0].AsInt64()
+			hi, _ := v[1].AsInt64()
+			if int64(slot) >= lo && int64(slot) <= hi {
+				node, _ := v[2].ToArray()
+				port, _ := node[1].AsInt64()
+				return port
+			}
+		}
+		return -1
+	}
+	want := owner(lua.Slot(lua.KeysFor(sale, nil).Meta))
+	var tags []string
+	for i := 0; len(tags) < k; i++ {
+		sfx := "m" + strconv.Itoa(i)
+		if owner(lua.Slot(lua.BucketTag(sale, sfx))) == want {
+			tags = append(tags, sfx)
+		}
+	}
+	return tags
 }
 
 func TestBucketsBench(t *testing.T) {
 	c := testenv.Redis(t, testenv.ClusterAddrs())
 	ms := clusterMasters(t, c)
 
-	// Spread and cost: three rounds of K=1 then K=12, the medians compared
-	// (the machine is shared: one round can be slowed by a neighbour).
+	// Spread: a K=12 sale under 32 admissions in flight.
 	const n = 30000
-	usecPer := map[int][]float64{}
+	cpuPerAdmission := map[string][]float64{}
+	report := func(label string, k, n int, st []bucketScriptStats) float64 {
+		var calls, usec int64
+		var cpu float64
+		for _, s := range st {
+			calls += s.calls
+			usec += s.usec
+			cpu += s.cpu
+		}
+		var parts []string
+		for _, s := range st {
+			parts = append(parts, fmt.Sprintf("%s %.1f%% (%d calls, %.2f µs/call)", s.addr, 100*float64(s.calls)/float64(calls), s.calls, float64(s.usec)/float64(max(1, s.calls))))
+		}
+		per := float64(usec) / float64(n)
+		cpuPer := cpu * 1e6 / float64(n)
+		t.Logf("%s, K=%d: %d admissions, %d script calls, Redis time %.2f µs per admission (commandstats), Redis CPU %.2f µs per admission (INFO cpu, all masters); per master: %s",
+			label, k, n, calls, per, cpuPer, strings.Join(parts, ", "))
+		cpuPerAdmission[label[strings.LastIndex(label, ", ")+2:]] = append(cpuPerAdmission[label[strings.LastIndex(label, ", ")+2:]], cpuPer)
+		return per
+	}
+	report("spread, 32 in flight", 12, n, spread(t, c, ms, 12, n, 32, false))
+
+	// Cost: Redis time per admission with one admission in flight, so that
+	// no two Redis processes compete for the 2 cores (a call's usec is its
+	// wall time: under contention it counts waiting for a core). Three
+	// rounds of K = 1 then K = 12, the medians compared.
+	const nc = 10000
+	usecPer := map[string][]float64{}
 	for round := range 3 {
-		for _, k := range []int{1, 12} {
-			st := spread(t, c, ms, k, n)
-			var calls, usec int64
-			for _, s := range st {
-				calls += s.calls
-				usec += s.usec
-			}
-			per := float64(usec) / n
-			usecPer[k] = append(usecPer[k], per)
-			var parts []string
-			for _, s := range st {
-				parts = append(parts, fmt.Sprintf("%s %.1f%% (%d calls, %.2f µs/call)", s.addr, 100*float64(s.calls)/float64(calls), s.calls, float64(s.usec)/float64(max(1, s.calls))))
-			}
-			t.Logf("round %d, K=%d: %d admissions, %d script calls, Redis time %.2f µs per admission; per master: %s",
-				round, k, n, calls, per, strings.Join(parts, ", "))
+		for _, v := range []struct {
+			name string
+			k    int
+			one  bool
+		}{{"K=1", 1, false}, {"K=12 on one master", 12, true}, {"K=12 spread", 12, false}} {
+			usecPer[v.name] = append(usecPer[v.name], report(fmt.Sprintf("cost round %d, 1 in flight, %s", round, v.name), v.k, nc, spread(t, c, ms, v.k, nc, 1, v.one)))
 		}
 	}
 	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
-	m1, m12 := median(usecPer[1]), median(usecPer[12])
-	t.Logf("cost: median Redis time per admission K=1 %.2f µs, K=12 %.2f µs (%.1f%%); projected ceiling for one sale: K=1 %.0f/s (one master), K=12 %.0f/s (3 masters ÷ %.2f µs)",
-		m1, m12, 100*m12/m1, 1/(m1*1e-6), 3/(m12*1e-6), m12)
+	m1, m12one, m12 := median(usecPer["K=1"]), median(usecPer["K=12 on one master"]), median(usecPer["K=12 spread"])
+	c1, c12one, c12 := median(cpuPerAdmission["K=1"]), median(cpuPerAdmission["K=12 on one master"]), median(cpuPerAdmission["K=12 spread"])
+	t.Logf("cost in CPU: median Redis CPU per admission K=1 %.2f µs, K=12 on one master %.2f µs (%.1f%%), K=12 spread %.2f µs (%.1f%%)",
+		c1, c12one, 100*c12one/c1, c12, 100*c12/c1)
+	t.Logf("cost: median Redis time per admission K=1 %.2f µs, K=12 on one master %.2f µs (%.1f%%), K=12 spread over 3 masters %.2f µs (%.1f%%); projected ceiling for one sale: K=1 %.0f/s (one master), K=12 %.0f/s (3 masters ÷ %.2f µs, the one-master cost)",
+		m1, m12one, 100*m12one/m1, m12, 100*m12/m1, 1/(m1*1e-6), 3/(m12one*1e-6), m12one)
 
 	// Exactness through three gateways and two backends.
 	cfg := e2eConfig(t)
