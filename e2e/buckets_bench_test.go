@@ -385,3 +385,141 @@ func TestBucketsBench(t *testing.T) {
 		t.Fatalf("not exact: %+v", rep)
 	}
 }
+
+// TestBucketsCostInterleaved: the cost of the buckets alone, on one master,
+// with the machine's drift cancelled: a K = 1 sale and a K = 12 sale whose
+// twelve tags all live on the K = 1 sale's master take batches of 500
+// admissions in turn, one in flight, 60 batches each (30,000 admissions);
+// each batch's Redis time is that master's commandstats delta. The first 20
+// batches (10,000 admissions, 833 buyers a bucket) and the last 40 are
+// reported apart: a bucket's hashes start small, in Redis's compact encoding
+// (listpack, up to 128 entries), and grow out of it.
+func TestBucketsCostInterleaved(t *testing.T) {
+	c := testenv.Redis(t, testenv.ClusterAddrs())
+	scripts := lua.Load()
+	now := time.Now()
+	mk := func(k int) (*flashgate.Sale, *lua.Keys) {
+		spec := &flashgate.Sale{ID: testenv.ID("cost"), Title: "cost", Total: 1_000_000, StartsAt: now.Add(-time.Minute),
+			EndsAt: now.Add(time.Hour), PerUserLimit: 2, PerOrderMax: 2, Buckets: k}
+		return spec, nil
+	}
+	one, _ := mk(1)
+	split, _ := mk(12)
+	// The split sale's tags on the master of the K = 1 sale's tag.
+	split.BucketTags = sameMasterTagsAs(t, c, split.ID, lua.KeysFor(one.ID, nil).Meta, 12)
+	var master rueidis.Client
+	slot := lua.Slot(lua.KeysFor(one.ID, nil).Meta)
+	for _, nc := range clusterMasters(t, c) {
+		n, err := nc.Do(context.Background(), nc.B().ClusterCountkeysinslot().Slot(int64(slot)).Build()).AsInt64()
+		_ = n
+		if err != nil {
+			continue
+		}
+		// The master that serves the slot answers GET of a key in it; the
+		// others redirect (MOVED).
+		if err := nc.Do(context.Background(), nc.B().Get().Key(lua.KeysFor(one.ID, nil).Meta).Build()).Error(); err == nil || rueidis.IsRedisNil(err) {
+			master = nc
+		}
+	}
+	if master == nil {
+		t.Fatal("no master found for the sale's slot")
+	}
+	keys := map[int]*lua.Keys{}
+	for _, s := range []*flashgate.Sale{one, split} {
+		if err := s.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := scripts.Warm(context.Background(), c, s, map[string]int64{"": s.Total}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = lua.Retire(context.Background(), c, s) })
+		keys[s.BucketCount()] = lua.KeysOf(s)
+	}
+	stat := func() (calls, usec int64) {
+		info, err := master.Do(context.Background(), master.B().Info().Section("commandstats").Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			line = strings.TrimSpace(line)
+			if !strings.HasPrefix(line, "cmdstat_evalsha:") {
+				continue
+			}
+			for _, kv := range strings.Split(line[len("cmdstat_evalsha:"):], ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				n, _ := strconv.ParseInt(v, 10, 64)
+				switch k {
+				case "calls":
+					calls = n
+				case "usec":
+					usec = n
+				}
+			}
+		}
+		return calls, usec
+	}
+	total, early := map[int][2]int64{}, map[int][2]int64{}
+	id := uint64(now.UnixNano())
+	for batch := range 60 {
+		for _, k := range []int{1, 12} {
+			c0, u0 := stat()
+			for i := range 500 {
+				id++
+				a, err := scripts.AdmitBucketed(context.Background(), c, keys[k], lua.AdmitArgs{User: fmt.Sprintf("b%d-%d", batch, i), Quantity: 1,
+					OrderID: id, Now: time.Now(), PayBy: time.Now().Add(time.Minute)})
+				if err != nil || a.Outcome != lua.Admitted {
+					t.Fatalf("K=%d: %v %v", k, a.Outcome, err)
+				}
+			}
+			c1, u1 := stat()
+			tt := total[k]
+			total[k] = [2]int64{tt[0] + c1 - c0, tt[1] + u1 - u0}
+			if batch < 20 {
+				e := early[k]
+				early[k] = [2]int64{e[0] + c1 - c0, e[1] + u1 - u0}
+			}
+		}
+	}
+	per := func(m map[int][2]int64, k int) float64 { return float64(m[k][1]) / float64(m[k][0]) }
+	late := map[int][2]int64{}
+	for _, k := range []int{1, 12} {
+		late[k] = [2]int64{total[k][0] - early[k][0], total[k][1] - early[k][1]}
+	}
+	for _, r := range []struct {
+		name string
+		m    map[int][2]int64
+	}{{"first 10,000", early}, {"next 20,000", late}, {"all 30,000", total}} {
+		t.Logf("interleaved on one master, %s admissions: K=1 %.2f µs per admission, K=12 %.2f µs: %.1f%%",
+			r.name, per(r.m, 1), per(r.m, 12), 100*per(r.m, 12)/per(r.m, 1))
+	}
+}
+
+// sameMasterTagsAs picks k bucket tags of sale on the master of key's slot.
+func sameMasterTagsAs(t *testing.T, c rueidis.Client, sale, key string, k int) []string {
+	res, err := c.Do(context.Background(), c.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := func(slot int) int64 {
+		for _, r := range res {
+			v, _ := r.ToArray()
+			lo, _ := v[0].AsInt64()
+			hi, _ := v[1].AsInt64()
+			if int64(slot) >= lo && int64(slot) <= hi {
+				node, _ := v[2].ToArray()
+				port, _ := node[1].AsInt64()
+				return port
+			}
+		}
+		return -1
+	}
+	want := owner(lua.Slot(key))
+	var tags []string
+	for i := 0; len(tags) < k; i++ {
+		sfx := "m" + strconv.Itoa(i)
+		if owner(lua.Slot(lua.BucketTag(sale, sfx))) == want {
+			tags = append(tags, sfx)
+		}
+	}
+	return tags
+}
