@@ -50,6 +50,12 @@ func (s *Sale) validateDegrade() error {
 	if s.DegradeRate > 0 && s.DegradeMode() != DegradeMySQL {
 		return invalidf("degrade_rate needs degrade: mysql")
 	}
+	// The lane's rewarm rebuilds one set of keys; a split sale's buckets live
+	// on several masters, and losing one is met bucket by bucket instead
+	// (docs/buckets.md, docs/degrade.md).
+	if s.DegradeMode() == DegradeMySQL && s.BucketCount() > 1 {
+		return invalidf("degrade: mysql is for a sale without buckets")
+	}
 	return nil
 }
 

@@ -50,4 +50,13 @@ func TestDegradeSpec(t *testing.T) {
 			t.Errorf("%q/%d: %v, want invalid", c.mode, c.rate, err)
 		}
 	}
+	split := base(DegradeMySQL, 0)
+	split.Buckets = 4
+	if err := split.Validate(); !errors.Is(err, ErrInvalid) {
+		t.Errorf("degrade mysql on a sale with 4 buckets: %v, want invalid", err)
+	}
+	split.Degrade = DegradeClosed
+	if err := split.Validate(); err != nil {
+		t.Errorf("a split sale that fails closed: %v", err)
+	}
 }

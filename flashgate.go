@@ -65,7 +65,18 @@ type Sale struct {
 	// gateway.
 	Degrade     string `json:"degrade,omitempty"`
 	DegradeRate int64  `json:"degrade_rate,omitempty"`
+	// Buckets splits the stock over that many Redis hash tags (1..MaxBuckets;
+	// 0 means 1: docs/buckets.md); BucketTags are their tags' suffixes, chosen
+	// from the cluster's slot map when the sale is created (lua.ChooseBucketTags).
+	Buckets    int      `json:"buckets,omitempty"`
+	BucketTags []string `json:"bucket_tags,omitempty"`
 }
+
+// MaxBuckets is the most stock buckets a sale may have.
+const MaxBuckets = 64
+
+// BucketCount is the number of stock buckets of the sale (1 when not split).
+func (s *Sale) BucketCount() int { return max(1, s.Buckets) }
 
 // Limits on sale specs; they keep Redis and MySQL integer maths far from overflow.
 const (
@@ -102,6 +113,14 @@ func (s *Sale) Validate() error {
 	case s.PerOrderMax < 1 || s.PerOrderMax > s.PerUserLimit:
 		return invalidf("per_order_max must be between 1 and per_user_limit")
 	}
+	switch {
+	case s.Buckets < 0 || s.Buckets > MaxBuckets:
+		return invalidf("buckets must be between 1 and %d", MaxBuckets)
+	case len(s.BucketTags) > 0 && len(s.BucketTags) != s.Buckets:
+		return invalidf("bucket_tags must name one tag per bucket")
+	case int64(s.BucketCount()) > s.Total:
+		return invalidf("buckets must not exceed total")
+	}
 	if len(s.Regions) > 0 {
 		if len(s.Regions) > maxRegions {
 			return invalidf("at most %d regions", maxRegions)
@@ -123,7 +142,18 @@ func (s *Sale) Validate() error {
 	if err := s.validateDegrade(); err != nil {
 		return err
 	}
-	return s.validateLimits()
+	if err := s.validateLimits(); err != nil {
+		return err
+	}
+	// A split sale counts each buyer's limits in their home bucket, which is
+	// the user's: a phone, device, address or IP shared by users of two
+	// buckets would be counted twice over (docs/buckets.md).
+	for _, l := range s.Limits {
+		if s.BucketCount() > 1 && l.Dimension != DimUser {
+			return invalidf("a sale with buckets may only have user limits (limit %q is by %s)", l.String(), l.Dimension)
+		}
+	}
+	return nil
 }
 
 // RegionNames returns the sale's regions in a stable order.

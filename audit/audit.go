@@ -193,8 +193,12 @@ type Redis struct {
 // RedisLedger reads a sale's stock keys and open reservations. regions are the
 // sale's regions (none for a sale without regions).
 func RedisLedger(ctx context.Context, rc rueidis.Client, saleID string, regions []string) (Redis, error) {
-	k := lua.KeysFor(saleID, regions)
 	var l Redis
+	tags, err := lua.BucketTagsOf(ctx, rc, saleID)
+	if err != nil {
+		return l, err
+	}
+	k := lua.BucketedKeysFor(saleID, regions, tags)
 	rem, err := lua.Remaining(ctx, rc, k)
 	if err != nil {
 		return l, err

@@ -102,6 +102,8 @@ type saleSpec struct {
 	// per gateway (docs/degrade.md).
 	Degrade     string `json:"degrade"`
 	DegradeRate int64  `json:"degrade_rate"`
+	// Buckets splits the stock over that many Redis hash tags (docs/buckets.md).
+	Buckets int `json:"buckets"`
 }
 
 func (s *saleSpec) sale() *flashgate.Sale {
@@ -114,7 +116,7 @@ func (s *saleSpec) sale() *flashgate.Sale {
 		ID: s.ID, Title: s.Title, PriceCents: s.PriceCents, Total: s.Total,
 		StartsAt: s.StartsAt.UTC().Truncate(time.Millisecond), EndsAt: s.EndsAt.UTC().Truncate(time.Millisecond),
 		PerUserLimit: s.PerUserLimit, PerOrderMax: omax, Regions: s.Regions,
-		Limits: s.Limits, TimeZone: s.TimeZone, Degrade: s.Degrade, DegradeRate: s.DegradeRate,
+		Limits: s.Limits, TimeZone: s.TimeZone, Degrade: s.Degrade, DegradeRate: s.DegradeRate, Buckets: s.Buckets,
 	}
 }
 
@@ -142,7 +144,15 @@ func (a *adminAPI) createSale(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
 		return
 	}
-	err := insertSale(r.Context(), a.db, sale, time.Now().UTC())
+	// The buckets' tags come from the slot map as it is now (docs/buckets.md).
+	tags, err := lua.ChooseBucketTags(r.Context(), a.rc, sale.ID, sale.BucketCount())
+	if err != nil {
+		a.log.Error("create sale: bucket tags", "sale", sale.ID, "err", err)
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
+		return
+	}
+	sale.BucketTags = tags
+	err = insertSale(r.Context(), a.db, sale, time.Now().UTC())
 	switch {
 	case errors.Is(err, errSaleExists):
 		writeError(w, http.StatusConflict, flashgate.CodeConflict, "sale "+sale.ID+" exists")
@@ -281,7 +291,12 @@ func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}
-	if err := lua.Close(r.Context(), a.rc, lua.KeysFor(id, nil)); err != nil {
+	// Every bucket of a split sale is closed, then the sale's meta.
+	k, err := keysOf(r.Context(), a.db, id)
+	if err == nil {
+		err = lua.Close(r.Context(), a.rc, k)
+	}
+	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}

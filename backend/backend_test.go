@@ -227,6 +227,9 @@ func TestAdminAPI(t *testing.T) {
 		{"invalid total", "POST", "/admin/v1/sales", tok, saleBody(id, 0, 2, ""), 400, "invalid_request"},
 		{"regions do not add up", "POST", "/admin/v1/sales", tok, saleBody(id, 10, 2, `,"regions":{"bj":4}`), 400, "invalid_request"},
 		{"per_order_max over limit", "POST", "/admin/v1/sales", tok, saleBody(id, 10, 2, `,"per_order_max":3`), 400, "invalid_request"},
+		{"too many buckets", "POST", "/admin/v1/sales", tok, saleBody(id, 100, 2, `,"buckets":65`), 400, "invalid_request"},
+		{"buckets with a phone limit", "POST", "/admin/v1/sales", tok, saleBody(id, 100, 2, `,"buckets":4,"limits":[{"dimension":"phone","max":1}]`), 400, "invalid_request"},
+		{"bucket tags from the client", "POST", "/admin/v1/sales", tok, saleBody(id, 100, 2, `,"buckets":2,"bucket_tags":["a","b"]`), 400, "invalid_request"},
 		{"ledger of no sale", "GET", "/admin/v1/sales/" + id, tok, "", 404, "sale_not_found"},
 		{"close no sale", "POST", "/admin/v1/sales/" + id + "/close", tok, "", 404, "sale_not_found"},
 	} {
@@ -599,7 +602,7 @@ func TestStartRefusesOldSchema(t *testing.T) {
 	cfg := testenv.Config(t)
 	cfg.MySQL.AutoMigrate = false
 	_, err := dialAndStart(t, cfg)
-	if err == nil || !strings.Contains(err.Error(), "schema at version 0, this binary needs 7: run `flashgate migrate up`") {
+	if err == nil || !strings.Contains(err.Error(), "schema at version 0, this binary needs 8: run `flashgate migrate up`") {
 		t.Fatalf("Start on an empty schema without auto_migrate: %v", err)
 	}
 	cfg.MySQL.AutoMigrate = true

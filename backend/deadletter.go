@@ -197,14 +197,19 @@ func (ig *ingest) deadLetter(ctx context.Context, e entry, cause error) error {
 // Redis that does not know the order is told it failed, so the buyer sees why.
 func (ig *ingest) releaseFailed(ctx context.Context, o flashgate.Order, reason string) error {
 	region, charges := o.Region, o.Charges
-	rec, ok, err := lua.Order(ctx, ig.rc, lua.KeysFor(o.SaleID, nil), o.ID)
+	k, err := keysOf(ctx, ig.db, o.SaleID)
+	if err != nil {
+		return err
+	}
+	home := k.Home(o.UserID)
+	rec, ok, err := lua.Order(ctx, ig.rc, home, o.ID)
 	if err != nil {
 		return err
 	}
 	if ok {
 		region, charges = rec.Region, rec.Charges
 	}
-	r, err := ig.scripts.Release(ctx, ig.rc, regionKeys(o.SaleID, region), o.ID, region, charges, lua.ReleaseBackend, reason)
+	r, err := ig.scripts.Release(ctx, ig.rc, k.HomeFor(o.UserID, region), o.ID, region, charges, lua.ReleaseBackend, reason)
 	if err != nil {
 		return err
 	}
@@ -214,7 +219,7 @@ func (ig *ingest) releaseFailed(ctx context.Context, o flashgate.Order, reason s
 	if r.Unknown {
 		failed := o
 		failed.Status, failed.Reason = flashgate.OrderFailed, reason
-		if _, err := ig.scripts.Confirm(ctx, ig.rc, lua.KeysFor(o.SaleID, nil), []flashgate.Order{failed}); err != nil {
+		if _, err := ig.scripts.Confirm(ctx, ig.rc, home, []flashgate.Order{failed}); err != nil {
 			return err
 		}
 	}

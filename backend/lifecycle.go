@@ -200,8 +200,11 @@ func (l *lifecycle) getOrder(ctx context.Context, cmd bus.OrderCommand) (bus.Ord
 	if o.UserID != cmd.UserID {
 		return notFound, nil
 	}
-	k := lua.KeysFor(cmd.SaleID, nil)
-	if err := l.rc.Do(ctx, l.rc.B().Hsetnx().Key(k.Orders).Field(strconv.FormatUint(o.ID, 10)).Value(lua.EncodeRecord(&o)).Build()).Error(); err != nil {
+	k, err := keysOf(ctx, l.db, cmd.SaleID)
+	if err != nil {
+		return bus.OrderReply{}, err
+	}
+	if err := l.rc.Do(ctx, l.rc.B().Hsetnx().Key(k.Home(o.UserID).Orders).Field(strconv.FormatUint(o.ID, 10)).Value(lua.EncodeRecord(&o)).Build()).Error(); err != nil {
 		l.log.Warn("writing back an order Redis lost", "sale", cmd.SaleID, "order", o.ID, "err", err)
 	}
 	return reply(&o, "", ""), nil
@@ -247,7 +250,11 @@ func lockOrder(ctx context.Context, tx *sql.Tx, sale string, id uint64) (flashga
 // holds as pending is on its way (conflict: retry); anything else, like another
 // user's order, is not found.
 func (l *lifecycle) absent(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
-	rec, ok, err := lua.Order(ctx, l.rc, lua.KeysFor(cmd.SaleID, nil), cmd.OrderID)
+	k, err := keysOf(ctx, l.db, cmd.SaleID)
+	if err != nil {
+		return bus.OrderReply{}, err
+	}
+	rec, ok, err := lua.Order(ctx, l.rc, k.Home(cmd.UserID), cmd.OrderID)
 	if err != nil {
 		return bus.OrderReply{}, fmt.Errorf("order %d in redis: %w", cmd.OrderID, err)
 	}
@@ -355,7 +362,11 @@ func (l *lifecycle) paidToRedis(ctx context.Context, o flashgate.Order) {
 	if retired(rctx, l.db, o.SaleID) {
 		return
 	}
-	if err := l.scripts.MarkPaid(rctx, l.rc, lua.KeysFor(o.SaleID, nil), o); err != nil {
+	k, err := keysOf(rctx, l.db, o.SaleID)
+	if err == nil {
+		err = l.scripts.MarkPaid(rctx, l.rc, k, o)
+	}
+	if err != nil {
 		l.log.Warn("paid status to redis", "sale", o.SaleID, "order", o.ID, "err", err)
 	}
 }
@@ -439,16 +450,12 @@ func (l *lifecycle) restock(ctx context.Context, sale string, orders []flashgate
 // restockOrders runs lua.RestockMany over orders (canceled in MySQL) in calls of
 // sweepChunk, and publishes one restocked event per region that got units back.
 func (l *lifecycle) restockOrders(ctx context.Context, sale string, orders []flashgate.Order) (int, error) {
-	var regions []string
-	for _, o := range orders {
-		if o.Region != "" && !slices.Contains(regions, o.Region) {
-			regions = append(regions, o.Region)
-		}
+	k, err := keysOf(ctx, l.db, sale)
+	if err != nil {
+		return 0, err
 	}
-	k := lua.KeysFor(sale, regions)
 	back := map[string]bool{}
 	n := 0
-	var err error
 	for part := range slices.Chunk(orders, sweepChunk) {
 		batch := make([]flashgate.Order, len(part))
 		for i, o := range part {

@@ -134,6 +134,9 @@ type ReconcileReport struct {
 	Unsettled             int `json:"unsettled"`
 	// Restocked counts canceled orders whose units only now went back to Redis.
 	Restocked int `json:"restocked"`
+	// Transfers counts transfers between a split sale's buckets that were
+	// left half done and landed now (docs/buckets.md).
+	Transfers int `json:"transfers,omitempty"`
 	// Repair is the ledger repair: done, or why not.
 	Repair StockRepair `json:"repair"`
 	// Before and After are the ledger when reconcile began and ended.
@@ -177,7 +180,7 @@ type RegionLedger struct {
 
 // changed reports whether the reconcile did anything.
 func (r *ReconcileReport) changed() bool {
-	return r.Rewarmed || len(r.Restored) > 0 || r.Republished > 0 || r.Settled > 0 || r.Restocked > 0 || r.Repair.Done
+	return r.Rewarmed || len(r.Restored) > 0 || r.Republished > 0 || r.Settled > 0 || r.Restocked > 0 || r.Transfers > 0 || r.Repair.Done
 }
 
 // Reconcile reconciles saleID with the default options.
@@ -211,6 +214,9 @@ func (re *reconciler) reconcile(ctx context.Context, id string, opt ReconcileOpt
 		rep.RetiredAt, rep.Invariant3Holds = retired, retired != nil
 		return err
 	}
+	if err := re.finishTransfers(ctx, id, rep); err != nil {
+		return err
+	}
 	before, err := re.readLedger(ctx, id)
 	if err != nil {
 		return err
@@ -242,12 +248,29 @@ func (re *reconciler) reconcile(ctx context.Context, id string, opt ReconcileOpt
 	return nil
 }
 
+// finishTransfers lands the transfers between the buckets of a split sale
+// that a process took and did not land (docs/buckets.md).
+func (re *reconciler) finishTransfers(ctx context.Context, id string, rep *ReconcileReport) error {
+	k, err := keysOf(ctx, re.db, id)
+	if err != nil || len(k.Buckets()) == 0 {
+		return err
+	}
+	n, err := lua.FinishTransfers(ctx, re.rc, k)
+	rep.Transfers += n
+	if n > 0 {
+		re.log.Warn("landed transfers between buckets left half done", "sale", id, "transfers", n)
+	}
+	return err
+}
+
 // restoreLost warms the sale again if Redis lost it, or restores the stock
 // keys it lost.
 func (re *reconciler) restoreLost(ctx context.Context, id string, before *ledgerRead, opt ReconcileOptions, rep *ReconcileReport) error {
 	var err error
 	switch {
-	case !before.meta:
+	case !before.meta || len(before.row.BucketTags) > 1:
+		// (A split sale that kept its meta may have lost buckets: the warm
+		// refills those, and the repair below gives their units back.)
 		if rep.Rewarmed, err = re.warmer.warm(ctx, id); err != nil {
 			return err
 		}
@@ -312,7 +335,7 @@ func (re *reconciler) readLedger(ctx context.Context, id string) (*ledgerRead, e
 	if err != nil {
 		return nil, err
 	}
-	k := lua.KeysFor(id, row.RegionNames())
+	k := lua.KeysOf(&row.Sale)
 	n, err := re.rc.Do(ctx, re.rc.B().Exists().Key(k.Meta).Build()).AsInt64()
 	if err != nil {
 		return nil, fmt.Errorf("ledger %s: %w", id, err)
@@ -424,7 +447,7 @@ func (re *reconciler) fixStock(ctx context.Context, sale string, onlyMissing boo
 	if restocked += n; err != nil {
 		return nil, restocked, "", err
 	}
-	k := lua.KeysFor(sale, row.RegionNames())
+	k := lua.KeysOf(&row.Sale)
 	p, err := re.stockPlan(ctx, tx, k, msgs, staleAfter)
 	if err != nil {
 		return nil, restocked, "", err
@@ -769,7 +792,7 @@ func subtractInFlight(rem map[string]int64, msgs map[uint64]flashgate.Order, row
 func (re *reconciler) restoreInFlight(ctx context.Context, k *lua.Keys, msgs map[uint64]flashgate.Order, flying []uint64, users map[string]int64) error {
 	cmds := make(rueidis.Commands, 0, len(users)+3*len(msgs))
 	for u, n := range users {
-		cmds = append(cmds, re.rc.B().Hincrby().Key(k.Users).Field(u).Increment(n).Build())
+		cmds = append(cmds, re.rc.B().Hincrby().Key(k.Home(u).Users).Field(u).Increment(n).Build())
 	}
 	for _, id := range flying {
 		m := msgs[id]
@@ -782,13 +805,14 @@ func (re *reconciler) restoreInFlight(ctx context.Context, k *lua.Keys, msgs map
 		r := m
 		r.Status, r.Reason, r.Charges = lua.StatusProcessing, "", ""
 		sid := strconv.FormatUint(id, 10)
+		home := k.Home(m.UserID)
 		cmds = append(cmds,
-			re.rc.B().Hsetnx().Key(k.Resv).Field(sid).Value(lua.EncodeResv(&r)).Build(),
-			re.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(lua.EncodeRecord(&r)).Build())
+			re.rc.B().Hsetnx().Key(home.Resv).Field(sid).Value(lua.EncodeResv(&r)).Build(),
+			re.rc.B().Hsetnx().Key(home.Orders).Field(sid).Value(lua.EncodeRecord(&r)).Build())
 		if m.IdemKey != "" {
 			// MySQL's order of the key, written first, wins: this one then
 			// fails as a duplicate when it lands.
-			cmds = append(cmds, re.rc.B().Hsetnx().Key(k.Idem).Field(m.UserID+"|"+m.IdemKey).Value(sid).Build())
+			cmds = append(cmds, re.rc.B().Hsetnx().Key(home.Idem).Field(m.UserID+"|"+m.IdemKey).Value(sid).Build())
 		}
 	}
 	for _, r := range re.rc.DoMulti(ctx, cmds...) {

@@ -151,7 +151,18 @@ func (r *retainer) unsettled(ctx context.Context, id string) (string, error) {
 	if open > 0 {
 		return fmt.Sprintf("%d orders unpaid", open), nil
 	}
-	resv, err := r.rc.Do(ctx, r.rc.B().Hlen().Key(lua.KeysFor(id, nil).Resv).Build()).AsInt64()
+	var resv int64
+	k, err := keysOf(ctx, r.db, id)
+	if err == nil {
+		// Every bucket's, for a split sale.
+		for _, b := range append([]*lua.Keys{k}, k.Buckets()...) {
+			n, herr := r.rc.Do(ctx, r.rc.B().Hlen().Key(b.Resv).Build()).AsInt64()
+			resv, err = resv+n, herr
+			if err != nil {
+				break
+			}
+		}
+	}
 	if err != nil {
 		return "", fmt.Errorf("retention %s: reservations: %w", id, err)
 	}

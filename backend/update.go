@@ -148,6 +148,10 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 	switch {
 	case old.Closed:
 		return nil, refuse("it is closed")
+	case len(old.BucketTags) > 1:
+		// Each bucket holds a copy of the spec and a share of the stock: no
+		// one script can change them all at once (docs/buckets.md).
+		return nil, refuse("it is split over %d stock buckets, whose copies of the spec cannot change together", len(old.BucketTags))
 	case retired != nil || !old.EndsAt.After(now):
 		return nil, refuse("it ended at %s", old.EndsAt.Format(time.RFC3339))
 	}

@@ -88,10 +88,15 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 	if retired, err := saleRetired(ctx, w.db, sale); err != nil || retired != nil {
 		return false, err
 	}
-	k := lua.KeysFor(sale, row.RegionNames())
+	k := lua.KeysOf(&row.Sale)
 	warm, err := w.isWarm(ctx, k)
-	if err != nil || warm {
+	if err != nil {
 		return false, err
+	}
+	if warm {
+		// A split sale can lose some of its buckets (a master lost its
+		// data) and keep its meta: those are refilled.
+		return w.refillLost(ctx, row, k)
 	}
 
 	token := randomToken()
@@ -168,6 +173,81 @@ func (w *warmer) fill(ctx context.Context, row *saleRow, k *lua.Keys) (bool, err
 	return w.scripts.Warm(ctx, w.rc, &row.Sale, remaining)
 }
 
+// refillLost warms again the buckets of a split sale whose meta is gone
+// while the sale's own is there (docs/buckets.md): each gets its meta copy
+// and a stock of 0, and its buyers' counts, limit counters, orders and
+// idempotency keys from MySQL. Its units come back with the next stock
+// repair (reconcile), which finds the sale short: never more units than
+// MySQL allows meanwhile. It answers whether it refilled any.
+func (w *warmer) refillLost(ctx context.Context, row *saleRow, k *lua.Keys) (bool, error) {
+	lost, err := lostBuckets(ctx, w.rc, k)
+	if err != nil || len(lost) == 0 {
+		return false, err
+	}
+	token := randomToken()
+	lock := warmLockKey(row.ID)
+	err = w.rc.Do(ctx, w.rc.B().Set().Key(lock).Value(token).Nx().Px(warmLockTTL).Build()).Error()
+	if rueidis.IsRedisNil(err) {
+		return false, nil // another backend is at it
+	}
+	if err != nil {
+		return false, fmt.Errorf("refill %s: lock: %w", row.ID, err)
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = w.unlock.Exec(uctx, w.rc, []string{lock}, []string{token}).Error()
+	}()
+	if lost, err = lostBuckets(ctx, w.rc, k); err != nil || len(lost) == 0 {
+		return false, err
+	}
+	in := map[int]bool{}
+	for _, i := range lost {
+		in[i] = true
+	}
+	keep := func(user string) bool { return in[lua.HomeBucket(user, len(k.Buckets()))] }
+	if err := w.rebuildUsersBucketed(ctx, w.db, k, keep); err != nil {
+		return false, fmt.Errorf("refill %s: users: %w", row.ID, err)
+	}
+	if len(row.Limits) > 0 {
+		loc, err := row.Location()
+		if err != nil {
+			return false, err
+		}
+		if err := w.rebuildLimitsBucketed(ctx, k, loc, time.Now(), keep); err != nil {
+			return false, fmt.Errorf("refill %s: limits: %w", row.ID, err)
+		}
+	}
+	if err := w.rebuildOrdersFor(ctx, k, keep); err != nil {
+		return false, fmt.Errorf("refill %s: orders: %w", row.ID, err)
+	}
+	if err := w.scripts.WarmBuckets(ctx, w.rc, &row.Sale, lost); err != nil {
+		return false, err
+	}
+	w.log.Warn("refilled buckets Redis lost; their units come back with the next stock repair", "sale", row.ID, "buckets", lost)
+	return true, nil
+}
+
+// lostBuckets lists the buckets of a split sale whose meta is gone.
+func lostBuckets(ctx context.Context, rc rueidis.Client, k *lua.Keys) ([]int, error) {
+	bs := k.Buckets()
+	cmds := make(rueidis.Commands, len(bs))
+	for i, b := range bs {
+		cmds[i] = rc.B().Exists().Key(b.Meta).Build()
+	}
+	var lost []int
+	for i, r := range rc.DoMulti(ctx, cmds...) {
+		n, err := r.AsInt64()
+		if err != nil {
+			return nil, fmt.Errorf("buckets of %s: %w", k.Sale, err)
+		}
+		if n == 0 {
+			lost = append(lost, i)
+		}
+	}
+	return lost, nil
+}
+
 func (w *warmer) isWarm(ctx context.Context, k *lua.Keys) (bool, error) {
 	n, err := w.rc.Do(ctx, w.rc.B().Exists().Key(k.Meta).Build()).AsInt64()
 	if err != nil {
@@ -178,6 +258,9 @@ func (w *warmer) isWarm(ctx context.Context, k *lua.Keys) (bool, error) {
 
 // rebuildUsers replaces the users hash with the units MySQL counts per buyer.
 func (w *warmer) rebuildUsers(ctx context.Context, q queryer, k *lua.Keys) error {
+	if len(k.Buckets()) > 0 {
+		return w.rebuildUsersBucketed(ctx, q, k, nil)
+	}
 	if err := w.rc.Do(ctx, w.rc.B().Del().Key(k.Users).Build()).Error(); err != nil {
 		return err
 	}
@@ -206,6 +289,45 @@ func (w *warmer) rebuildUsers(ctx context.Context, q queryer, k *lua.Keys) error
 	return flush()
 }
 
+// rebuildUsersBucketed is rebuildUsers for a split sale: each buyer's units
+// go to their home bucket (docs/buckets.md).
+// keep (nil: every buyer) picks the buyers rebuilt, by user; only their
+// buckets' hashes are emptied first.
+func (w *warmer) rebuildUsersBucketed(ctx context.Context, q queryer, k *lua.Keys, keep func(string) bool) error {
+	var cmds rueidis.Commands
+	for i, b := range k.Buckets() {
+		if keep == nil || keep(bucketProbe(k, i)) {
+			cmds = append(cmds, w.rc.B().Del().Key(b.Users).Build())
+		}
+	}
+	flush := func() error {
+		for _, r := range w.rc.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		cmds = cmds[:0]
+		return nil
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	err := mysql.EachBuyer(ctx, q, k.Sale, func(user string, units int64) error {
+		if keep != nil && !keep(user) {
+			return nil
+		}
+		cmds = append(cmds, w.rc.B().Hset().Key(k.Home(user).Users).FieldValue().FieldValue(user, strconv.FormatInt(units, 10)).Build())
+		if len(cmds) == usersChunk {
+			return flush()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
 // rebuildLimits writes the purchase-limit counters MySQL holds (limit_usage)
 // for the windows that have not ended, each window's hash with its TTL. Like
 // the users hash it counts what MySQL counts: an order still in the stream is
@@ -219,6 +341,9 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 		return err
 	}
 	now := time.Now()
+	if len(k.Buckets()) > 0 {
+		return w.rebuildLimitsBucketed(ctx, k, loc, now, nil)
+	}
 	window, key := "", ""
 	var fields []string
 	flush := func() error {
@@ -262,12 +387,54 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 	return flush()
 }
 
+// rebuildLimitsBucketed is rebuildLimits for a split sale, whose limits are
+// all by user (flashgate.Sale.Validate): each counter goes to its subject's
+// home bucket, one HSET (and PEXPIRE) each.
+func (w *warmer) rebuildLimitsBucketed(ctx context.Context, k *lua.Keys, loc *time.Location, now time.Time, keep func(string) bool) error {
+	var cmds rueidis.Commands
+	flush := func() error {
+		for _, r := range w.rc.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		cmds = cmds[:0]
+		return nil
+	}
+	err := mysql.EachLimitUsage(ctx, w.db, k.Sale, func(lim int, win, subject string, used int64) error {
+		end := flashgate.WindowEnd(win, loc)
+		if (!end.IsZero() && !end.After(now)) || (keep != nil && !keep(subject)) {
+			return nil // the window is over, or the buyer's bucket is not rebuilt
+		}
+		key := k.Home(subject).Limit(win)
+		cmds = append(cmds, w.rc.B().Hset().Key(key).FieldValue().
+			FieldValue(flashgate.Charge{Limit: lim, Subject: subject}.Field(), strconv.FormatInt(used, 10)).Build())
+		if !end.IsZero() {
+			ttl := flashgate.Charge{Ends: end}.TTL(now)
+			cmds = append(cmds, w.rc.B().Pexpire().Key(key).Milliseconds(ttl.Milliseconds()).Build())
+		}
+		if len(cmds) >= 2*usersChunk {
+			return flush()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
 // rebuildOrders writes back what Redis lost of the orders MySQL holds: each
 // order's record (so GET of an order answers after the loss) and each
 // Idempotency-Key's order (so a retry replays it instead of buying again).
 // HSETNX: a record Redis holds was written back after the loss, by a batch or
 // a pay or cancel, and is at least as new as this read.
 func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
+	return w.rebuildOrdersFor(ctx, k, nil)
+}
+
+// rebuildOrdersFor is rebuildOrders for the buyers keep picks (nil: all).
+func (w *warmer) rebuildOrdersFor(ctx context.Context, k *lua.Keys, keep func(string) bool) error {
 	var cmds rueidis.Commands
 	flush := func() error {
 		for _, r := range w.rc.DoMulti(ctx, cmds...) {
@@ -279,10 +446,14 @@ func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
 		return nil
 	}
 	err := mysql.EachOrder(ctx, w.db, k.Sale, func(o flashgate.Order) error {
+		if keep != nil && !keep(o.UserID) {
+			return nil
+		}
 		sid := strconv.FormatUint(o.ID, 10)
-		cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Orders).Field(sid).Value(lua.EncodeRecord(&o)).Build())
+		home := k.Home(o.UserID)
+		cmds = append(cmds, w.rc.B().Hsetnx().Key(home.Orders).Field(sid).Value(lua.EncodeRecord(&o)).Build())
 		if o.IdemKey != "" {
-			cmds = append(cmds, w.rc.B().Hsetnx().Key(k.Idem).Field(o.UserID+"|"+o.IdemKey).Value(sid).Build())
+			cmds = append(cmds, w.rc.B().Hsetnx().Key(home.Idem).Field(o.UserID+"|"+o.IdemKey).Value(sid).Build())
 		}
 		if len(cmds) >= 2*usersChunk {
 			return flush()

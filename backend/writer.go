@@ -184,7 +184,25 @@ func (w *orderWriter) process(ctx context.Context, sale string, msgs []flashgate
 	for i, m := range uniq {
 		ids[i] = m.ID
 	}
-	claims, err := w.scripts.Claim(ctx, w.rc, lua.KeysFor(sale, nil), ids)
+	k, err := keysOf(ctx, w.db, sale)
+	if err != nil {
+		return nil, err
+	}
+	// A split sale's orders are claimed in their buyers' home buckets.
+	claims := make([]lua.ClaimStatus, len(ids))
+	err = lua.ByHome(k, len(uniq), func(i int) string { return uniq[i].UserID }, func(b *lua.Keys, at []int) error {
+		part := make([]uint64, len(at))
+		for j, i := range at {
+			part[j] = ids[i]
+		}
+		st, err := w.scripts.Claim(ctx, w.rc, b, part)
+		for j, i := range at {
+			if j < len(st) {
+				claims[i] = st[j]
+			}
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -646,6 +664,10 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []flashgate.Order, res
 // orders end their reservation with their status; failed orders give their units
 // back to Redis stock and the buyer's counter, exactly once (release.lua).
 func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []flashgate.Order, res map[uint64]settlement) error {
+	k, err := keysOf(ctx, w.db, sale)
+	if err != nil {
+		return err
+	}
 	var settled []flashgate.Order
 	for _, o := range orders {
 		s := res[o.ID]
@@ -656,7 +678,7 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []flash
 			if s.reason == flashgate.ReasonBadCharges {
 				// The message's charges are not to be trusted: the release
 				// gives back what the admission counted, as Redis recorded it.
-				rec, ok, err := lua.Order(ctx, w.rc, lua.KeysFor(sale, nil), o.ID)
+				rec, ok, err := lua.Order(ctx, w.rc, k.Home(o.UserID), o.ID)
 				if err != nil {
 					return err
 				}
@@ -664,7 +686,7 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []flash
 					region, charges = rec.Region, rec.Charges
 				}
 			}
-			r, err := w.scripts.Release(ctx, w.rc, regionKeys(sale, region), o.ID, region, charges, lua.ReleaseBackend, s.reason)
+			r, err := w.scripts.Release(ctx, w.rc, k.HomeFor(o.UserID, region), o.ID, region, charges, lua.ReleaseBackend, s.reason)
 			if err != nil {
 				return err
 			}
@@ -673,8 +695,7 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []flash
 			}
 			if s.first != 0 {
 				// A replay of the key must answer the order that holds it.
-				k := lua.KeysFor(sale, nil)
-				if err := w.rc.Do(ctx, w.rc.B().Hset().Key(k.Idem).FieldValue().
+				if err := w.rc.Do(ctx, w.rc.B().Hset().Key(k.Home(o.UserID).Idem).FieldValue().
 					FieldValue(o.UserID+"|"+o.IdemKey, strconv.FormatUint(s.first, 10)).Build()).Error(); err != nil {
 					return err
 				}
@@ -687,22 +708,12 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []flash
 		}
 		settled = append(settled, rec)
 	}
-	k := lua.KeysFor(sale, nil)
 	for part := range slices.Chunk(settled, confirmChunk) {
 		if _, err := w.scripts.Confirm(ctx, w.rc, k, part); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// regionKeys are the sale's keys with just the stock key of region, which is all
-// release needs.
-func regionKeys(sale, region string) *lua.Keys {
-	if region == "" {
-		return lua.KeysFor(sale, nil)
-	}
-	return lua.KeysFor(sale, []string{region})
 }
 
 // sortedKeys lists m's keys in order (the lock order of every writer).

@@ -111,15 +111,28 @@ type Gateway struct {
 // RateLimit is the ops-tunable block of docs/design.md §9 (binding). It reloads
 // without a restart.
 type RateLimit struct {
+	// Mode is where the per-user and per-sale budgets live: "local" (each
+	// gateway its own, the default) or "global" (in Redis, shared by the
+	// fleet: docs/gateway.md, "Rate limits"). Per-IP stays local in both.
+	Mode string `yaml:"mode" json:"mode"`
 	// PerIP limits requests per client address.
 	PerIP Rate `yaml:"per_ip" json:"per_ip"`
 	// PerUser limits requests per JWT subject.
 	PerUser Rate `yaml:"per_user" json:"per_user"`
-	// PerSale limits admissions per sale per gateway.
+	// PerSale limits admissions per sale per gateway (global mode: per fleet).
 	PerSale Rate `yaml:"per_sale" json:"per_sale"`
 	// MaxInflight caps the requests past pre-validation at once per gateway (0: no cap); past it, 429.
 	MaxInflight int `yaml:"max_inflight" json:"max_inflight"`
 }
+
+// The rate-limit modes (RateLimit.Mode; "" is local).
+const (
+	RateLocal  = "local"
+	RateGlobal = "global"
+)
+
+// Global reports whether the per-user and per-sale budgets are fleet-wide.
+func (r *RateLimit) Global() bool { return r.Mode == RateGlobal }
 
 // Rate is a token bucket: Rate tokens a second, up to Burst at once. A Rate of
 // 0 turns the limit off.
@@ -281,6 +294,7 @@ func Default() Config {
 			ReleaseWorkers: 8, ReleaseQueue: 10000,
 		},
 		RateLimit: RateLimit{
+			Mode:        RateLocal,
 			PerIP:       Rate{Rate: 20, Burst: 40},
 			PerUser:     Rate{Rate: 5, Burst: 5},
 			PerSale:     Rate{Rate: 50000, Burst: 5000},
@@ -516,6 +530,11 @@ func (r *RateLimit) Validate() error {
 	}
 	if r.MaxInflight < 0 {
 		errs = append(errs, errors.New("ratelimit.max_inflight must not be negative (0: no cap)"))
+	}
+	switch r.Mode {
+	case "", RateLocal, RateGlobal:
+	default:
+		errs = append(errs, fmt.Errorf("ratelimit.mode %q: local or global", r.Mode))
 	}
 	return errors.Join(errs...)
 }

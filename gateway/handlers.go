@@ -12,7 +12,6 @@ import (
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
-	"github.com/flashgate/flashgate/ratelimit"
 )
 
 func (g *Gateway) getSale(ctx *fasthttp.RequestCtx, s *sale) {
@@ -56,7 +55,7 @@ func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	rec, ok, err := lua.Order(rctx, g.rc, s.keys, id)
+	rec, ok, err := lua.Order(rctx, g.rc, s.keys.Home(claims.Subject), id)
 	cancel()
 	if err != nil {
 		unavailable(ctx, "order state unavailable")
@@ -133,12 +132,12 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 	if !ok {
 		return
 	}
-	if ok, wait := g.limits.User.Allow(ratelimit.KeyString(claims.Subject), now.UnixNano()); !ok {
+	if ok, wait := g.allowUser(claims.Subject, now); !ok {
 		g.limited(ctx, metrics.LimitUser, "too many requests from your account", wait)
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	rec, known, err := lua.Order(rctx, g.rc, s.keys, id)
+	rec, known, err := lua.Order(rctx, g.rc, s.keys.Home(claims.Subject), id)
 	cancel()
 	// Another user's order, or one that never existed, is answered here. An
 	// order Redis does not know (it lost its data) goes on: MySQL decides.

@@ -169,14 +169,14 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	if !ok {
 		return
 	}
-	if ok, wait := g.limits.User.Allow(ratelimit.KeyString(claims.Subject), now.UnixNano()); !ok {
+	if ok, wait := g.allowUser(claims.Subject, now); !ok {
 		g.limited(ctx, metrics.LimitUser, "too many requests from your account", wait)
 		return
 	}
 	if !g.saleOpen(ctx, s, region, claims.Subject, idem, now) {
 		return
 	}
-	if ok, wait := g.limits.Sale.Allow(s.rateKey, now.UnixNano()); !ok {
+	if ok, wait := g.allowSale(s, now); !ok {
 		g.limited(ctx, metrics.LimitSale, "this sale is taking too many orders right now", wait)
 		return
 	}
@@ -359,7 +359,7 @@ func (g *Gateway) maybeReplay(s *sale, user, idem string) bool {
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
 	defer cancel()
-	known, err := lua.IdemKnown(rctx, g.rc, s.keys, user, idem)
+	known, err := lua.IdemKnown(rctx, g.rc, s.keys.Home(user), user, idem)
 	return err != nil || known
 }
 
@@ -387,16 +387,13 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 	}
 	var adm lua.Admission
 	start := time.Now()
-	_, err := g.breakers.forSlot(s.slot).Execute(func() (struct{}, error) {
+	_, err := g.breakers.forSlot(s.slotOf(sub.User)).Execute(func() (struct{}, error) {
 		actx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
 		defer cancel()
 		var err error
-		if n := g.cfg.WaitReplicas; n > 0 {
-			// Not promised before n replicas have it (docs/recovery.md).
-			adm, err = g.scripts.AdmitWait(actx, g.rc, s.keys, args, n, g.cfg.WaitTimeout)
-		} else {
-			adm, err = g.scripts.Admit(actx, g.rc, s.keys, args)
-		}
+		// On the buyer's home bucket; not promised before n replicas have
+		// it when redis.wait_replicas is set (docs/recovery.md).
+		adm, err = g.scripts.AdmitBucketedWait(actx, g.rc, s.keys, args, g.cfg.WaitReplicas, g.cfg.WaitTimeout)
 		return struct{}{}, err
 	})
 	if refusedByBreaker(err) {
@@ -411,7 +408,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		// runs what it had read when it wakes), and the buyer would have two
 		// orders. The undo releases it; the buyer's retry meets the open
 		// breaker and goes to the lane.
-		g.undoAdmit(s, args.OrderID, region, args.EncodedCharges, err)
+		g.undoAdmit(s, sub.User, args.OrderID, region, args.EncodedCharges, err)
 		unavailable(ctx, "stock service unavailable")
 		return
 	}
@@ -427,7 +424,10 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 			slog.Error("failpoint: exiting between admission and publish", "sale", s.spec.ID, "order", a.OrderID)
 			os.Exit(3)
 		}
-		if adm.Remaining <= 0 {
+		if adm.Remaining <= 0 && len(s.keys.Buckets()) == 0 {
+			// (A split sale's home bucket at 0 is not the sale at 0: its
+			// next buyer gathers from the others. Its mark is set by a
+			// sold-out answer, which has asked every bucket.)
 			g.markSoldOut(s, a.Region)
 		}
 		g.publish(ctx, s, &flashgate.Order{
@@ -436,7 +436,7 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Address: sub.Address,
 		})
 	case lua.Replayed:
-		g.replay(ctx, s, adm.OrderID)
+		g.replay(ctx, s, a.User, adm.OrderID)
 	case lua.NotWarmed:
 		g.askWarm(s)
 		unavailable(ctx, "sale is warming up")
@@ -473,9 +473,9 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 // admission never ran. It runs in the background so the 503 stays fast, and
 // retries until Redis answers; past undoPatience the reservation, if any, is
 // left to reconcile. A bounded pool does the background work (release.go).
-func (g *Gateway) undoAdmit(s *sale, id uint64, region, charges string, cause error) {
+func (g *Gateway) undoAdmit(s *sale, user string, id uint64, region, charges string, cause error) {
 	slog.Warn("admission failed; undoing it", "sale", s.spec.ID, "order", id, "cause", cause)
-	g.enqueueRelease(releaseJob{s: s, id: id, region: region, charges: charges, reason: flashgate.ReasonAdmitFailed})
+	g.enqueueRelease(releaseJob{s: s, user: user, id: id, region: region, charges: charges, reason: flashgate.ReasonAdmitFailed})
 }
 
 // publish sends an admitted order to JetStream and answers 202 once it is
@@ -501,7 +501,7 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order)
 	switch {
 	case rerr != nil:
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
-		g.enqueueRelease(releaseJob{s: s, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
+		g.enqueueRelease(releaseJob{s: s, user: m.UserID, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
 		unavailable(ctx, "order queue unavailable")
 	case rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased):
 		accepted(ctx, m.ID, flashgate.OrderPending)
@@ -520,7 +520,7 @@ func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.Relea
 	deadline := time.Now().Add(g.cfg.Gateway.PublishTimeout)
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
 		rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-		rel, err = g.scripts.Release(rctx, g.rc, s.keys, m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+		rel, err = g.scripts.Release(rctx, g.rc, s.keys.Home(m.UserID), m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
 		cancel()
 		if err == nil || time.Now().Add(wait).After(deadline) {
 			return rel, err
@@ -552,10 +552,10 @@ func (g *Gateway) send(s *sale, m *flashgate.Order) error {
 // the order, so a replay of an order still pending republishes it (the same
 // Nats-Msg-Id makes that a no-op when the first publish got through) and then
 // claims it, which stops a failing first request from releasing it.
-func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
+func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, user string, id uint64) {
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
 	defer cancel()
-	rec, ok, err := lua.Order(rctx, g.rc, s.keys, id)
+	rec, ok, err := lua.Order(rctx, g.rc, s.keys.Home(user), id)
 	if err != nil || !ok {
 		unavailable(ctx, "order state unavailable")
 		return
@@ -571,7 +571,7 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}
-		st, err := g.scripts.Claim(rctx, g.rc, s.keys, []uint64{id})
+		st, err := g.scripts.Claim(rctx, g.rc, s.keys.Home(user), []uint64{id})
 		if err != nil || st[0] == lua.ClaimReleased {
 			unavailable(ctx, "order queue unavailable")
 			return

@@ -13,6 +13,7 @@ import (
 // our side and the buyer was answered 503.
 type releaseJob struct {
 	s       *sale
+	user    string // whose order: a split sale keeps it in their home bucket
 	id      uint64
 	region  string
 	charges string
@@ -63,7 +64,7 @@ func (g *Gateway) releaseWorker(ctx context.Context) {
 			return
 		case j := <-g.releases.q:
 			g.metrics.ReleaseQueued(-1)
-			g.releaseUntilAnswered(ctx, j.s, j.id, j.region, j.charges, j.reason)
+			g.releaseUntilAnswered(ctx, j.s, j.user, j.id, j.region, j.charges, j.reason)
 		}
 	}
 }
@@ -73,11 +74,11 @@ const undoPatience = 10 * time.Second
 // releaseUntilAnswered releases an order in gateway mode, retrying failures
 // for undoPatience (or until ctx ends); past it the reservation, if any, is
 // reconcile's.
-func (g *Gateway) releaseUntilAnswered(ctx context.Context, s *sale, id uint64, region, charges, reason string) {
+func (g *Gateway) releaseUntilAnswered(ctx context.Context, s *sale, user string, id uint64, region, charges, reason string) {
 	deadline := time.Now().Add(undoPatience)
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
-		rel, err := g.scripts.Release(rctx, g.rc, s.keys, id, region, charges, lua.ReleaseGateway, reason)
+		rel, err := g.scripts.Release(rctx, g.rc, s.keys.Home(user), id, region, charges, lua.ReleaseGateway, reason)
 		cancel()
 		if err == nil {
 			if rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased) {

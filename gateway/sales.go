@@ -38,7 +38,9 @@ type sale struct {
 	// restocked event or a refresh that reads stock.
 	soldOut map[string]*atomic.Bool
 	slot    uint16 // Redis Cluster hash slot of the sale's keys
-	rateKey uint64 // the sale's key in the per-sale rate limiter
+	// bucketSlots are the slots of a split sale's buckets (docs/buckets.md).
+	bucketSlots []uint16
+	rateKey     uint64 // the sale's key in the per-sale rate limiter
 	// subject is the sale's JetStream order subject, built by its first
 	// publish (the subject's prefix is the gateway's configuration).
 	subject atomic.Pointer[string]
@@ -49,7 +51,7 @@ type sale struct {
 func newSale(spec *flashgate.Sale) *sale {
 	s := &sale{
 		spec:     spec,
-		keys:     lua.KeysFor(spec.ID, spec.RegionNames()),
+		keys:     lua.KeysOf(spec),
 		startsMS: spec.StartsAt.UnixMilli(),
 		endsMS:   spec.EndsAt.UnixMilli(),
 	}
@@ -71,9 +73,21 @@ func newSale(spec *flashgate.Sale) *sale {
 		s.soldOut[r] = new(atomic.Bool)
 	}
 	s.slot = hashSlot("s:" + spec.ID)
+	for _, b := range s.keys.Buckets() {
+		s.bucketSlots = append(s.bucketSlots, uint16(lua.Slot(b.Meta)))
+	}
 	s.rateKey = ratelimit.KeyString(spec.ID)
 	s.render(time.Now())
 	return s
+}
+
+// slotOf is the slot user's admissions run on: the sale's, or the home
+// bucket's of a split sale.
+func (s *sale) slotOf(user string) uint16 {
+	if len(s.bucketSlots) == 0 {
+		return s.slot
+	}
+	return s.bucketSlots[lua.HomeBucket(user, len(s.bucketSlots))]
 }
 
 // soldOutFlag is the mark of region ("" for a sale without regions); nil for
@@ -103,6 +117,7 @@ type publicSale struct {
 	Regions      map[string]int64  `json:"regions,omitempty"`
 	Limits       []flashgate.Limit `json:"limits,omitempty"`
 	TimeZone     string            `json:"time_zone,omitempty"`
+	Buckets      int               `json:"buckets"`
 	State        string            `json:"state"`
 	Remaining    int64             `json:"remaining"`
 	RemainingBy  map[string]int64  `json:"remaining_by_region,omitempty"`
@@ -120,7 +135,8 @@ func (s *sale) render(now time.Time) {
 		ID: spec.ID, Title: spec.Title, PriceCents: spec.PriceCents,
 		StartsAt: spec.StartsAt, EndsAt: spec.EndsAt,
 		PerUserLimit: spec.PerUserLimit, PerOrderMax: spec.PerOrderMax,
-		Regions: spec.Regions, Limits: spec.Limits, TimeZone: spec.TimeZone, State: string(spec.StateAt(now, rem)),
+		Regions: spec.Regions, Limits: spec.Limits, TimeZone: spec.TimeZone, Buckets: spec.BucketCount(),
+		State:     string(spec.StateAt(now, rem)),
 		Remaining: rem, RemainingBy: by,
 	})
 	s.info.Store(&b)

@@ -74,6 +74,12 @@ type Keys struct {
 	prefix    string
 	stock     string
 	region    map[string]string
+	// buckets are the sale's buckets (nil: not split); a bucket's own Keys
+	// have index, suffix and its transfer ledger.
+	buckets   []*Keys
+	index     int
+	suffix    string
+	xout, xin string
 	// fixed lists every key above (and the sale-wide stock key): retention
 	// deletes them all, so a key added to the layout through add is retired
 	// without anyone remembering to.
@@ -161,4 +167,100 @@ func (k *Keys) perSale() []string {
 		keys = append(keys, stock...)
 	}
 	return keys
+}
+
+// Stock buckets (docs/buckets.md). A sale created with buckets: K > 1 keeps its
+// sale-wide keys (meta, the warming lock) under SaleTag, and splits the rest
+// over K buckets, each under a tag of its own, BucketTag(sale, suffix): a copy
+// of meta (what admit.lua reads), its share of the stock, and everything of the
+// buyers whose home it is (users, reservations, orders, idempotency keys, limit
+// counters), plus its transfer ledger (TransfersOut, TransfersIn). The suffixes
+// are chosen when the sale is created (ChooseBucketTags) and stored with it.
+
+// bucketSep separates the sale id from a bucket's suffix inside its tag; sale
+// ids are [A-Za-z0-9_-], so it cannot occur in one.
+const bucketSep = "/"
+
+// BucketTag is the hash tag of the bucket of sale with suffix suffix.
+func BucketTag(sale, suffix string) string { return tagOpen + sale + bucketSep + suffix + tagClose }
+
+// bucketTagBody is what Redis hashes for a bucket's keys: the text between
+// the braces of BucketTag.
+func bucketTagBody(sale, suffix string) string { return tagOpen[1:] + sale + bucketSep + suffix }
+
+// BucketedKeysFor returns the keys of a sale split over buckets, one per suffix
+// (nil or one suffix: the sale is not split, as KeysFor).
+func BucketedKeysFor(sale string, regions []string, suffixes []string) *Keys {
+	k := KeysFor(sale, regions)
+	if len(suffixes) <= 1 {
+		return k
+	}
+	k.buckets = make([]*Keys, len(suffixes))
+	for i, sfx := range suffixes {
+		b := &Keys{Sale: sale, prefix: keyPrefix + BucketTag(sale, sfx) + ":", region: make(map[string]string, len(regions)),
+			fixed: make([]string, 0, 10), index: i, suffix: sfx}
+		b.Meta = b.add("meta")
+		b.Users = b.add("users")
+		b.Resv = b.add("resv")
+		b.Orders = b.add("orders")
+		b.Idem = b.add("idem")
+		b.restocked = b.add("restocked")
+		b.xout = b.add("xout")
+		b.xin = b.add("xin")
+		b.Warming = k.Warming
+		b.stock = b.add("stock")
+		for _, r := range regions {
+			b.region[r] = b.stock + ":" + r
+		}
+		k.buckets[i] = b
+	}
+	return k
+}
+
+// Buckets lists the sale's buckets (nil for a sale that is not split).
+func (k *Keys) Buckets() []*Keys { return k.buckets }
+
+// BucketIndex is the position of a bucket's keys among its sale's buckets.
+func (k *Keys) BucketIndex() int { return k.index }
+
+// TransfersOut is a bucket's hash of the transfers it gave units to and the
+// receiver has not acknowledged: transfer id → "<to>|<region>|<units>|<ms>".
+func (k *Keys) TransfersOut() string { return k.xout }
+
+// TransfersIn is a bucket's set of the transfer ids whose units it received:
+// what makes a transfer land once.
+func (k *Keys) TransfersIn() string { return k.xin }
+
+// Home is the keys holding user's purchases: the sale's own for a sale that is
+// not split, else the bucket HomeBucket picks.
+func (k *Keys) Home(user string) *Keys {
+	if len(k.buckets) == 0 {
+		return k
+	}
+	return k.buckets[HomeBucket(user, len(k.buckets))]
+}
+
+// rateLimitPrefix names the fleet-wide rate-limit keys (ratelimit.mode:
+// global): a string per limited subject holding its GCRA state, which expires
+// once its bucket is full again.
+const rateLimitPrefix = keyPrefix + "rl:"
+
+// RateKey is the key of the fleet-wide rate limit kind ("sale", "user") of id.
+func RateKey(kind, id string) string { return rateLimitPrefix + kind + ":" + id }
+
+// HomeFor is Home(user) with a stock key for region even when the sale has no
+// such region: what releasing an order whose message names a region the sale
+// lacks needs (the script then finds the order's record disagrees, or none).
+func (k *Keys) HomeFor(user, region string) *Keys {
+	h := k.Home(user)
+	if _, ok := h.Stock(region); ok || region == "" {
+		return h
+	}
+	c := *h
+	c.region = make(map[string]string, len(h.region)+1)
+	for r, key := range h.region {
+		c.region[r] = key
+	}
+	c.region[region] = h.stock + ":" + region
+	return &c
 }

@@ -71,9 +71,29 @@ func (s *Scripts) Restock(ctx context.Context, c rueidis.Client, k *Keys, o flas
 // whatever a concurrent confirm wrote into its record. An order Redis has no
 // record of only gets its record (RestockUnknown). k must carry every region
 // the orders are in; it answers one outcome per order, in order.
+//
+// On a split sale each order is restocked in its buyer's home bucket (one
+// call per bucket the orders are in).
 func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, orders []flashgate.Order) ([]RestockOutcome, error) {
 	if len(orders) == 0 {
 		return nil, nil
+	}
+	if len(k.buckets) > 0 {
+		out := make([]RestockOutcome, len(orders))
+		err := byHome(k, len(orders), func(i int) string { return orders[i].UserID }, func(b *Keys, at []int) error {
+			part := make([]flashgate.Order, len(at))
+			for j, i := range at {
+				part[j] = orders[i]
+			}
+			res, err := s.RestockMany(ctx, c, b, part)
+			for j, i := range at {
+				if j < len(res) {
+					out[i] = res[j]
+				}
+			}
+			return err
+		})
+		return out, err
 	}
 	keys := []string{k.Users, k.Resv, k.Orders, k.Restocked()}
 	index := map[string]string{}

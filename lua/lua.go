@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -390,7 +391,21 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 
 // Confirm ends the reservations of settled orders and writes their status
 // (MySQL's outcome) and reason back. It answers how many reservations ended.
+// On a split sale each order is confirmed in its buyer's home bucket.
 func (s *Scripts) Confirm(ctx context.Context, c rueidis.Client, k *Keys, orders []flashgate.Order) (int64, error) {
+	if len(k.buckets) > 0 {
+		var total int64
+		err := byHome(k, len(orders), func(i int) string { return orders[i].UserID }, func(b *Keys, at []int) error {
+			part := make([]flashgate.Order, len(at))
+			for j, i := range at {
+				part[j] = orders[i]
+			}
+			n, err := s.Confirm(ctx, c, b, part)
+			total += n
+			return err
+		})
+		return total, err
+	}
 	args := make([]string, 0, 3*len(orders))
 	for i := range orders {
 		o := &orders[i]
@@ -399,6 +414,25 @@ func (s *Scripts) Confirm(ctx context.Context, c rueidis.Client, k *Keys, orders
 	n, err := s.confirm.Exec(ctx, c, []string{k.Resv, k.Orders}, args).AsInt64()
 	if err != nil {
 		return 0, fmt.Errorf("confirm %s: %w", k.Sale, err)
+	}
+	return n, nil
+}
+
+// warmOne runs warm.lua on one tag: meta, and the stock keys when stock is
+// not nil (units per region).
+func (s *Scripts) warmOne(ctx context.Context, c rueidis.Client, k *Keys, fields []string, stock func(string) int64) (int64, error) {
+	keys := []string{k.Meta}
+	args := append([]string{strconv.Itoa(len(fields) / 2)}, fields...)
+	if stock != nil {
+		regions, stockKeys := k.StockKeys()
+		for i, r := range regions {
+			keys = append(keys, stockKeys[i])
+			args = append(args, strconv.FormatInt(stock(r), 10))
+		}
+	}
+	n, err := s.warm.Exec(ctx, c, keys, args).AsInt64()
+	if err != nil {
+		return 0, fmt.Errorf("warm %s: %w", k.Sale, err)
 	}
 	return n, nil
 }
@@ -415,18 +449,26 @@ const (
 // (region "" for a sale without regions). It answers false when the sale was
 // warm already: nothing is overwritten then.
 func (s *Scripts) Warm(ctx context.Context, c rueidis.Client, sale *flashgate.Sale, remaining map[string]int64) (bool, error) {
-	k := KeysFor(sale.ID, sale.RegionNames())
+	k := KeysOf(sale)
 	fields := metaFields(sale)
-	keys := []string{k.Meta}
-	args := append([]string{strconv.Itoa(len(fields) / 2)}, fields...)
-	regions, stockKeys := k.StockKeys()
-	for i, r := range regions {
-		keys = append(keys, stockKeys[i])
-		args = append(args, strconv.FormatInt(remaining[r], 10))
+	// A split sale warms each bucket (its copy of meta and its share of the
+	// stock) before the sale's own meta, whose presence means "warm": a warm
+	// that dies half way is finished by the next, which leaves alone the
+	// buckets warmed already.
+	for _, b := range k.buckets {
+		if _, err := s.warmOne(ctx, c, b, fields, func(r string) int64 {
+			return SplitUnits(remaining[r], len(k.buckets), b.index)
+		}); err != nil {
+			return false, err
+		}
 	}
-	n, err := s.warm.Exec(ctx, c, keys, args).AsInt64()
+	var stock func(string) int64
+	if len(k.buckets) == 0 {
+		stock = func(r string) int64 { return remaining[r] }
+	}
+	n, err := s.warmOne(ctx, c, k, fields, stock)
 	if err != nil {
-		return false, fmt.Errorf("warm %s: %w", sale.ID, err)
+		return false, err
 	}
 	if err := indexSale(ctx, c, sale); err != nil {
 		return false, fmt.Errorf("warm %s: index: %w", sale.ID, err)
@@ -462,6 +504,7 @@ func metaFields(s *flashgate.Sale) []string {
 		"tz", s.TimeZone,
 		"degrade", s.Degrade,
 		"drate", strconv.FormatInt(s.DegradeRate, 10),
+		"buckets", strings.Join(s.BucketTags, ","),
 	}
 }
 
@@ -505,6 +548,10 @@ func LoadSale(ctx context.Context, c rueidis.Client, sale string) (*flashgate.Sa
 		Degrade:      m["degrade"],
 		DegradeRate:  num("drate"),
 	}
+	if b := m["buckets"]; b != "" {
+		s.BucketTags = strings.Split(b, ",")
+		s.Buckets = len(s.BucketTags)
+	}
 	if l := m["limits"]; l != "" {
 		if err := json.Unmarshal([]byte(l), &s.Limits); err != nil {
 			return nil, fmt.Errorf("load sale %s: limits: %w", sale, err)
@@ -530,16 +577,27 @@ return 1`)
 // Close stops admissions for the sale at once: the script answers 'ended'. A
 // sale that is not warm is left as it is (admissions answer not_warmed; warming
 // it later from MySQL carries its closed state).
+//
+// A split sale is closed in each bucket (what admissions read) and then in
+// its own meta.
 func Close(ctx context.Context, c rueidis.Client, k *Keys) error {
-	if err := closeScript.Exec(ctx, c, []string{k.Meta}, nil).Error(); err != nil {
-		return fmt.Errorf("close %s: %w", k.Sale, err)
+	for _, b := range append(slices.Clone(k.buckets), k) {
+		if err := closeScript.Exec(ctx, c, []string{b.Meta}, nil).Error(); err != nil {
+			return fmt.Errorf("close %s: %w", k.Sale, err)
+		}
 	}
 	return nil
 }
 
 // Remaining reads the units left per region ("" for a sale without regions).
 // A missing stock key is reported as absent from the map.
+//
+// For a split sale it is the sum over the buckets, with the units of
+// transfers under way (taken from one bucket, not yet landed in another).
 func Remaining(ctx context.Context, c rueidis.Client, k *Keys) (map[string]int64, error) {
+	if len(k.buckets) > 0 {
+		return remainingBucketed(ctx, c, k)
+	}
 	regions, keys := k.StockKeys()
 	vals, err := c.Do(ctx, c.B().Mget().Key(keys...).Build()).ToArray()
 	if err != nil {
@@ -589,7 +647,21 @@ func Order(ctx context.Context, c rueidis.Client, k *Keys, id uint64) (flashgate
 }
 
 // Reservations reads every open reservation of the sale (admitted, not settled).
+// A split sale's are read from every bucket.
 func Reservations(ctx context.Context, c rueidis.Client, k *Keys) (map[uint64]flashgate.Order, error) {
+	if len(k.buckets) > 0 {
+		all := map[uint64]flashgate.Order{}
+		for _, b := range k.buckets {
+			part, err := Reservations(ctx, c, b)
+			if err != nil {
+				return nil, err
+			}
+			for id, o := range part {
+				all[id] = o
+			}
+		}
+		return all, nil
+	}
 	m, err := c.Do(ctx, c.B().Hgetall().Key(k.Resv).Build()).AsStrMap()
 	if err != nil {
 		return nil, fmt.Errorf("reservations %s: %w", k.Sale, err)

@@ -25,6 +25,10 @@ var scriptOutcomeType = map[string]string{
 	"reconcile.lua": "resetReply",
 	"warm.lua":      "warmReply",
 	"confirm.lua":   "",
+	"take.lua":      "takeReply",
+	"give.lua":      "giveReply",
+	"gcra.lua":      "gcraReply",
+	"view.lua":      "",
 }
 
 var (

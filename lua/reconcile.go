@@ -57,7 +57,13 @@ var ErrReservationsChanged = errors.New("reservations changed")
 // reserved in the region now, atomically with counting those reservations:
 // every key (onlyMissing false) or only the absent ones. It answers one change
 // per plan, in order.
+//
+// A split sale's stock is reset bucket by bucket (resetBucketed), each bucket
+// atomically with its own reservations.
 func (s *Scripts) ResetStock(ctx context.Context, c rueidis.Client, k *Keys, onlyMissing bool, plans []StockPlan) ([]StockChange, error) {
+	if len(k.buckets) > 0 {
+		return s.resetBucketed(ctx, c, k, onlyMissing, plans)
+	}
 	mode := "all"
 	if onlyMissing {
 		mode = "missing"

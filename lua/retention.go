@@ -118,12 +118,28 @@ const backfillChunk = 500
 // counters of every window an admission between the sale's start and end can
 // have charged (a day either side for clocks).
 func AllKeys(sale *flashgate.Sale) []string {
-	k := KeysFor(sale.ID, sale.RegionNames())
-	keys := k.perSale()
+	all := KeysOf(sale)
+	keys := all.perSale()
+	for _, b := range all.buckets {
+		keys = append(keys, b.perSale()...)
+	}
 	if len(sale.Limits) == 0 {
 		return keys
 	}
-	keys = append(keys, k.Limit(flashgate.PerSale))
+	// A split sale's limit counters are in its buckets (each buyer's home).
+	tags := []*Keys{all}
+	if len(all.buckets) > 0 {
+		tags = all.buckets
+	}
+	for _, k := range tags {
+		keys = append(keys, k.limitKeys(sale)...)
+	}
+	return keys
+}
+
+// limitKeys lists the limit counters of one tag of sale (see AllKeys).
+func (k *Keys) limitKeys(sale *flashgate.Sale) []string {
+	keys := []string{k.Limit(flashgate.PerSale)}
 	loc, err := sale.Location()
 	if err != nil {
 		loc = time.UTC
@@ -161,14 +177,26 @@ func Retire(ctx context.Context, c rueidis.Client, sale *flashgate.Sale) (int64,
 	if err := Unindex(ctx, c, sale.ID); err != nil {
 		return 0, fmt.Errorf("retire %s: %w", sale.ID, err)
 	}
-	keys := AllKeys(sale)
-	var n int64
-	for start := 0; start < len(keys); start += retireChunk {
-		d, err := c.Do(ctx, c.B().Del().Key(keys[start:min(start+retireChunk, len(keys))]...).Build()).AsInt64()
-		if err != nil {
-			return n, fmt.Errorf("retire %s: %w", sale.ID, err)
+	// One DEL per slot: a split sale's buckets are on slots of their own.
+	bySlot := map[int][]string{}
+	var slots []int
+	for _, key := range AllKeys(sale) {
+		sl := Slot(key)
+		if _, ok := bySlot[sl]; !ok {
+			slots = append(slots, sl)
 		}
-		n += d
+		bySlot[sl] = append(bySlot[sl], key)
+	}
+	var n int64
+	for _, sl := range slots {
+		keys := bySlot[sl]
+		for start := 0; start < len(keys); start += retireChunk {
+			d, err := c.Do(ctx, c.B().Del().Key(keys[start:min(start+retireChunk, len(keys))]...).Build()).AsInt64()
+			if err != nil {
+				return n, fmt.Errorf("retire %s: %w", sale.ID, err)
+			}
+			n += d
+		}
 	}
 	return n, nil
 }

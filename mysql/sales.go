@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/flashgate/flashgate"
@@ -60,10 +61,14 @@ func InsertSale(ctx context.Context, db *sql.DB, s *flashgate.Sale, now time.Tim
 	if tz == "" {
 		tz = "UTC"
 	}
+	var tags any
+	if len(s.BucketTags) > 0 {
+		tags = strings.Join(s.BucketTags, ",")
+	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO sales (id, title, price_cents, total, sold, starts_at, ends_at,
-		per_user_limit, per_order_max, limits, time_zone, closed, created_at, updated_at, degrade, degrade_rate)
-		VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		s.ID, s.Title, s.PriceCents, s.Total, s.StartsAt, s.EndsAt, s.PerUserLimit, s.PerOrderMax, limits, tz, s.Closed, now, now,
+		per_user_limit, per_order_max, limits, time_zone, closed, bucket_tags, created_at, updated_at, degrade, degrade_rate)
+		VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		s.ID, s.Title, s.PriceCents, s.Total, s.StartsAt, s.EndsAt, s.PerUserLimit, s.PerOrderMax, limits, tz, s.Closed, tags, now, now,
 		s.DegradeMode(), s.DegradeRate)
 	if Errno(err) == ErDupEntry {
 		return fmt.Errorf("sale %s: %w", s.ID, ErrSaleExists)
@@ -88,11 +93,11 @@ func LoadSale(ctx context.Context, q Querier, id string) (*SaleRow, error) {
 // loadSale reads the sale; lock is "" or " FOR UPDATE" (the sale row lock).
 func loadSale(ctx context.Context, q Querier, id, lock string) (*SaleRow, error) {
 	s := &SaleRow{}
-	var limits sql.NullString
+	var limits, tags sql.NullString
 	err := q.QueryRowContext(ctx, `SELECT id, title, price_cents, total, sold, starts_at, ends_at,
-		per_user_limit, per_order_max, limits, time_zone, closed, degrade, degrade_rate, stale FROM sales WHERE id = ?`+lock, id).
+		per_user_limit, per_order_max, limits, time_zone, closed, degrade, degrade_rate, stale, bucket_tags FROM sales WHERE id = ?`+lock, id).
 		Scan(&s.ID, &s.Title, &s.PriceCents, &s.Total, &s.Sold, &s.StartsAt, &s.EndsAt,
-			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed, &s.Degrade, &s.DegradeRate, &s.Stale)
+			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed, &s.Degrade, &s.DegradeRate, &s.Stale, &tags)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("sale %s: %w", id, ErrSaleNotFound)
 	}
@@ -106,6 +111,10 @@ func loadSale(ctx context.Context, q Querier, id, lock string) (*SaleRow, error)
 		if err := json.Unmarshal([]byte(limits.String), &s.Limits); err != nil {
 			return nil, fmt.Errorf("load sale %s limits: %w", id, err)
 		}
+	}
+	if tags.Valid && tags.String != "" {
+		s.BucketTags = strings.Split(tags.String, ",")
+		s.Buckets = len(s.BucketTags)
 	}
 	rows, err := q.QueryContext(ctx, `SELECT region, total, sold FROM sale_regions WHERE sale_id = ?`, id)
 	if err != nil {

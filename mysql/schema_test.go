@@ -64,10 +64,10 @@ func TestMigrationsParse(t *testing.T) {
 	for _, s := range p.ListSources() {
 		vs = append(vs, s.Version)
 	}
-	if len(vs) != 6 || vs[0] != 1 || vs[5] != 7 {
-		t.Fatalf("versions %v, want 1…7 (no 5)", vs)
+	if len(vs) != 7 || vs[0] != 1 || vs[6] != 8 {
+		t.Fatalf("versions %v, want 1…8 (no 5)", vs)
 	}
-	if v, err := LatestVersion(); err != nil || v != 7 {
+	if v, err := LatestVersion(); err != nil || v != 8 {
 		t.Fatalf("LatestVersion = %d, %v", v, err)
 	}
 }
@@ -149,10 +149,10 @@ func TestOldSchemaRefused(t *testing.T) {
 	upTo(t, db, 2)
 	err := CheckSchema(ctx(t), db)
 	se := schemaError(t, err)
-	if se.Version != 2 || se.Want != 7 || len(se.Pending) != 4 {
+	if se.Version != 2 || se.Want != 8 || len(se.Pending) != 5 {
 		t.Errorf("%+v", se)
 	}
-	if want := "schema at version 2, this binary needs 7: run `flashgate migrate up`"; err.Error() != want {
+	if want := "schema at version 2, this binary needs 8: run `flashgate migrate up`"; err.Error() != want {
 		t.Errorf("message %q, want %q", err, want)
 	}
 	if err := Migrate(ctx(t), db); err != nil {

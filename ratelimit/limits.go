@@ -15,6 +15,9 @@ type Limits struct {
 	Sale     *Keyed
 	inflight atomic.Int64
 	maxIn    atomic.Int64
+	global   atomic.Bool
+	// Denied remembers the keys the fleet-wide limits refused (global mode).
+	Denied *DenyCache
 
 	mu      sync.Mutex
 	current config.RateLimit
@@ -32,6 +35,9 @@ func New(cfg config.RateLimit, maxKeys int, source string) *Limits {
 		IP:   NewKeyed(cfg.PerIP, maxKeys),
 		User: NewKeyed(cfg.PerUser, maxKeys),
 		Sale: NewKeyed(cfg.PerSale, maxKeys),
+		// The refusals of the fleet-wide limits: one key per user or sale
+		// over its limit, for at most a wait each.
+		Denied: NewDenyCache(maxKeys),
 	}
 	l.apply(cfg, source)
 	return l
@@ -53,10 +59,15 @@ func (l *Limits) apply(cfg config.RateLimit, source string) {
 	l.User.SetRate(cfg.PerUser)
 	l.Sale.SetRate(cfg.PerSale)
 	l.maxIn.Store(int64(cfg.MaxInflight))
+	l.global.Store(cfg.Global())
 	l.mu.Lock()
 	l.current, l.loaded, l.source, l.lastErr = cfg, time.Now(), source, ""
 	l.mu.Unlock()
 }
+
+// Global reports whether the per-user and per-sale budgets are fleet-wide,
+// in Redis (ratelimit.mode: global); per-IP is local in both modes.
+func (l *Limits) Global() bool { return l.global.Load() }
 
 // Refused records a reload that could not be applied (invalid, unreadable).
 func (l *Limits) Refused(err error) {
@@ -124,4 +135,5 @@ func (l *Limits) Sweep(now time.Time) {
 	l.IP.Sweep(n)
 	l.User.Sweep(n)
 	l.Sale.Sweep(n)
+	l.Denied.Sweep(n)
 }

@@ -68,6 +68,18 @@ func (k *Keyed) SetRate(r config.Rate) {
 	k.p.Store(&params{interval: interval, tolerance: interval * int64(max(1, r.Burst))})
 }
 
+// Params are the limit's GCRA parameters: the time between two requests at
+// the steady rate, and how far a key may run ahead (interval × burst); on is
+// false when the limit is off. The fleet-wide limits (ratelimit.mode: global)
+// run the same algorithm in Redis with them.
+func (k *Keyed) Params() (interval, tolerance time.Duration, on bool) {
+	p := k.p.Load()
+	if p == nil {
+		return 0, 0, false
+	}
+	return time.Duration(p.interval), time.Duration(p.tolerance), true
+}
+
 // Allow takes one token from key's bucket at time now (unix ns). When it
 // refuses, wait is how long until a token is there.
 func (k *Keyed) Allow(key uint64, now int64) (ok bool, wait time.Duration) {

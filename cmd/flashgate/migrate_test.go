@@ -25,7 +25,7 @@ func TestMigrateCommand(t *testing.T) {
 	if err := run([]string{"migrate", "up", "--config", ""}, &out, &errb); err != nil {
 		t.Fatalf("up: %v\n%s", err, errb.String())
 	}
-	if got := strings.Count(out.String(), "applied"); got != 6 || !strings.Contains(out.String(), "0007  0007_degrade.sql") {
+	if got := strings.Count(out.String(), "applied"); got != 7 || !strings.Contains(out.String(), "0007  0007_degrade.sql") || !strings.Contains(out.String(), "0008  0008_sale_buckets.sql") {
 		t.Errorf("after up:\n%s", out.String())
 	}
 	out.Reset()

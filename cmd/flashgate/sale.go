@@ -76,6 +76,7 @@ func saleCreateCmd(args []string, stdout, stderr io.Writer) error {
 	tz := c.String("time-zone", "UTC", "IANA time `zone` in which day and month limit windows begin (e.g. Asia/Shanghai)")
 	degrade := c.String("degrade", "closed", "what purchases meet while the sale's Redis is unreachable: closed (503) or mysql (docs/degrade.md)")
 	degradeRate := c.Int64("degrade-rate", 0, "with --degrade mysql: purchases in flight per gateway on the MySQL lane (0: the default)")
+	buckets := c.Int("buckets", 1, "stock `buckets`: split the stock over K Redis hash tags, 1-64 (docs/buckets.md)")
 	pos, err := c.parse(args)
 	if err != nil {
 		return err
@@ -95,6 +96,9 @@ func saleCreateCmd(args []string, stdout, stderr io.Writer) error {
 		ID: *id, Title: *title, PriceCents: *price, Total: *total, StartsAt: start, EndsAt: end,
 		PerUserLimit: *perUser, PerOrderMax: *perOrder, Limits: limits, TimeZone: *tz,
 		Degrade: *degrade, DegradeRate: *degradeRate,
+	}
+	if *buckets != 1 {
+		sale.Buckets = *buckets
 	}
 	if len(regions) > 0 {
 		sale.Regions = regions

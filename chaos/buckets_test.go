@@ -1,0 +1,75 @@
+package chaos
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/internal/testenv"
+)
+
+// The scenarios on a sale split over stock buckets (docs/buckets.md): the
+// stack's Redis is a single one, so the twelve buckets share it, and every
+// path of a split sale runs (homes, transfers, warm and reconcile per bucket).
+func init() {
+	scenarios = append(scenarios,
+		scenario{"12 buckets: redis lost + gw kill", func(t *testing.T) {
+			st := newStack(t)
+			s := st.createBucketed(2000, 1, 12)
+			// Redis loses everything mid-flood (the warm rebuilds every
+			// bucket from MySQL and the stream), and a gateway dies and comes
+			// back (transfers it had under way are landed by reconcile).
+			requests, accepted := st.flood(s.ID, 3000, 3000, func() {
+				st.redis.Kill()
+				time.Sleep(500 * time.Millisecond)
+				st.redis.Start()
+				time.Sleep(300 * time.Millisecond)
+				st.gateways[1].kill()
+				time.Sleep(200 * time.Millisecond)
+				st.gateways[1].start()
+			})
+			if rep, _ := st.settle(s.ID, accepted); !rep.OK() {
+				t.Fatalf("after the faults: %s", rep)
+			}
+			// New buyers then buy what is left: every unit sells, none is
+			// stranded in a bucket.
+			more, acc2 := st.flood(s.ID, 6000, 6000, nil)
+			accepted = append(accepted, acc2...)
+			rep, rec := st.settle(s.ID, accepted)
+			if rep.Sold != 2000 || rep.RedisRemaining != 0 {
+				t.Errorf("sold %d of 2000, %d left in Redis, after %d more buyers: units stranded", rep.Sold, rep.RedisRemaining, 6000)
+			}
+			record(t, "12 buckets: redis lost + gw kill", requests+more, accepted, rep, rec)
+		}},
+	)
+}
+
+// createBucketed creates a sale of total units split over k buckets and waits
+// until every gateway serves it.
+func (st *stack) createBucketed(total, perUser int64, k int) *flashgate.Sale {
+	st.t.Helper()
+	now := time.Now()
+	s := &flashgate.Sale{ID: testenv.ID("chaos"), Title: "chaos", PriceCents: 100, Total: total,
+		StartsAt: now.Add(-time.Second), EndsAt: now.Add(time.Hour), PerUserLimit: perUser, PerOrderMax: 1, Buckets: k}
+	if code, b := st.admin("POST", "/admin/v1/sales", s); code != 201 {
+		st.t.Fatalf("create sale: %d %s", code, b)
+	}
+	for _, g := range st.gateways {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			res, err := http.Get("http://" + g.addr + "/v1/sales/" + s.ID)
+			if err == nil {
+				res.Body.Close()
+				if res.StatusCode == 200 {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				st.t.Fatalf("%s never learnt of sale %s", g.name, s.ID)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return s
+}

@@ -1,0 +1,103 @@
+package lua
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/internal/testenv"
+)
+
+// TestTransferCrashFinished: a transfer whose taker died after take.lua (units
+// out of the giver, in its ledger) is counted by Remaining and landed once by
+// FinishTransfers; a landed one is counted once and never landed twice; the
+// records go after ledgerKeep and receivedKeep. No unit is lost or made twice.
+func TestTransferCrashFinished(t *testing.T) {
+	c := testenv.Redis(t, testenv.ClusterAddrs())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	now := time.Now()
+	spec := &flashgate.Sale{ID: testenv.ID("xfer"), Title: "t", Total: 8, StartsAt: now.Add(-time.Minute),
+		EndsAt: now.Add(time.Hour), PerUserLimit: 2, PerOrderMax: 2, Buckets: 2}
+	var err error
+	if spec.BucketTags, err = ChooseBucketTags(ctx, c, spec.ID, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := spec.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = Retire(context.Background(), c, spec) })
+	if ok, err := Load().Warm(ctx, c, spec, map[string]int64{"": 8}); !ok || err != nil {
+		t.Fatalf("warm: %v %v", ok, err)
+	}
+	k := KeysOf(spec)
+	stock := func(b int) int64 {
+		n, err := c.Do(ctx, c.B().Get().Key(k.buckets[b].stock).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	total := func() int64 {
+		rem, err := Remaining(ctx, c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rem[""]
+	}
+	// The taker dies after take.
+	if got, err := take(ctx, c, k.buckets[1], 0, "t1", "", 3, now.UnixMilli()); err != nil || got != 3 {
+		t.Fatalf("take: %d %v", got, err)
+	}
+	if stock(0) != 4 || stock(1) != 1 || total() != 8 {
+		t.Fatalf("after take: %d %d, remaining %d", stock(0), stock(1), total())
+	}
+	if n, err := FinishTransfers(ctx, c, k); err != nil || n != 1 {
+		t.Fatalf("finish: %d %v", n, err)
+	}
+	if stock(0) != 7 || stock(1) != 1 || total() != 8 {
+		t.Fatalf("after finish: %d %d, remaining %d", stock(0), stock(1), total())
+	}
+	if n, err := FinishTransfers(ctx, c, k); err != nil || n != 0 {
+		t.Fatalf("finish again: %d %v", n, err)
+	}
+	// The taker dies after give, before clearing its ledger entry.
+	if got, err := take(ctx, c, k.buckets[0], 1, "t2", "", 2, now.UnixMilli()); err != nil || got != 2 {
+		t.Fatalf("take: %d %v", got, err)
+	}
+	if _, err := giveScript.Exec(ctx, c, []string{k.buckets[1].stock, k.buckets[1].xin}, []string{"t2", "2", "1"}).ToArray(); err != nil {
+		t.Fatal(err)
+	}
+	if total() != 8 {
+		t.Fatalf("remaining while a landed transfer is uncleared: %d", total())
+	}
+	if n, err := FinishTransfers(ctx, c, k); err != nil || n != 0 {
+		t.Fatalf("finish a landed transfer: %d %v", n, err)
+	}
+	if stock(0) != 5 || stock(1) != 3 || total() != 8 {
+		t.Fatalf("after finishing: %d %d, remaining %d", stock(0), stock(1), total())
+	}
+	// Young entries stay (a reader's sum may straddle them); old ones go,
+	// and the received ids after them.
+	if ts, err := PendingTransfers(ctx, c, k); err != nil || len(ts) != 2 {
+		t.Fatalf("young ledger: %v %v", ts, err)
+	}
+	if _, err := finishTransfers(ctx, c, k, now.Add(ledgerKeep+time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if ts, err := PendingTransfers(ctx, c, k); err != nil || len(ts) != 0 {
+		t.Fatalf("old ledger: %v %v", ts, err)
+	}
+	if stock(0) != 5 || stock(1) != 3 || total() != 8 {
+		t.Fatalf("after clearing: %d %d, remaining %d", stock(0), stock(1), total())
+	}
+	if _, err := finishTransfers(ctx, c, k, now.Add(receivedKeep+time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range k.buckets {
+		if n, err := c.Do(ctx, c.B().Hlen().Key(b.xin).Build()).AsInt64(); err != nil || n != 0 {
+			t.Fatalf("received ids of bucket %d: %d %v", b.index, n, err)
+		}
+	}
+}

@@ -1,0 +1,11 @@
+-- give: the second half of a transfer (take.lua), run on the bucket that
+-- receives the units: they join its stock once, however often it runs (the
+-- gateway that took them and the backend's reconcile may both land it).
+-- KEYS: 1 the receiver's stock key, 2 the receiver's transfers in (Keys.TransfersIn:
+--       transfer id → the time it landed, ms)
+-- ARGV: 1 transfer id, 2 units, 3 now (ms)
+-- Returns {'given', stock} | {'already'}
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[3]) == 0 then
+  return {'already'}
+end
+return {'given', tostring(redis.call('INCRBY', KEYS[1], tonumber(ARGV[2])))}
