@@ -87,8 +87,8 @@ func TestMigrateUpThenStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms) != 6 {
-		t.Fatalf("status lists %d migrations, want 6", len(ms))
+	if len(ms) != 7 {
+		t.Fatalf("status lists %d migrations, want 7", len(ms))
 	}
 	for _, m := range ms {
 		if !m.Applied || m.AppliedAt.IsZero() || !strings.HasSuffix(m.Name, ".sql") {
@@ -131,8 +131,8 @@ func TestMigrateConcurrent(t *testing.T) {
 	}
 	defer db.Close()
 	var n int
-	if err := db.QueryRow(`SELECT COUNT(*) FROM goose_db_version WHERE version_id > 0`).Scan(&n); err != nil || n != 6 {
-		t.Errorf("goose_db_version has %d versions (%v), want 6", n, err)
+	if err := db.QueryRow(`SELECT COUNT(*) FROM goose_db_version WHERE version_id > 0`).Scan(&n); err != nil || n != 7 {
+		t.Errorf("goose_db_version has %d versions (%v), want 7", n, err)
 	}
 	// The CHECK constraint is there: sold can never pass total.
 	now := time.Now().UTC()
@@ -171,13 +171,13 @@ func TestNewerSchemaRefused(t *testing.T) {
 	if err := Migrate(ctx(t), db); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES (8, 1)`); err != nil {
+	if _, err := db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES (9, 1)`); err != nil {
 		t.Fatal(err)
 	}
 	for name, f := range map[string]func(context.Context, *sql.DB) error{"check": CheckSchema, "up": Migrate} {
 		err := f(ctx(t), db)
 		se := schemaError(t, err)
-		if len(se.Unknown) != 1 || se.Unknown[0] != 8 || !strings.Contains(err.Error(), "newer than this binary knows") {
+		if len(se.Unknown) != 1 || se.Unknown[0] != 9 || !strings.Contains(err.Error(), "newer than this binary knows") {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

@@ -18,8 +18,8 @@ func TestMigrateCommand(t *testing.T) {
 		!strings.Contains(err.Error(), "run `flashgate migrate up`") {
 		t.Errorf("status of an empty database: %v", err)
 	}
-	if got := strings.Count(out.String(), "pending"); got != 6 {
-		t.Errorf("status lists %d pending, want 6:\n%s", got, out.String())
+	if got := strings.Count(out.String(), "pending"); got != 7 {
+		t.Errorf("status lists %d pending, want 7:\n%s", got, out.String())
 	}
 	out.Reset()
 	if err := run([]string{"migrate", "up", "--config", ""}, &out, &errb); err != nil {

@@ -182,7 +182,7 @@ func StartRedisCluster(t testing.TB, masters, replicas int, nodeTimeout time.Dur
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+	if out, err := redisCLI(args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -207,8 +207,26 @@ func (c *RedisCluster) Addrs() []string {
 // cli runs redis-cli against s and returns its output.
 func cli(s *Server, args ...string) (string, error) {
 	host, port, _ := strings.Cut(s.Addr, ":")
-	out, err := exec.Command("redis-cli", append([]string{"-h", host, "-p", port}, args...)...).Output()
+	out, err := redisCLI(append([]string{"-h", host, "-p", port}, args...)...).Output()
 	return strings.TrimSpace(string(out)), err
+}
+
+// redisCLI is redis-cli logged in as the servers of this package are set up:
+// as RedisUsername when there is one, else as nobody. REDISCLI_AUTH (which
+// var/secrets.env exports for the stack's own servers) is left out of its
+// environment: redis-cli would send it as the default user's password to a
+// server that has none.
+func redisCLI(args ...string) *exec.Cmd {
+	if u := RedisUsername(); u != "" {
+		args = append([]string{"--user", u, "--pass", RedisPassword(), "--no-auth-warning"}, args...)
+	}
+	cmd := exec.Command("redis-cli", args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "REDISCLI_AUTH=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	return cmd
 }
 
 func (c *RedisCluster) settled(masters, replicas int) bool {
