@@ -39,6 +39,8 @@ type adminAPI struct {
 	// reconcile is Backend.ReconcileWith; isLeader reports the election.
 	reconcile func(ctx context.Context, id string, opt ReconcileOptions) (ReconcileReport, error)
 	isLeader  func() bool
+	// live reads the live view's numbers (live.go, ui.go).
+	live *live
 }
 
 // maxAdminBody bounds an admin request body.
@@ -64,6 +66,7 @@ func (a *adminAPI) handler() http.Handler {
 	mux.Handle("GET /admin/v1/sales/{sale}", a.auth(a.ledger))
 	mux.Handle("POST /admin/v1/sales/{sale}/close", a.auth(a.closeSale))
 	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", a.auth(a.reconcileSale))
+	a.uiRoutes(mux)
 	mux.Handle("/admin/", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such admin route: "+r.Method+" "+r.URL.Path)
 	}))
@@ -173,6 +176,9 @@ type ledgerView struct {
 	SoldByRegion      map[string]int64       `json:"sold_by_region,omitempty"`
 	OrdersByStatus    map[string]statusCount `json:"orders_by_status"`
 	Invariant3        invariant3             `json:"invariant3"`
+	// ConservationErrorUnits is remaining + reserved + sold − total, what the
+	// flashgate_sale_conservation_error_units gauge shows (docs/observability.md).
+	ConservationErrorUnits int64 `json:"conservation_error_units"`
 	// RetiredAt: when retention removed the sale from Redis (docs/retention.md);
 	// the view is then MySQL's alone.
 	RetiredAt *time.Time `json:"retired_at,omitempty"`
@@ -228,6 +234,7 @@ func (a *adminAPI) ledger(w http.ResponseWriter, r *http.Request) {
 		Sold: row.Sold, SoldByRegion: row.RegionSold, OrdersByStatus: byStatus,
 		Invariant3: invariant3{Holds: diff == 0, Remaining: red.Remaining, Reserved: red.Reserved,
 			Sold: row.Sold, Total: row.Total, Diff: diff},
+		ConservationErrorUnits: diff,
 	})
 }
 

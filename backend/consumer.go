@@ -330,6 +330,11 @@ func (ig *ingest) handleSale(sale string, es []entry) (done, stalledErr bool) {
 			confirmed++
 		}
 		ig.recordOutcome(o)
+		// One line per order, with the id of the HTTP request it came from
+		// (nginx's $request_id through the gateway, bus.HeaderRequestID): an
+		// operator follows a buyer's request to its order here.
+		ig.log.Info("order", "sale", sale, "order", o.ID, "status", o.Status, "reason", o.Reason,
+			"dropped", o.Dropped, "redelivered", o.Existed || o.Copy, "request_id", e.msg.Headers().Get(bus.HeaderRequestID))
 		if err := e.msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 			// The row is committed and written back: a redelivery is a no-op.
 			ig.log.Warn("ack", "sale", sale, "err", err)

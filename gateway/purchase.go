@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"time"
@@ -59,7 +60,11 @@ var (
 // allocating, and counts the answer by route and code.
 func (g *Gateway) handle(ctx *fasthttp.RequestCtx) {
 	route := g.route(ctx)
-	g.metrics.Request(route, responseCode(ctx))
+	code := responseCode(ctx)
+	g.metrics.Request(route, code)
+	if g.accessSample > 0 && rand.Float64() < g.accessSample {
+		g.accessLog(ctx, route, code)
+	}
 }
 
 func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
@@ -84,6 +89,9 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 			g.methodNotAllowed(ctx)
 		} else {
 			g.purchase(ctx, s)
+			if s != nil {
+				s.counts.Add(responseCode(ctx)) // the live view's funnel (stats.go)
+			}
 		}
 		return metrics.RoutePurchase
 	case bytes.Equal(seg, segOrders):
@@ -465,10 +473,12 @@ func (g *Gateway) undoAdmit(s *sale, id uint64, region, charges string, cause er
 // message did get through (its ack was what got lost): then it is a 202.
 func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order) {
 	start := time.Now()
-	_, err := g.breakers.nats.Execute(func() (struct{}, error) { return struct{}{}, g.send(s, m) })
+	rid := requestID(ctx)
+	_, err := g.breakers.nats.Execute(func() (struct{}, error) { return struct{}{}, g.send(s, m, rid) })
 	if err == nil {
 		g.metrics.PublishLatency(time.Since(start))
 		accepted(ctx, m.ID, flashgate.OrderPending)
+		ctx.Response.Header.SetBytesKV(hdrRequestID, ctx.Request.Header.PeekBytes(hdrRequestID))
 		return
 	}
 	slog.Warn("publish failed; releasing", "sale", s.spec.ID, "order", m.ID, "err", err)
@@ -510,10 +520,11 @@ func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.Relea
 	}
 }
 
-func (g *Gateway) send(s *sale, m *flashgate.Order) error {
+// send publishes m, with the id of the request it came from (rid).
+func (g *Gateway) send(s *sale, m *flashgate.Order, rid string) error {
 	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
 	defer cancel()
-	_, err := bus.PublishOrder(pctx, g.js, bus.OrderSubject(g.cfg.NATS, s.spec.ID), m, make([]byte, 0, 192))
+	_, err := bus.PublishOrderFrom(pctx, g.js, bus.OrderSubject(g.cfg.NATS, s.spec.ID), m, make([]byte, 0, 192), rid)
 	return err
 }
 
@@ -536,7 +547,7 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, id uint64) {
 	case lua.StatusPending:
 		m := rec
 		m.FactsFromCharges(s.spec.Limits)
-		if err := g.send(s, &m); err != nil {
+		if err := g.send(s, &m, requestID(ctx)); err != nil {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}

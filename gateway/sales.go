@@ -14,6 +14,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/ratelimit"
 )
 
@@ -39,6 +40,10 @@ type sale struct {
 	soldOut map[string]*atomic.Bool
 	slot    uint16 // Redis Cluster hash slot of the sale's keys
 	rateKey uint64 // the sale's key in the per-sale rate limiter
+
+	// counts are the purchase answers by code, sent to the backends every
+	// second for the live view (stats.go).
+	counts metrics.SaleCounters
 }
 
 func newSale(spec *flashgate.Sale) *sale {

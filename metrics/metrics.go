@@ -41,6 +41,7 @@ func newRegistry() *prometheus.Registry {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector(),
+		newBuildInfo(),
 	)
 	return reg
 }

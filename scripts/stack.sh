@@ -74,7 +74,7 @@ if (( ${#MYSQL_SOCK} > 100 )); then
 	MYSQL_SOCK="/tmp/flashgate-mysqld-$(printf '%s' "$ROOT" | md5sum | cut -c1-12).sock"
 fi
 
-DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev)
+DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev prometheus chromium)
 
 # Where Debian puts the daemons (/usr/sbin is not on every PATH).
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin"
@@ -387,8 +387,8 @@ render_redis_acl() {
 	)
 }
 
-# NATS users. A gateway publishes orders, pay/cancel requests and its hints (sold out,
-# restocked, warm) and may look up the orders stream; it hears sale events and the replies to
+# NATS users. A gateway publishes orders, pay/cancel requests, its hints (sold out,
+# restocked, warm) and its per-sale counts for the live view (stats), and may look up the orders stream; it hears sale events and the replies to
 # its own requests. Only a backend publishes sale events, creates the streams and consumes
 # orders; it answers requests (allow_responses) without being able to publish on _INBOX at will.
 # A backend also publishes orders: reconcile republishes a stale reservation's order, and an
@@ -407,7 +407,7 @@ render_nats_conf() {
 			  users = [
 			    { user: "$U_ADMIN", password: "$S_NATS_ADMIN" }
 			    { user: "$U_GATEWAY", password: "$S_NATS_GATEWAY", permissions: {
-			        publish: { allow: ["$NATS_ORDERS.*", "$NATS_EVENTS.hint.*", "$NATS_CMD",
+			        publish: { allow: ["$NATS_ORDERS.*", "$NATS_EVENTS.hint.*", "$NATS_EVENTS.stats.*", "$NATS_CMD",
 			                           "\$JS.API.INFO", "\$JS.API.STREAM.INFO.$s"] }
 			        subscribe: { allow: ["$NATS_EVENTS.>", "_INBOX.>"] }
 			    } }
