@@ -419,18 +419,28 @@ func TestLiveView(t *testing.T) {
 		t.Fatalf("live.json without the token: %d", res.StatusCode)
 	}
 
-	// Buyers arrive steadily while the page is open: some buy, some are refused.
+	// Buyers arrive steadily while the page is open: new ones buy, one who
+	// already has is refused (limit_reached) every third request.
 	toks := tokens(t, cfg, "live", 300)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for i := 0; ; i++ {
+		for i := 1; ; i++ {
 			select {
 			case <-stop:
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			postOrder(t, gw.Addr(), s.ID, toks[i%len(toks)], "")
+			tok := toks[i%len(toks)]
+			if i%3 == 0 {
+				tok = toks[0]
+			}
+			req, _ := http.NewRequest("POST", "http://"+gw.Addr()+"/v1/sales/"+s.ID+"/orders", strings.NewReader(`{"quantity":1}`))
+			req.Header.Set("Authorization", string(tok))
+			if res, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+			}
 		}
 	})
 	t.Cleanup(func() { close(stop); wg.Wait() })
@@ -482,7 +492,7 @@ func TestLiveView(t *testing.T) {
 	t.Logf("live view: sold %s → %s, requests/s %s", sold1, sold2, rps)
 	if os.Getenv("FLASHGATE_SCREENSHOT") != "" {
 		var png []byte
-		if err := chromedp.Run(ctx, chromedp.FullScreenshot(&png, 90)); err != nil {
+		if err := chromedp.Run(ctx, chromedp.FullScreenshot(&png, 100)); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join("..", "docs", "live-view.png"), png, 0o644); err != nil {
