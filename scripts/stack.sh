@@ -74,6 +74,8 @@ if (( ${#MYSQL_SOCK} > 100 )); then
 	MYSQL_SOCK="/tmp/flashgate-mysqld-$(printf '%s' "$ROOT" | md5sum | cut -c1-12).sock"
 fi
 
+# prometheus brings promtool (the alert rules' tests), chromium the live view's browser test
+# (docs/observability.md).
 DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev prometheus chromium)
 
 # Where Debian puts the daemons (/usr/sbin is not on every PATH).
@@ -210,7 +212,7 @@ cmd_deps() {
 		$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 			-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
 	fi
-	for p in redis-server redis-cli mariadbd mariadb mariadb-install-db mariadb-admin nats-server nginx envsubst wrk curl; do
+	for p in redis-server redis-cli mariadbd mariadb mariadb-install-db mariadb-admin nats-server nginx envsubst wrk curl promtool chromium; do
 		command -v "$p" >/dev/null 2>&1 || die "'$p' still missing after installing packages"
 	done
 	local go="${GO:-go}"
