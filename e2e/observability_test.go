@@ -245,33 +245,57 @@ func TestRequestIDReachesBackendLog(t *testing.T) {
 		t.Fatalf("purchase without an id: %d %s, X-Request-Id %q", code, body, made)
 	}
 
-	find := func(want map[string]string) bool {
+	// lines are the JSON log lines so far; has reports whether m holds want.
+	lines := func() []map[string]any {
+		var out []map[string]any
 		for line := range strings.Lines(logs.String()) {
 			var m map[string]any
 			dec := json.NewDecoder(strings.NewReader(line))
 			dec.UseNumber() // order ids are past float64's integers
-			if dec.Decode(&m) != nil {
+			if dec.Decode(&m) == nil {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+	has := func(m map[string]any, want map[string]string) bool {
+		for k, v := range want {
+			if fmt.Sprint(m[k]) != v {
+				return false
+			}
+		}
+		return true
+	}
+	// written finds the backend's "orders written" line naming an order with want.
+	written := func(want map[string]string) bool {
+		for _, m := range lines() {
+			if m["msg"] != "orders written" {
 				continue
 			}
-			hit := true
-			for k, v := range want {
-				if fmt.Sprint(m[k]) != v {
-					hit = false
+			orders, _ := m["orders"].([]any)
+			for _, o := range orders {
+				if om, ok := o.(map[string]any); ok && has(om, want) {
+					return true
 				}
-			}
-			if hit {
-				return true
 			}
 		}
 		return false
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for !find(map[string]string{"msg": "order", "order": a.OrderID, "request_id": rid, "status": "confirmed"}) ||
-		!find(map[string]string{"msg": "order", "request_id": made}) {
+	for !written(map[string]string{"order": a.OrderID, "request_id": rid, "status": "confirmed"}) ||
+		!written(map[string]string{"request_id": made, "status": "confirmed"}) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no backend log line for order %s with request_id %s (and one with %s):\n%s", a.OrderID, rid, made, logs.String())
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	find := func(want map[string]string) bool {
+		for _, m := range lines() {
+			if has(m, want) {
+				return true
+			}
+		}
+		return false
 	}
 	// access_log_sample 1: every request has its access line, with the same id.
 	if !find(map[string]string{"msg": "access", "request_id": rid, "route": "purchase", "status": "202", "code": "accepted"}) {
@@ -445,15 +469,29 @@ func TestLiveView(t *testing.T) {
 	})
 	t.Cleanup(func() { close(stop); wg.Wait() })
 
+	profile, err := os.MkdirTemp("", "flashgate-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// The browser (killed when the allocator's context ends) and its
+		// helpers may outlive the test by a moment: retry for up to 5 s.
+		for range 50 {
+			if os.RemoveAll(profile) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
 	opts := append([]chromedp.ExecAllocatorOption{}, chromedp.DefaultExecAllocatorOptions[:]...)
 	opts = append(opts, chromedp.ExecPath(chromium), chromedp.Flag("headless", true), chromedp.NoSandbox,
 		chromedp.DisableGPU, chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.NoFirstRun, chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))
+		chromedp.Flag("disable-sync", true), chromedp.NoFirstRun, chromedp.UserDataDir(profile), chromedp.WindowSize(1280, 900))
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	defer cancelA()
-	ctx, cancel := chromedp.NewContext(actx)
+	bctx, cancel := chromedp.NewContext(actx)
 	defer cancel()
-	ctx, cancelT := context.WithTimeout(ctx, 90*time.Second)
+	ctx, cancelT := context.WithTimeout(bctx, 90*time.Second)
 	defer cancelT()
 
 	sel := `.sale[data-sale="` + s.ID + `"] `
