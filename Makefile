@@ -29,7 +29,8 @@ deps: ## install missing Debian packages (redis, mariadb, nats, nginx, wrk, ...)
 # The commit and version `flashgate version` prints when the build carries no VCS information.
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
-LDFLAGS := -X main.commit=$(COMMIT) -X main.version=$(VERSION)
+LDFLAGS := -X main.commit=$(COMMIT) -X main.version=$(VERSION) \
+	-X github.com/flashgate/flashgate/metrics.StampedCommit=$(COMMIT) -X github.com/flashgate/flashgate/metrics.StampedVersion=$(VERSION)
 
 build: deps ## build bin/flashgate
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/flashgate

@@ -40,6 +40,8 @@ type adminAPI struct {
 	// reconcile is Backend.ReconcileWith; isLeader reports the election.
 	reconcile func(ctx context.Context, id string, opt ReconcileOptions) (ReconcileReport, error)
 	isLeader  func() bool
+	// live reads the live view's numbers (live.go, ui.go).
+	live *live
 }
 
 // maxAdminBody bounds an admin request body.
@@ -68,6 +70,7 @@ func (a *adminAPI) handler() http.Handler {
 	mux.Handle("GET /admin/v1/sales/{sale}", a.auth(a.ledger))
 	mux.Handle("POST /admin/v1/sales/{sale}/close", a.auth(a.closeSale))
 	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", a.auth(a.reconcileSale))
+	a.uiRoutes(mux)
 	mux.Handle("/admin/", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such admin route: "+r.Method+" "+r.URL.Path)
 	}))
@@ -197,6 +200,9 @@ type ledgerView struct {
 	Degrade     string `json:"degrade"`
 	DegradeRate int64  `json:"degrade_rate"`
 	Stale       int64  `json:"stale"`
+	// ConservationErrorUnits is remaining + reserved + sold − total, what the
+	// flashgate_sale_conservation_error_units gauge shows (docs/observability.md).
+	ConservationErrorUnits int64 `json:"conservation_error_units"`
 	// RetiredAt: when retention removed the sale from Redis (docs/retention.md);
 	// the view is then MySQL's alone.
 	RetiredAt *time.Time `json:"retired_at,omitempty"`
@@ -254,6 +260,7 @@ func (a *adminAPI) ledger(w http.ResponseWriter, r *http.Request) {
 		Invariant3: invariant3{Holds: diff == 0, Remaining: red.Remaining, Reserved: red.Reserved,
 			Sold: row.Sold, Total: row.Total, Diff: diff},
 		Degrade: row.DegradeMode(), DegradeRate: row.DegradeLimit(), Stale: row.Stale,
+		ConservationErrorUnits: diff,
 	})
 }
 

@@ -63,6 +63,8 @@ type Backend struct {
 	rec    *reconciler // for the leader and the admin API (reconcile.go)
 	retain *retainer   // the leader's retention pass (retention.go)
 	admin  *adminAPI
+	live   *live // the per-sale gauges and the live view (live.go)
+	stats  *nats.Subscription
 
 	sub  *nats.Subscription
 	cmds *commandServer // the queue group life serves
@@ -118,6 +120,9 @@ func Start(ctx context.Context, deps Deps, opts config.BackendOptions) (*Backend
 	if b.sub, err = bus.SubscribeEvents(b.nc, opts.NATS, b.onEvent); err != nil {
 		return nil, fmt.Errorf("sale events: %w", err)
 	}
+	if b.stats, err = bus.SubscribeStats(b.nc, opts.NATS, b.live.onStats); err != nil {
+		return nil, fmt.Errorf("gateway stats: %w", err)
+	}
 	if b.cmds, err = b.life.serveCommands(); err != nil {
 		return nil, err
 	}
@@ -154,7 +159,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	b.warmer = newWarmer(b.db, b.rc, b.scripts, b.log)
 	b.events = &saleEvents{nc: b.nc, cfg: opts.NATS, log: b.log}
-	b.life = &lifecycle{db: b.db, rc: b.rc, nc: b.nc, nats: opts.NATS, scripts: b.scripts, log: b.log, events: b.events, procCtx: b.procCtx}
+	b.life = &lifecycle{db: b.db, rc: b.rc, nc: b.nc, nats: opts.NATS, scripts: b.scripts, log: b.log, events: b.events, procCtx: b.procCtx, metrics: b.metrics}
 	if err := b.prepareOps(ctx, b.js); err != nil {
 		return err
 	}
@@ -164,7 +169,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	b.admin = &adminAPI{
 		token: opts.AdminToken, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
-		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader,
+		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader, live: b.live,
 	}
 	return nil
 }
@@ -212,6 +217,9 @@ func (b *Backend) abandon() {
 	if b.sub != nil {
 		_ = b.sub.Unsubscribe()
 	}
+	if b.stats != nil {
+		_ = b.stats.Unsubscribe()
+	}
 	_ = b.cmds.stop(context.Background())
 	b.stopLaneServing()
 	if b.leader == nil && b.locker != nil {
@@ -247,6 +255,9 @@ func (b *Backend) shutdown(ctx context.Context) error {
 		if err := b.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			errs = append(errs, fmt.Errorf("unsubscribe events: %w", err))
 		}
+	}
+	if b.stats != nil {
+		_ = b.stats.Unsubscribe()
 	}
 	b.stopLeading()
 	if err := b.cmds.stop(ctx); err != nil {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -377,6 +378,7 @@ func (ig *ingest) handleSale(sale string, es []entry) (done, stalledErr bool) {
 		return false, stalledErr
 	}
 	var confirmed, failedN, dropped, existed int
+	logged := make([]orderLogged, len(es))
 	for i, e := range es {
 		o := outs[i]
 		switch {
@@ -390,15 +392,31 @@ func (ig *ingest) handleSale(sale string, es []entry) (done, stalledErr bool) {
 			confirmed++
 		}
 		ig.recordOutcome(o)
+		logged[i] = orderLogged{ID: strconv.FormatUint(o.ID, 10), Status: o.Status, Reason: o.Reason,
+			Dropped: o.Dropped, Redelivered: o.Existed || o.Copy, RequestID: e.msg.Headers().Get(bus.HeaderRequestID)}
 		if err := e.msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 			// The row is committed and written back: a redelivery is a no-op.
 			ig.log.Warn("ack", "sale", sale, "err", err)
 		}
 	}
 	ig.metrics.Batch(len(es), time.Since(began))
-	ig.log.Debug("order batch written", "sale", sale, "confirmed", confirmed, "failed", failedN,
-		"dropped", dropped, "redelivered", existed)
+	// One line per batch names every order with the id of the HTTP request it
+	// came from (nginx's $request_id through the gateway, bus.HeaderRequestID):
+	// an operator follows a buyer's request to its order here. Per batch, not
+	// per order: one write however many orders the batch holds.
+	ig.log.Info("orders written", "sale", sale, "confirmed", confirmed, "failed", failedN,
+		"dropped", dropped, "redelivered", existed, "orders", logged)
 	return true, false
+}
+
+// orderLogged is one order in the "orders written" log line.
+type orderLogged struct {
+	ID          string                `json:"order"`
+	Status      flashgate.OrderStatus `json:"status,omitempty"`
+	Reason      string                `json:"reason,omitempty"`
+	Dropped     bool                  `json:"dropped,omitempty"`
+	Redelivered bool                  `json:"redelivered,omitempty"`
+	RequestID   string                `json:"request_id,omitempty"`
 }
 
 // nakDelay grows with the message's tries (its deliveries, and those of the

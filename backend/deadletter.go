@@ -288,6 +288,9 @@ func (ig *ingest) recycle(ctx context.Context, e entry) error {
 	// than start again at its first step: a long outage is retried every
 	// ack wait or so, not in a burst per recycle.
 	fresh.Header.Set(hdrOutageTries, strconv.FormatUint(priorTries(e.msg.Headers())+deliveries(e.msg), 10))
+	if rid := e.msg.Headers().Get(bus.HeaderRequestID); rid != "" {
+		fresh.Header.Set(bus.HeaderRequestID, rid) // the copy names the buyer's request too
+	}
 	if _, err := ig.js.PublishMsg(ctx, fresh, jetstream.WithMsgID(msgID)); err != nil {
 		return fmt.Errorf("recycle %s/%d: %w", e.order.SaleID, e.order.ID, err)
 	}

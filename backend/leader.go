@@ -13,6 +13,7 @@ import (
 
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
 )
 
 // Leader election (docs/design.md §8). The background work that must run on exactly
@@ -108,6 +109,7 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 	}
 	b.retain = &retainer{db: b.db, rc: b.rc, nc: b.nc, nats: b.opts.NATS, retention: b.opts.Retention,
 		log: b.log, metrics: newRetentionMetrics(b.metrics.Registry()), stream: b.rec.stream}
+	b.live = newLive(b.rec, metrics.NewSales(b.metrics.Registry()), b.log)
 	b.warmer.inFlight = b.rec.warmRemaining
 	b.warmer.grace = b.rec.lossGrace
 	return nil
@@ -221,6 +223,7 @@ func (b *Backend) leaderWork(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { b.rec.reconcileLoop(ctx) })
 	wg.Go(func() { b.rewarmLoop(ctx) })
+	wg.Go(func() { b.live.gaugeLoop(ctx) })
 	if leaderSweepEvery > 0 {
 		wg.Go(func() { b.life.runSweeper(ctx, leaderSweepEvery) })
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/mysql"
 )
 
@@ -71,6 +72,8 @@ type lifecycle struct {
 	events  *saleEvents
 	// procCtx is the backend's: cancelled only when Shutdown runs out of time.
 	procCtx context.Context
+	// metrics counts the orders expired (nil in tests that build a bare lifecycle).
+	metrics *metrics.Backend
 }
 
 // commandServer carries out order commands for the gateways: the subscriptions
@@ -556,6 +559,9 @@ func (l *lifecycle) expireTx(ctx context.Context, sale string, ids []uint64, now
 		}
 		if err := tx.Commit(); err != nil {
 			return nil, fmt.Errorf("expire %s: commit: %w", sale, err)
+		}
+		if l.metrics != nil {
+			l.metrics.Expired(len(orders))
 		}
 		return orders, nil
 	})

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flashgate/flashgate"
@@ -49,6 +50,22 @@ func EncodeOrder(o *flashgate.Order) []byte { return AppendOrder(make([]byte, 0,
 // room is reused for the encoding.
 func PublishOrder(ctx context.Context, js jetstream.JetStream, subject string, o *flashgate.Order, buf []byte) (*jetstream.PubAck, error) {
 	return js.Publish(ctx, subject, AppendOrder(buf[:0], o), jetstream.WithMsgID(strconv.FormatUint(o.ID, 10)))
+}
+
+// HeaderRequestID is the message header that carries the id of the HTTP
+// request an order came from (nginx's $request_id, or the gateway's own), so
+// that the backend's log line for the order names it.
+const HeaderRequestID = "X-Request-Id"
+
+// PublishOrderFrom is PublishOrder for an order that came from the HTTP
+// request requestID: the id travels in the message's HeaderRequestID header
+// ("" sends none).
+func PublishOrderFrom(ctx context.Context, js jetstream.JetStream, subject string, o *flashgate.Order, buf []byte, requestID string) (*jetstream.PubAck, error) {
+	if requestID == "" {
+		return PublishOrder(ctx, js, subject, o, buf)
+	}
+	m := &nats.Msg{Subject: subject, Data: AppendOrder(buf[:0], o), Header: nats.Header{HeaderRequestID: []string{requestID}}}
+	return js.PublishMsg(ctx, m, jetstream.WithMsgID(strconv.FormatUint(o.ID, 10)))
 }
 
 // AppendOrder encodes o onto b without reflection (the gateway's hot path).

@@ -106,6 +106,10 @@ type Gateway struct {
 	// (beyond it a reservation is left to reconcile).
 	ReleaseWorkers int `yaml:"release_workers"`
 	ReleaseQueue   int `yaml:"release_queue"`
+	// AccessLogSample is the share of requests the gateway writes an access
+	// log line for (0: none, 1: every one; 0.01 logs one in a hundred), with
+	// the request id nginx set (X-Request-Id) or the gateway made.
+	AccessLogSample float64 `yaml:"access_log_sample"`
 }
 
 // RateLimit is the ops-tunable block of docs/design.md §9 (binding). It reloads
@@ -417,6 +421,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Gateway.LingerTimeout < 0 || c.Gateway.LingerTimeout > 30*time.Second || c.Gateway.LingerMaxBytes < 0 {
 		errs = append(errs, errors.New("gateway.linger_timeout must be 0..30s and linger_max_bytes not negative"))
+	}
+	if !(c.Gateway.AccessLogSample >= 0 && c.Gateway.AccessLogSample <= 1) {
+		errs = append(errs, errors.New("gateway.access_log_sample must be between 0 and 1 (a share of requests)"))
 	}
 	if c.Gateway.LimiterMaxKeys < 1 {
 		errs = append(errs, errors.New("gateway.limiter_max_keys must be positive"))

@@ -70,6 +70,10 @@ type Gateway struct {
 	breakers *breakers
 	metrics  *metrics.Gateway
 	releases *releases
+	// id names this gateway in its stats (stats.go); accessSample is
+	// gateway.access_log_sample.
+	id           string
+	accessSample float64
 
 	srv     *fasthttp.Server
 	edge    *edgeListener
@@ -124,6 +128,7 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 		rc: deps.Redis, nc: deps.NATS, js: deps.JetStream,
 		scripts: lua.Load(), sales: newSales(opts.LiveGrace), now: time.Now, metrics: metrics.NewGateway(),
 		releases: newReleases(opts.Gateway.ReleaseQueue),
+		id:       newRequestID()[:16], accessSample: opts.Gateway.AccessLogSample,
 	}
 	v, err := auth.NewVerifier(opts.Auth)
 	if err != nil {
@@ -183,6 +188,7 @@ func (g *Gateway) runBackground() {
 	g.goBG(func() { g.refreshLoop(bgctx) })
 	g.goBG(func() { g.leaseLoop(bgctx) })
 	g.goBG(func() { g.watchConfig(bgctx) })
+	g.goBG(func() { g.statsLoop(bgctx) })
 }
 
 func (g *Gateway) goBG(f func()) {

@@ -31,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"sync"
@@ -61,7 +62,11 @@ var (
 // allocating, and counts the answer by route and code.
 func (g *Gateway) handle(ctx *fasthttp.RequestCtx) {
 	route := g.route(ctx)
-	g.metrics.Request(route, responseCode(ctx))
+	code := responseCode(ctx)
+	g.metrics.Request(route, code)
+	if g.accessSample > 0 && rand.Float64() < g.accessSample {
+		g.accessLog(ctx, route, code)
+	}
 }
 
 func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
@@ -86,6 +91,9 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 			g.methodNotAllowed(ctx)
 		} else {
 			g.purchase(ctx, s)
+			if s != nil {
+				s.counts.Add(responseCode(ctx)) // the live view's funnel (stats.go)
+			}
 		}
 		return metrics.RoutePurchase
 	case bytes.Equal(seg, segOrders):
@@ -484,10 +492,12 @@ func (g *Gateway) undoAdmit(s *sale, user string, id uint64, region, charges str
 // message did get through (its ack was what got lost): then it is a 202.
 func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order) {
 	start := time.Now()
-	_, err := g.breakers.nats.Execute(func() (struct{}, error) { return struct{}{}, g.send(s, m) })
+	rid := requestID(ctx)
+	_, err := g.breakers.nats.Execute(func() (struct{}, error) { return struct{}{}, g.send(s, m, rid) })
 	if err == nil {
 		g.metrics.PublishLatency(time.Since(start))
 		accepted(ctx, m.ID, flashgate.OrderPending)
+		ctx.Response.Header.SetBytesKV(hdrRequestID, ctx.Request.Header.PeekBytes(hdrRequestID))
 		return
 	}
 	slog.Warn("publish failed; releasing", "sale", s.spec.ID, "order", m.ID, "err", err)
@@ -533,7 +543,8 @@ func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.Relea
 // a message when the publish returns, so a buffer serves the next order.
 var orderBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
-func (g *Gateway) send(s *sale, m *flashgate.Order) error {
+// send publishes m, with the id of the request it came from (rid).
+func (g *Gateway) send(s *sale, m *flashgate.Order, rid string) error {
 	subject := s.subject.Load()
 	if subject == nil {
 		v := bus.OrderSubject(g.cfg.NATS, s.spec.ID)
@@ -543,7 +554,7 @@ func (g *Gateway) send(s *sale, m *flashgate.Order) error {
 	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
 	defer cancel()
 	buf := orderBufs.Get().(*[]byte)
-	_, err := bus.PublishOrder(pctx, g.js, *subject, m, *buf)
+	_, err := bus.PublishOrderFrom(pctx, g.js, *subject, m, *buf, rid)
 	orderBufs.Put(buf)
 	return err
 }
@@ -567,7 +578,7 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, user string, id uint
 	case lua.StatusPending:
 		m := rec
 		m.FactsFromCharges(s.spec.Limits)
-		if err := g.send(s, &m); err != nil {
+		if err := g.send(s, &m, requestID(ctx)); err != nil {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}

@@ -24,6 +24,7 @@ func (g *Gateway) reload(why string) {
 	} else {
 		g.limits.Refused(err)
 	}
+	g.metrics.Reloaded(err == nil)
 	if err != nil {
 		slog.Error("rate limits NOT reloaded; the limits in force stay", "why", why, "file", g.cfg.File, "err", err)
 		return

@@ -14,6 +14,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/ratelimit"
 )
 
@@ -46,6 +47,10 @@ type sale struct {
 	subject atomic.Pointer[string]
 	// lane is the sale's degraded lane on this gateway (degrade.go).
 	lane laneState
+
+	// counts are the purchase answers by code, sent to the backends every
+	// second for the live view (stats.go).
+	counts metrics.SaleCounters
 }
 
 func newSale(spec *flashgate.Sale) *sale {

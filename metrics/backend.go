@@ -67,6 +67,7 @@ type Backend struct {
 	redelivered prometheus.Counter
 	mysqlErrors prometheus.Counter
 	charges     prometheus.Counter
+	expired     prometheus.Counter
 }
 
 // NewBackend creates the backend's collectors on a registry of its own, with
@@ -123,6 +124,11 @@ func NewBackend() *Backend {
 		Help: "Orders refused (failed, bad_charges) because their message's limit charges are not what the backend works out from the order's facts and the sale's limits: a forged or broken publisher.",
 	})
 
+	m.expired = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: sub, Name: "orders_expired_total",
+		Help: "Confirmed orders canceled (reason expired) because their payment deadline passed, their units back on sale.",
+	})
+
 	for _, s := range statuses {
 		m.knownStatus[s] = true
 	}
@@ -138,7 +144,7 @@ func NewBackend() *Backend {
 	}
 
 	m.reg.MustRegister(m.batchSize, m.batchTime, m.batchFailed, m.ordersVec, m.existing,
-		m.pending, m.ackPending, m.redelivered, m.mysqlErrors, m.charges)
+		m.pending, m.ackPending, m.redelivered, m.mysqlErrors, m.charges, m.expired)
 	m.handler = handlerFor(m.reg)
 	return m
 }
@@ -194,3 +200,6 @@ func (m *Backend) MySQLError() { m.mysqlErrors.Inc() }
 
 // ChargesRefused counts an order refused for charges other than its facts make.
 func (m *Backend) ChargesRefused() { m.charges.Inc() }
+
+// Expired counts n orders expired unpaid.
+func (m *Backend) Expired(n int) { m.expired.Add(float64(n)) }

@@ -149,6 +149,7 @@ type Gateway struct {
 	soldOutMarked prometheus.Counter
 	releaseDepth  prometheus.Gauge
 	releaseLost   prometheus.Counter
+	reloads       [2]prometheus.Counter // [0] ok, [1] error
 }
 
 // NewGateway creates the gateway's collectors, every requests and refusals
@@ -211,7 +212,13 @@ func NewGateway() *Gateway {
 		Help: "Releases the full queue could not take; reconcile finds those reservations.",
 	})
 
-	m.reg.MustRegister(requests, refusals, m.admit, m.publish, m.inflight, m.breakers, m.soldOutMarks, m.soldOutMarked,
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: sub, Name: "config_reloads_total",
+		Help: "Configuration reloads (SIGHUP or the file changed), by result: ok (the new rate limits are in force) or error (the limits in force stay).",
+	}, []string{"result"})
+	m.reloads[0], m.reloads[1] = reloads.WithLabelValues("ok"), reloads.WithLabelValues("error")
+
+	m.reg.MustRegister(reloads, requests, refusals, m.admit, m.publish, m.inflight, m.breakers, m.soldOutMarks, m.soldOutMarked,
 		m.releaseDepth, m.releaseLost)
 	m.handler = handlerFor(m.reg)
 	return m
@@ -266,3 +273,12 @@ func (m *Gateway) ReleaseQueued(n int) { m.releaseDepth.Add(float64(n)) }
 
 // ReleaseOverflow counts one release the full queue refused.
 func (m *Gateway) ReleaseOverflow() { m.releaseLost.Inc() }
+
+// Reloaded counts one configuration reload, ok or not.
+func (m *Gateway) Reloaded(ok bool) {
+	if ok {
+		m.reloads[0].Inc()
+	} else {
+		m.reloads[1].Inc()
+	}
+}

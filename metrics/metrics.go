@@ -1,9 +1,11 @@
 // Package metrics owns what flashgate tells Prometheus and pprof: the
 // collectors of the gateway (requests by route and code, admission and
 // JetStream publish latency, limiter refusals, breakers, in-flight requests,
-// sold-out marks) and of the backend (batches, order outcomes, consumer lag,
-// redeliveries, MySQL errors), each process's own registry and the handlers that
-// serve them on the admin ports (docs/design.md §4).
+// sold-out marks, config reloads) and of the backend (batches, order outcomes,
+// consumer lag, redeliveries, MySQL errors, expiries), the leader's per-sale
+// gauges (sales.go: remaining, reserved, sold, pending, the conservation
+// error), flashgate_build_info, each process's own registry and the handlers
+// that serve them on the admin ports (docs/design.md §4, docs/observability.md).
 //
 // Every Gateway and Backend has its own *prometheus.Registry, never the global
 // one: tests run several of each in one process. The methods the gateway calls
@@ -41,6 +43,7 @@ func newRegistry() *prometheus.Registry {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector(),
+		newBuildInfo(),
 	)
 	return reg
 }

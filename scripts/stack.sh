@@ -143,7 +143,9 @@ apps_nats_url() {
 # The stack's shape differs from the defaults (the apps are then told where things are).
 shaped() { [[ "$REDIS_MODE" != single || "$NATS_MODE" != single || $N_GATEWAYS != 1 || $N_BACKENDS != 1 ]]; }
 
-DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev)
+# prometheus brings promtool (the alert rules' tests), chromium the live view's browser test
+# (docs/observability.md).
+DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev prometheus chromium)
 
 # Where Debian puts the daemons (/usr/sbin is not on every PATH).
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin"
@@ -279,7 +281,7 @@ cmd_deps() {
 		$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 			-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
 	fi
-	for p in redis-server redis-cli mariadbd mariadb mariadb-install-db mariadb-admin nats-server nginx envsubst wrk curl; do
+	for p in redis-server redis-cli mariadbd mariadb mariadb-install-db mariadb-admin nats-server nginx envsubst wrk curl promtool chromium; do
 		command -v "$p" >/dev/null 2>&1 || die "'$p' still missing after installing packages"
 	done
 	local go="${GO:-go}"
@@ -467,8 +469,8 @@ render_redis_acl() {
 	)
 }
 
-# NATS users. A gateway publishes orders, pay/cancel requests and its hints (sold out,
-# restocked, warm) and may look up the orders stream; it hears sale events and the replies to
+# NATS users. A gateway publishes orders, pay/cancel requests, its hints (sold out,
+# restocked, warm) and its per-sale counts for the live view (stats), and may look up the orders stream; it hears sale events and the replies to
 # its own requests. Only a backend publishes sale events, creates the streams and consumes
 # orders; it answers requests (allow_responses) without being able to publish on _INBOX at will.
 # A backend also publishes orders: reconcile republishes a stale reservation's order, and an
@@ -512,7 +514,7 @@ write_nats_conf() {
 			  users = [
 			    { user: "$U_ADMIN", password: "$S_NATS_ADMIN" }
 			    { user: "$U_GATEWAY", password: "$S_NATS_GATEWAY", permissions: {
-			        publish: { allow: ["$NATS_ORDERS.*", "$NATS_EVENTS.hint.*", "$NATS_CMD", "$NATS_CMD.purchase",
+			        publish: { allow: ["$NATS_ORDERS.*", "$NATS_EVENTS.hint.*", "$NATS_EVENTS.stats.*", "$NATS_CMD", "$NATS_CMD.purchase",
 			                           "\$JS.API.INFO", "\$JS.API.STREAM.INFO.$s"] }
 			        subscribe: { allow: ["$NATS_EVENTS.>", "_INBOX.>"] }
 			    } }
