@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -275,14 +274,12 @@ func (p *backendProc) kill() {
 	}
 }
 
+// freeAddr is a loopback address to listen on, with a port below the kernel's
+// ephemeral range (testenv.FreePort): a :0 port may be taken by another
+// test's outgoing connection before the process that is to bind it does.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
 }
 
 func rows(t *testing.T, db *sql.DB, sale string) int64 {
