@@ -170,6 +170,95 @@ func TestSplitSaleWriteWarmReconcile(t *testing.T) {
 	}
 }
 
+// TestRepairAndWarmTakeTurns: the warm (and the refill of a split sale's
+// lost buckets) and the stock repair are the writers of a sale's stock keys
+// from MySQL; they hold the sale's warm lock in turn. A repair that finds the
+// lock held sets nothing; one that finds a bucket lost leaves it to the
+// refill; and a repair and a refill run at once, over and over, always end
+// with every region's units where MySQL says, none moved to another region.
+func TestRepairAndWarmTakeTurns(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.ClusterAddrs())
+	r := idleBackend(t, e)
+	sale := spec(60, 2, map[string]int64{"bj": 40, "sh": 20})
+	k := e.createSplitSale(sale, 4)
+	b := k.Buckets()
+	drift := func() {
+		t.Helper()
+		key, _ := b[1].Stock("bj")
+		if err := e.rc.Do(ctx(t), e.rc.B().Incrby().Key(key).Increment(5).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := func(when string, bj, sh int64) {
+		t.Helper()
+		if rem, err := lua.Remaining(ctx(t), e.rc, k); err != nil || rem["bj"] != bj || rem["sh"] != sh {
+			t.Fatalf("%s: remaining %v %v, want bj %d sh %d", when, rem, err, bj, sh)
+		}
+	}
+
+	// A warm holds the lock: the repair waits for it.
+	drift()
+	lock := warmLockKey(sale.ID)
+	if err := e.rc.Do(ctx(t), e.rc.B().Set().Key(lock).Value("another-warmer").Px(warmLockTTL).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	rep := reconcileNow(t, r, sale.ID, ReconcileOptions{})
+	if rep.Repair.Done || rep.Repair.Skipped != warmUnderWay {
+		t.Fatalf("repair beside a warm: %+v, want skipped (%s)", rep.Repair, warmUnderWay)
+	}
+	want("after the skipped repair", 45, 20)
+	if err := e.rc.Do(ctx(t), e.rc.B().Del().Key(lock).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if rep := reconcileNow(t, r, sale.ID, ReconcileOptions{}); !rep.Repair.Done || !rep.Invariant3Holds {
+		t.Fatalf("repair once the warm is done: %+v", rep)
+	}
+	want("after the repair", 40, 20)
+
+	// A bucket lost (its meta gone): the repair alone sets nothing.
+	drift()
+	if err := e.rc.Do(ctx(t), e.rc.B().Del().Key(b[2].Meta).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, skipped, err := r.rec.fixStock(ctx(t), sale.ID, false, DefaultStaleAfter); err != nil || skipped != notWarm {
+		t.Fatalf("repair of a sale with a lost bucket: skipped %q %v, want %q", skipped, err, notWarm)
+	}
+	want("after the repair left the lost bucket alone", 45, 20)
+	if rep := reconcileNow(t, r, sale.ID, ReconcileOptions{}); !rep.Rewarmed || !rep.Repair.Done || !rep.Invariant3Holds {
+		t.Fatalf("refill and repair: %+v", rep)
+	}
+	want("after the refill and the repair", 40, 20)
+
+	// A master loses a bucket while one backend refills it and another
+	// repairs the sale, again and again.
+	for i := range 20 {
+		drift()
+		lost := b[i%len(b)]
+		_, stock := lost.StockKeys()
+		if err := e.rc.Do(ctx(t), e.rc.B().Del().Key(append([]string{lost.Meta}, stock...)...).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.warmer.warm(ctx(t), sale.ID)
+			done <- err
+		}()
+		if _, err := r.ReconcileWith(ctx(t), sale.ID, ReconcileOptions{}); err != nil {
+			t.Fatalf("round %d: reconcile: %v", i, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: warm: %v", i, err)
+		}
+		// Whichever went first, the next repair finds every bucket warm.
+		rep := reconcileNow(t, r, sale.ID, ReconcileOptions{})
+		if !rep.Invariant3Holds {
+			t.Fatalf("round %d: %+v", i, rep)
+		}
+		want("round "+strconv.Itoa(i), 40, 20)
+	}
+}
+
 // TestAdminCreatesSplitSale: POST /admin/v1/sales with "buckets": 12 on the
 // Cluster stores twelve tags, four per master; GET shows them, the ledger
 // counts every bucket, and a close ends admissions in every bucket.

@@ -304,7 +304,7 @@ func (re *reconciler) repairStock(ctx context.Context, id string, before *ledger
 	}
 	switch {
 	case !cur.meta || cur.missingStock():
-		rep.Repair.Skipped = "the sale is not warm in Redis"
+		rep.Repair.Skipped = notWarm
 	case cur.holds():
 		rep.Repair.Skipped = "the ledger holds"
 	case opt.quiet != nil && !opt.quiet(cur.fingerprint()):
@@ -429,6 +429,17 @@ func (re *reconciler) fixStock(ctx context.Context, sale string, onlyMissing boo
 	if err != nil || skipped != "" {
 		return nil, 0, skipped, err
 	}
+	// The warm lock: a warm, or a refill of a split sale's lost buckets, sets
+	// the stock keys too, from its own read of MySQL and the stream; the two
+	// must not interleave (docs/buckets.md).
+	unlock, ok, err := re.warmer.lock(ctx, sale)
+	if err != nil {
+		return nil, 0, "", err
+	}
+	if !ok {
+		return nil, 0, warmUnderWay, nil
+	}
+	defer unlock()
 	// Canceled orders whose restock never ran get it now (the bulk of them,
 	// before the lock; those of the last moments again under it).
 	since := time.Now().Add(-restockWindow)
@@ -448,6 +459,16 @@ func (re *reconciler) fixStock(ctx context.Context, sale string, onlyMissing boo
 		return nil, restocked, "", err
 	}
 	k := lua.KeysOf(&row.Sale)
+	// Under the warm lock the sale is still warm, every bucket of it: one
+	// Redis lost since the ledger was read is the warm's to fill.
+	if warm, err := re.warmer.isWarm(ctx, k); err != nil || !warm {
+		return nil, restocked, notWarm, err
+	}
+	if len(k.Buckets()) > 0 {
+		if lost, err := lostBuckets(ctx, re.rc, k); err != nil || len(lost) > 0 {
+			return nil, restocked, notWarm, err
+		}
+	}
 	p, err := re.stockPlan(ctx, tx, k, msgs, staleAfter)
 	if err != nil {
 		return nil, restocked, "", err
@@ -469,6 +490,12 @@ func (re *reconciler) fixStock(ctx context.Context, sale string, onlyMissing boo
 	re.stockChanged(sale, changes, onlyMissing)
 	return changes, restocked, "", nil
 }
+
+// Why fixStock set nothing, when it was the warm's turn.
+const (
+	warmUnderWay = "a warm of the sale is under way"
+	notWarm      = "the sale is not warm in Redis"
+)
 
 // stockInFlight reads the sale's orders in the stream: all of them when only
 // missing keys are set (they count as in flight), or, for the full repair,

@@ -99,20 +99,11 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 		return w.refillLost(ctx, row, k)
 	}
 
-	token := randomToken()
-	lock := warmLockKey(sale)
-	err = w.rc.Do(ctx, w.rc.B().Set().Key(lock).Value(token).Nx().Px(warmLockTTL).Build()).Error()
-	if rueidis.IsRedisNil(err) {
-		return false, nil // another backend is warming it
+	unlock, ok, err := w.lock(ctx, sale)
+	if err != nil || !ok {
+		return false, err // !ok: another backend is warming it
 	}
-	if err != nil {
-		return false, fmt.Errorf("warm %s: lock: %w", sale, err)
-	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = w.unlock.Exec(uctx, w.rc, []string{lock}, []string{token}).Error()
-	}()
+	defer unlock()
 	// Warmed by someone else between the check and the lock?
 	if warm, err := w.isWarm(ctx, k); err != nil || warm {
 		return false, err
@@ -122,6 +113,27 @@ func (w *warmer) warm(ctx context.Context, sale string) (bool, error) {
 		return false, err
 	}
 	return w.fill(ctx, row, k)
+}
+
+// lock takes the sale's warm lock (warmLockKey): held by a warm, a refill of
+// lost buckets, and a stock repair (reconciler.fixStock), the three writers of
+// a sale's stock keys from MySQL, so that none interleaves with another. ok is
+// false when someone holds it; unlock releases it if it is still ours.
+func (w *warmer) lock(ctx context.Context, sale string) (unlock func(), ok bool, err error) {
+	token := randomToken()
+	key := warmLockKey(sale)
+	err = w.rc.Do(ctx, w.rc.B().Set().Key(key).Value(token).Nx().Px(warmLockTTL).Build()).Error()
+	if rueidis.IsRedisNil(err) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("warm lock of %s: %w", sale, err)
+	}
+	return func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = w.unlock.Exec(uctx, w.rc, []string{key}, []string{token}).Error()
+	}, true, nil
 }
 
 // afterGrace waits the loss grace (w.grace) and reads the sale again if it
@@ -184,20 +196,11 @@ func (w *warmer) refillLost(ctx context.Context, row *saleRow, k *lua.Keys) (boo
 	if err != nil || len(lost) == 0 {
 		return false, err
 	}
-	token := randomToken()
-	lock := warmLockKey(row.ID)
-	err = w.rc.Do(ctx, w.rc.B().Set().Key(lock).Value(token).Nx().Px(warmLockTTL).Build()).Error()
-	if rueidis.IsRedisNil(err) {
-		return false, nil // another backend is at it
+	unlock, ok, err := w.lock(ctx, row.ID)
+	if err != nil || !ok {
+		return false, err // !ok: another backend is at it
 	}
-	if err != nil {
-		return false, fmt.Errorf("refill %s: lock: %w", row.ID, err)
-	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = w.unlock.Exec(uctx, w.rc, []string{lock}, []string{token}).Error()
-	}()
+	defer unlock()
 	if lost, err = lostBuckets(ctx, w.rc, k); err != nil || len(lost) == 0 {
 		return false, err
 	}

@@ -6,6 +6,7 @@
 package chaos
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"database/sql"
@@ -347,12 +348,16 @@ func (st *stack) settle(sale string, accepted []uint64) (audit.Report, time.Dura
 			// At rest: audit once more, on one moment.
 			if rep, err = audit.Check(context.Background(), db, rc, sale, accepted); err == nil {
 				noteFailed(st.t, db, sale, accepted)
-				return rep, time.Since(start)
+				elapsed := time.Since(start)
+				st.noteConservation(sale)
+				return rep, elapsed
 			}
 		}
 		if time.Now().After(deadline) {
 			noteFailed(st.t, db, sale, accepted)
-			return rep, time.Since(start)
+			elapsed := time.Since(start)
+			st.noteConservation(sale)
+			return rep, elapsed
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
@@ -364,6 +369,9 @@ type row struct {
 	oversold, overLimit, lost, duplicated, ledgerDiff int64
 	failed                                            int64
 	recovery                                          time.Duration
+	// conservation is the leader's flashgate_sale_conservation_error_units
+	// for the sale once it settled ("-": the gauge was never exported).
+	conservation string
 	// excused: the row's failed orders are a cost the scenario measures
 	// (a Redis failover without wait_replicas, docs/recovery.md), shown in its
 	// row and left out of the summary's failed.
@@ -376,7 +384,72 @@ var (
 	// failedBy is, per sale settled, how many of its accepted orders ended
 	// failed without a cancel (noteFailed): a 202 is a promise of an order.
 	failedBy = map[string]int64{}
+	// conservationBy is, per sale settled, the last conservation error the
+	// leader backend exported for it (noteConservation).
+	conservationBy = map[string]string{}
 )
+
+// conservationWait bounds the wait for the leader's gauge to read 0 once the
+// audit holds: the leader sets it every second, and a backend killed in the
+// scenario is leader again within the lock's validity (5 s).
+const conservationWait = 60 * time.Second
+
+// noteConservation requires the leader backend's
+// flashgate_sale_conservation_error_units for sale to return to 0 after the
+// fault (issue 15 point 4), polling its /metrics (bounded by
+// conservationWait), and keeps the last value for the report row.
+func (st *stack) noteConservation(sale string) {
+	st.t.Helper()
+	series := `flashgate_sale_conservation_error_units{sale="` + sale + `"}`
+	deadline := time.Now().Add(conservationWait)
+	last, why := "-", ""
+	for {
+		v, ok, err := scrapeSample(st.backend.admin, series)
+		switch {
+		case err != nil:
+			why = err.Error()
+		case !ok:
+			why = "the backend exports no such gauge (not the leader yet?)"
+		default:
+			last = strconv.FormatFloat(v, 'f', -1, 64)
+			why = "it reads " + last
+		}
+		if err == nil && ok && v == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			st.t.Errorf("sale %s: %s did not return to 0 within %v after the fault: %s", sale, series, conservationWait, why)
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	rowsMu.Lock()
+	conservationBy[sale] = last
+	rowsMu.Unlock()
+}
+
+// scrapeSample reads one sample (name with its labels, as exposed) from a
+// process's /metrics; ok is false when it is absent.
+func scrapeSample(admin, sample string) (v float64, ok bool, err error) {
+	res, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return 0, false, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return 0, false, fmt.Errorf("GET /metrics: %s", res.Status)
+	}
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, val, found := strings.Cut(sc.Text(), " ")
+		if found && name == sample {
+			f, err := strconv.ParseFloat(val, 64)
+			return f, err == nil, err
+		}
+	}
+	return 0, false, sc.Err()
+}
 
 // noteFailed counts the accepted orders of sale that MySQL holds as failed.
 func noteFailed(t *testing.T, db *sql.DB, sale string, accepted []uint64) {
@@ -412,9 +485,13 @@ func recordRow(t *testing.T, r row, rep audit.Report) {
 	name := r.name
 	rowsMu.Lock()
 	r.failed = failedBy[rep.SaleID]
+	r.conservation = conservationBy[rep.SaleID]
+	if r.conservation == "" {
+		r.conservation = "-"
+	}
 	rows = append(rows, r)
 	rowsMu.Unlock()
-	t.Logf("%s: %s failed=%d", name, rep, r.failed)
+	t.Logf("%s: %s failed=%d conservation_error_units=%s", name, rep, r.failed, r.conservation)
 	if !rep.OK() {
 		t.Errorf("%s: invariants broken: %s", name, rep)
 	}
@@ -430,24 +507,28 @@ func TestChaos(t *testing.T) {
 		t.Run(sc.name, sc.run)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-32s %9s %9s %7s %9s %10s %5s %11s %7s %12s\n", "scenario", "requests", "accepted", "orders", "oversold", "over-limit", "lost", "duplicated", "failed", "recovered")
-	var over, limit, lost, dup, failed int64
+	fmt.Fprintf(&b, "%-32s %9s %9s %7s %9s %10s %5s %11s %7s %12s %12s\n", "scenario", "requests", "accepted", "orders", "oversold", "over-limit", "lost", "duplicated", "failed", "recovered", "conservation")
+	var over, limit, lost, dup, failed, unconserved int64
 	excused := false
 	for _, r := range rows {
+		if r.conservation != "0" {
+			unconserved++
+		}
 		f := strconv.FormatInt(r.failed, 10)
 		if r.excused {
 			f, excused = f+"*", true
 		} else {
 			failed += r.failed
 		}
-		fmt.Fprintf(&b, "%-32s %9d %9d %7d %9d %10d %5d %11d %7s %12s\n", r.name, r.requests, r.accepted, r.orders,
-			r.oversold, r.overLimit, r.lost, r.duplicated, f, r.recovery.Round(10*time.Millisecond))
+		fmt.Fprintf(&b, "%-32s %9d %9d %7d %9d %10d %5d %11d %7s %12s %12s\n", r.name, r.requests, r.accepted, r.orders,
+			r.oversold, r.overLimit, r.lost, r.duplicated, f, r.recovery.Round(10*time.Millisecond), r.conservation)
 		over, limit, lost, dup = over+r.oversold, limit+r.overLimit, lost+r.lost, dup+r.duplicated
 	}
 	if excused {
 		fmt.Fprintf(&b, "* accepted orders a Redis failover without wait_replicas turned into failed ones (units returned; docs/recovery.md): not in the failed below\n")
 	}
-	fmt.Fprintf(&b, "chaos: %d scenarios, oversold %d, over-limit %d, lost %d, duplicated %d, failed %d\n", len(rows), over, limit, lost, dup, failed)
+	fmt.Fprintf(&b, "chaos: %d scenarios, oversold %d, over-limit %d, lost %d, duplicated %d, failed %d, conservation error not 0 in %d\n",
+		len(rows), over, limit, lost, dup, failed, unconserved)
 	fmt.Print(b.String())
 	if p := os.Getenv("CHAOS_REPORT"); p != "" {
 		_ = os.WriteFile(p, []byte(b.String()), 0o644)

@@ -470,10 +470,15 @@ func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Ti
 func remainingBucketed(ctx context.Context, c rueidis.Client, k *Keys) (map[string]int64, error) {
 	cmds := make(rueidis.Commands, len(k.buckets))
 	regions := make([][]string, len(k.buckets))
+	// keys[i] are bucket i's keys for view.lua, in the order of regions[i]:
+	// a retry after NOSCRIPT sends these same keys, so each value read is
+	// added to its own region.
+	keys := make([][]string, len(k.buckets))
 	for i, b := range k.buckets {
-		var keys []string
-		regions[i], keys = b.StockKeys()
-		cmds[i] = c.B().Evalsha().Sha1(viewSHA).Numkeys(int64(2 + len(keys))).Key(append([]string{b.xout, b.xin}, keys...)...).Build()
+		var stock []string
+		regions[i], stock = b.StockKeys()
+		keys[i] = append([]string{b.xout, b.xin}, stock...)
+		cmds[i] = c.B().Evalsha().Sha1(viewSHA).Numkeys(int64(len(keys[i]))).Key(keys[i]...).Build()
 	}
 	res := c.DoMulti(ctx, cmds...)
 	out := make(map[string]int64)
@@ -482,9 +487,8 @@ func remainingBucketed(ctx context.Context, c rueidis.Client, k *Keys) (map[stri
 	for i, r := range res {
 		v, err := r.ToArray()
 		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			b := k.buckets[i]
-			_, keys := b.StockKeys()
-			v, err = viewScript.Exec(ctx, c, append([]string{b.xout, b.xin}, keys...), nil).ToArray()
+			// A master that has not seen view.lua (restarted, new, failed over).
+			v, err = viewScript.Exec(ctx, c, keys[i], nil).ToArray()
 		}
 		if err != nil || len(v) != 3 {
 			return nil, fmt.Errorf("remaining %s bucket %d: %v", k.Sale, i, err)

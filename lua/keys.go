@@ -146,14 +146,21 @@ func (k *Keys) windowKeys(charges string) (windows, keys []string, err error) {
 	return windows, keys, nil
 }
 
-// StockKeys lists every stock key of the sale, with the region each belongs to.
+// StockKeys lists every stock key of the sale, with the region each belongs
+// to, in the order of the region names: the same on every call, so that a
+// caller that lists them twice (a retry) pairs each value with its region.
 func (k *Keys) StockKeys() (regions, keys []string) {
 	if len(k.region) == 0 {
 		return []string{""}, []string{k.stock}
 	}
-	for r, key := range k.region {
+	regions = make([]string, 0, len(k.region))
+	for r := range k.region {
 		regions = append(regions, r)
-		keys = append(keys, key)
+	}
+	slices.Sort(regions)
+	keys = make([]string, len(regions))
+	for i, r := range regions {
+		keys[i] = k.region[r]
 	}
 	return regions, keys
 }

@@ -137,3 +137,22 @@ func TestLayoutTaggedAndRetired(t *testing.T) {
 		t.Errorf("LeaderLock = %s", got)
 	}
 }
+
+// TestStockKeysOrder: StockKeys answers the regions in name order, each with
+// its own key, on every call (a retry pairs values with regions by position).
+func TestStockKeysOrder(t *testing.T) {
+	k := BucketedKeysFor("order", []string{"sh", "gz", "bj"}, []string{"0", "1"})
+	for _, keys := range append([]*Keys{k}, k.Buckets()...) {
+		for range 20 {
+			regions, stock := keys.StockKeys()
+			if !slices.Equal(regions, []string{"bj", "gz", "sh"}) {
+				t.Fatalf("regions %v, want bj gz sh", regions)
+			}
+			for i, r := range regions {
+				if want, _ := keys.Stock(r); stock[i] != want {
+					t.Fatalf("key %d is %s, want %s (region %s)", i, stock[i], want, r)
+				}
+			}
+		}
+	}
+}
