@@ -276,20 +276,13 @@ func (l *lane) redisUp(sale string) bool {
 // rewarmLoop is the leader's: every rewarmEvery it warms each stale sale
 // again from MySQL, if Redis answers, until ctx (the leader lock's) ends.
 func (b *Backend) rewarmLoop(ctx context.Context) {
-	t := time.NewTicker(rewarmEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	everyTick(ctx, rewarmEvery, func() {
 		stale, err := mysql.StaleSales(ctx, b.db)
 		if err != nil {
 			if ctx.Err() == nil {
 				b.log.Warn("rewarm: listing stale sales", "err", err)
 			}
-			continue
+			return
 		}
 		for id := range stale {
 			rctx, cancel := context.WithTimeout(ctx, rewarmTimeout)
@@ -302,7 +295,7 @@ func (b *Backend) rewarmLoop(ctx context.Context) {
 				b.log.Info("stale sale warmed again from MySQL: the fast path resumes", "sale", id)
 			}
 		}
-	}
+	})
 }
 
 // errRewarmBusy: another backend holds the sale's warm lock.

@@ -171,20 +171,13 @@ func (l *live) recentSales(ctx context.Context) ([]string, error) {
 func (l *live) gaugeLoop(ctx context.Context) {
 	defer l.gauges.Reset()
 	shown := map[string]bool{}
-	t := time.NewTicker(gaugeEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	everyTick(ctx, gaugeEvery, func() {
 		ids, err := l.recentSales(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
 				l.log.Warn("sale gauges: listing sales", "err", err)
 			}
-			continue
+			return
 		}
 		for _, id := range ids {
 			st, _, err := l.read(ctx, id)
@@ -206,7 +199,7 @@ func (l *live) gaugeLoop(ctx context.Context) {
 				delete(shown, id)
 			}
 		}
-	}
+	})
 }
 
 // LiveSale is one sale in the live view: its spec (the limits in force), its

@@ -859,20 +859,13 @@ func (re *reconciler) reconcileLoop(ctx context.Context) {
 		since time.Time
 	}
 	marks := map[string]mark{}
-	t := time.NewTicker(reconcileEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	everyTick(ctx, reconcileEvery, func() {
 		ids, err := mysql.RecentSaleIDs(ctx, re.db, time.Now().UTC().Add(-reconcileRecent))
 		if err != nil {
 			if ctx.Err() == nil {
 				re.log.Warn("reconcile: listing sales", "err", err)
 			}
-			continue
+			return
 		}
 		seen := make(map[string]bool, len(ids))
 		for _, id := range ids {
@@ -905,5 +898,5 @@ func (re *reconciler) reconcileLoop(ctx context.Context) {
 				delete(marks, id)
 			}
 		}
-	}
+	})
 }

@@ -79,14 +79,7 @@ func (r *retainer) retireLoop(ctx context.Context) {
 	} else if n > 0 {
 		r.log.Info("retention: sales added to the live index", "sales", n)
 	}
-	t := time.NewTicker(retireEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	everyTick(ctx, retireEvery, func() {
 		rep, err := r.retireSales(ctx, time.Now())
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("retention pass", "err", err)
@@ -94,7 +87,7 @@ func (r *retainer) retireLoop(ctx context.Context) {
 		if len(rep.Retired) > 0 {
 			r.log.Info("sales retired from redis", "sales", len(rep.Retired), "held", len(rep.Held))
 		}
-	}
+	})
 }
 
 // retireSales retires every sale that ended or closed sales.retention before
