@@ -304,13 +304,9 @@ func (w *warmer) rebuildUsersBucketed(ctx context.Context, q queryer, k *lua.Key
 		}
 	}
 	flush := func() error {
-		for _, r := range w.rc.DoMulti(ctx, cmds...) {
-			if err := r.Error(); err != nil {
-				return err
-			}
-		}
+		err := sendAll(ctx, w.rc, cmds)
 		cmds = cmds[:0]
-		return nil
+		return err
 	}
 	if err := flush(); err != nil {
 		return err
@@ -396,13 +392,9 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 func (w *warmer) rebuildLimitsBucketed(ctx context.Context, k *lua.Keys, loc *time.Location, now time.Time, keep func(string) bool) error {
 	var cmds rueidis.Commands
 	flush := func() error {
-		for _, r := range w.rc.DoMulti(ctx, cmds...) {
-			if err := r.Error(); err != nil {
-				return err
-			}
-		}
+		err := sendAll(ctx, w.rc, cmds)
 		cmds = cmds[:0]
-		return nil
+		return err
 	}
 	err := mysql.EachLimitUsage(ctx, w.db, k.Sale, func(lim int, win, subject string, used int64) error {
 		end := flashgate.WindowEnd(win, loc)
@@ -440,13 +432,9 @@ func (w *warmer) rebuildOrders(ctx context.Context, k *lua.Keys) error {
 func (w *warmer) rebuildOrdersFor(ctx context.Context, k *lua.Keys, keep func(string) bool) error {
 	var cmds rueidis.Commands
 	flush := func() error {
-		for _, r := range w.rc.DoMulti(ctx, cmds...) {
-			if err := r.Error(); err != nil {
-				return err
-			}
-		}
+		err := sendAll(ctx, w.rc, cmds)
 		cmds = cmds[:0]
-		return nil
+		return err
 	}
 	err := mysql.EachOrder(ctx, w.db, k.Sale, func(o flashgate.Order) error {
 		if keep != nil && !keep(o.UserID) {
@@ -574,4 +562,15 @@ func randomToken() string {
 	var buf [12]byte
 	_, _ = rand.Read(buf[:])
 	return hex.EncodeToString(buf[:])
+}
+
+// sendAll sends cmds in one round trip and answers the first error among
+// their replies.
+func sendAll(ctx context.Context, rc rueidis.Client, cmds rueidis.Commands) error {
+	for _, r := range rc.DoMulti(ctx, cmds...) {
+		if err := r.Error(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
