@@ -45,27 +45,17 @@ end
 if not qty or qty < 1 or qty > tonumber(meta[5]) then
   return {'bad_quantity'}
 end
--- The stock is read before the buyer is counted: when it can serve the purchase, the
--- buyer's count is raised at once (HINCRBY, one command) and every later refusal
--- takes it back (refuse), so a refused purchase leaves Redis as it was; when it
--- cannot, nothing is written and the buyer's count is only read.
-local stock = redis.call('GET', KEYS[2])
-if stock then
-  stock = tonumber(stock)
-end
-local counted = stock and stock >= qty
+-- The buyer is counted first (HINCRBY: one command where reading the count and
+-- raising it took two), and every later refusal takes the count back (refuse):
+-- a refused purchase leaves Redis as it was, and the path that admits is the
+-- short one.
 local function refuse(reply)
-  if counted and redis.call('HINCRBY', KEYS[3], user, -qty) <= 0 then
+  if redis.call('HINCRBY', KEYS[3], user, -qty) <= 0 then
     redis.call('HDEL', KEYS[3], user)
   end
   return reply
 end
-local held
-if counted then
-  held = redis.call('HINCRBY', KEYS[3], user, qty) - qty
-else
-  held = tonumber(redis.call('HGET', KEYS[3], user) or '0')
-end
+local held = redis.call('HINCRBY', KEYS[3], user, qty) - qty
 if held + qty > tonumber(meta[4]) then
   local out = {'limit_reached', tostring(held), '0'}
   return refuse(out)
@@ -106,11 +96,15 @@ if nc > 0 or meta[6] ~= '' then
     end
   end
 end
+local stock = redis.call('GET', KEYS[2])
 if not stock then
-  return {'not_warmed'}
+  local out = {'not_warmed'}
+  return refuse(out)
 end
-if not counted then
-  return {'sold_out', tostring(stock)}
+stock = tonumber(stock)
+if stock < qty then
+  local out = {'sold_out', tostring(stock)}
+  return refuse(out)
 end
 -- An order id is used once. Ids are unique by construction (package orderid); if
 -- two ever met, overwriting the first reservation would lose its unit: HSETNX

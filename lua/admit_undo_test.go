@@ -13,8 +13,8 @@ import (
 	"github.com/flashgate/flashgate/lua"
 )
 
-// admit.lua counts the buyer first (HINCRBY) when the stock can serve the
-// purchase, and takes the count back on a later refusal: every refusal must
+// admit.lua counts the buyer first (HINCRBY) and takes the count back on a later
+// refusal: every refusal must
 // leave the sale's keys exactly as they were, a buyer's count that did not exist
 // included.
 
@@ -100,6 +100,21 @@ func TestRefusalLeavesRedisAsItWas(t *testing.T) {
 			if s.held("dave") != 0 {
 				t.Fatalf("dave holds %d", s.held("dave"))
 			}
+		})
+		t.Run("no stock key", func(t *testing.T) {
+			s := newSale(t, c, func(s *flashgate.Sale) { s.Regions = map[string]int64{"bj": 6, "sh": 4} })
+			s.mustAdmit(lua.AdmitArgs{User: "gina", Region: "bj"})
+			sh, _ := s.k.Stock("sh")
+			if err := c.Do(ctx(t), c.B().Del().Key(sh).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			before := s.snapshot()
+			for _, u := range []string{"gina", "hank"} {
+				if res, _ := s.admit(lua.AdmitArgs{User: u, Region: "sh"}); res.Outcome != lua.NotWarmed {
+					t.Fatalf("%s: %+v, want not_warmed", u, res)
+				}
+			}
+			s.unchanged("a not-warmed refusal", before)
 		})
 		t.Run("sold out", func(t *testing.T) {
 			s := newSale(t, c, func(s *flashgate.Sale) { s.Total, s.PerUserLimit, s.PerOrderMax = 1, 1, 1 })
