@@ -280,7 +280,7 @@ ticks_of() { # ticks_of PID...: the sum of utime+stime of those processes (and n
 	done
 	echo "$sum"
 }
-pid_in() { [[ -f "$1" ]] && tr -dc '0-9' <"$1"; }
+pid_in() { [[ -f "$1" ]] && tr -dc '0-9' <"$1" || true; } # "" when there is none (never fails: cleanup runs under set -e)
 nginx_pids() { # the master named by the pid file and its workers
 	local m
 	m="$(pid_in "$1")"
