@@ -45,57 +45,76 @@ end
 if not qty or qty < 1 or qty > tonumber(meta[5]) then
   return {'bad_quantity'}
 end
-local held = tonumber(redis.call('HGET', KEYS[3], user) or '0')
+-- The buyer is counted first (HINCRBY: one command where reading the count and
+-- raising it took two), and every later refusal takes the count back (refuse):
+-- a refused purchase leaves Redis as it was, and the path that admits is the
+-- short one.
+local function refuse(reply)
+  if redis.call('HINCRBY', KEYS[3], user, -qty) <= 0 then
+    redis.call('HDEL', KEYS[3], user)
+  end
+  return reply
+end
+local held = redis.call('HINCRBY', KEYS[3], user, qty) - qty
 if held + qty > tonumber(meta[4]) then
-  return {'limit_reached', tostring(held), '0'}
+  local out = {'limit_reached', tostring(held), '0'}
+  return refuse(out)
 end
 local charges = ARGV[8] or ''
 local nc = 0
 if #ARGV > 8 then
   nc = (#ARGV - 8) / 3
 end
-local maxima = {}
-if meta[6] then
-  for v in string.gmatch(meta[6], '[^,]+') do
-    maxima[#maxima + 1] = tonumber(v)
-  end
-else
-  local ok, ls = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'limits') or '')
-  if ok and type(ls) == 'table' then
-    for i, l in ipairs(ls) do
-      maxima[i] = tonumber(l['max'])
+-- A sale without extra limits ('lmax' empty) and a purchase without charges: nothing to parse.
+if nc > 0 or meta[6] ~= '' then
+  local maxima = {}
+  if meta[6] then
+    for v in string.gmatch(meta[6], '[^,]+') do
+      maxima[#maxima + 1] = tonumber(v)
+    end
+  else
+    local ok, ls = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'limits') or '')
+    if ok and type(ls) == 'table' then
+      for i, l in ipairs(ls) do
+        maxima[i] = tonumber(l['max'])
+      end
     end
   end
-end
-if nc ~= #maxima then
-  return redis.error_reply('admit: ' .. nc .. ' charges for ' .. #maxima .. ' limits')
-end
-for j = 1, nc do
-  local a = 8 + 3 * (j - 1)
-  local inc = tonumber(ARGV[a + 2])
-  if tonumber(string.match(ARGV[a + 1], '^(%d+)/')) ~= j - 1 or not inc or inc < 1 or not maxima[j] then
-    return redis.error_reply('admit: charge ' .. j .. ' is not of limit ' .. (j - 1))
+  if nc ~= #maxima then
+    return refuse(redis.error_reply('admit: ' .. nc .. ' charges for ' .. #maxima .. ' limits'))
   end
-  local cur = tonumber(redis.call('HGET', KEYS[6 + j], ARGV[a + 1]) or '0')
-  if cur + inc > maxima[j] then
-    return {'limit_reached', tostring(cur), tostring(j)}
+  for j = 1, nc do
+    local a = 8 + 3 * (j - 1)
+    local inc = tonumber(ARGV[a + 2])
+    if tonumber(string.match(ARGV[a + 1], '^(%d+)/')) ~= j - 1 or not inc or inc < 1 or not maxima[j] then
+      return refuse(redis.error_reply('admit: charge ' .. j .. ' is not of limit ' .. (j - 1)))
+    end
+    local cur = tonumber(redis.call('HGET', KEYS[6 + j], ARGV[a + 1]) or '0')
+    if cur + inc > maxima[j] then
+      local out = {'limit_reached', tostring(cur), tostring(j)}
+      return refuse(out)
+    end
   end
 end
 local stock = redis.call('GET', KEYS[2])
 if not stock then
-  return {'not_warmed'}
+  local out = {'not_warmed'}
+  return refuse(out)
 end
 stock = tonumber(stock)
 if stock < qty then
-  return {'sold_out', tostring(stock)}
+  local out = {'sold_out', tostring(stock)}
+  return refuse(out)
 end
 -- An order id is used once. Ids are unique by construction (package orderid); if
--- two ever met, overwriting the first reservation would lose its unit.
-if redis.call('HEXISTS', KEYS[5], id) == 1 then
-  return {'duplicate_id'}
+-- two ever met, overwriting the first reservation would lose its unit: HSETNX
+-- writes the order's record only when the id is free.
+local rec = user .. '|' .. ARGV[2] .. '|' .. ARGV[6] .. '|' .. ARGV[4] .. '|' .. ARGV[7] .. '|' .. idem .. '|' .. charges
+if redis.call('HSETNX', KEYS[5], id, 'pending||' .. rec) == 0 then
+  local out = {'duplicate_id'}
+  return refuse(out)
 end
 local left = redis.call('DECRBY', KEYS[2], qty)
-redis.call('HINCRBY', KEYS[3], user, qty)
 for j = 1, nc do
   local a = 8 + 3 * (j - 1)
   local inc = tonumber(ARGV[a + 2])
@@ -104,9 +123,7 @@ for j = 1, nc do
     redis.call('PEXPIRE', KEYS[6 + j], ARGV[a + 3])
   end
 end
-local rec = user .. '|' .. ARGV[2] .. '|' .. ARGV[6] .. '|' .. ARGV[4] .. '|' .. ARGV[7] .. '|' .. idem .. '|' .. charges
 redis.call('HSET', KEYS[4], id, rec)
-redis.call('HSET', KEYS[5], id, 'pending||' .. rec)
 if idem ~= '' then
   redis.call('HSET', KEYS[6], idemField, id)
 end

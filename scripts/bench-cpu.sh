@@ -14,8 +14,8 @@
 # gateway runs with GODEBUG=gctrace=1 (its GC cycles counted in the output).
 #
 # Needs the stack (scripts/stack.sh up: infra and backend). Environment: BENCH_CPU_RATE (1500),
-# BENCH_CPU_DURATION (10s), BENCH_CPU_USERS (200000), BENCH_GATEWAY_PORT (18080),
-# BENCH_GATEWAY_ADMIN_PORT (18081), STACK_CONFIG (configs/flashgate.yaml).
+# BENCH_CPU_DURATION (10s), BENCH_CPU_USERS (200000), BENCH_GATEWAY_PORT (18080 + STACK_PORT_OFFSET),
+# BENCH_GATEWAY_ADMIN_PORT (18081 + STACK_PORT_OFFSET), STACK_CONFIG (configs/flashgate.yaml).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,8 +24,9 @@ export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin"
 RATE="${BENCH_CPU_RATE:-1500}"
 DURATION="${BENCH_CPU_DURATION:-10s}"
 USERS="${BENCH_CPU_USERS:-200000}"
-GW_PORT="${BENCH_GATEWAY_PORT:-18080}"
-GW_ADMIN="${BENCH_GATEWAY_ADMIN_PORT:-18081}"
+OFFSET="${STACK_PORT_OFFSET:-0}"
+GW_PORT="${BENCH_GATEWAY_PORT:-$((18080 + OFFSET))}"
+GW_ADMIN="${BENCH_GATEWAY_ADMIN_PORT:-$((18081 + OFFSET))}"
 CONFIG="${STACK_CONFIG:-configs/flashgate.yaml}"
 RUN="$ROOT/var/run"
 OUT="$ROOT/var/bench/cpu"

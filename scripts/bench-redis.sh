@@ -20,7 +20,9 @@
 #
 # Environment: BENCH_REDIS_CLIENTS (64), BENCH_REDIS_REQUESTS (200000, per run),
 # BENCH_REDIS_THREADS (2: redis-benchmark --threads; 0 leaves the option out), BENCH_REDIS_PIPELINE
-# (16: the pipelined run's -P), BENCH_REDIS_HOST (127.0.0.1), BENCH_REDIS_PORT (16379).
+# (16: the pipelined run's -P), BENCH_REDIS_HOST (127.0.0.1), BENCH_REDIS_PORT (16379 + STACK_PORT_OFFSET),
+# BENCH_REDIS_SCRIPT (lua/admit.lua: another version of it, to compare). The bench sale's meta is
+# what warm writes for a sale without regions or extra limits (lmax empty).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,9 +34,10 @@ REQUESTS="${BENCH_REDIS_REQUESTS:-200000}"
 THREADS="${BENCH_REDIS_THREADS:-2}"
 PIPE="${BENCH_REDIS_PIPELINE:-16}"
 HOST="${BENCH_REDIS_HOST:-127.0.0.1}"
-PORT="${BENCH_REDIS_PORT:-16379}"
+DEFAULT_PORT=$((16379 + ${STACK_PORT_OFFSET:-0}))
+PORT="${BENCH_REDIS_PORT:-$DEFAULT_PORT}"
 STACK="$ROOT/scripts/stack.sh"
-SCRIPT="$ROOT/lua/admit.lua"
+SCRIPT="${BENCH_REDIS_SCRIPT:-$ROOT/lua/admit.lua}"
 OUT="$ROOT/var/bench"
 LOG="$ROOT/var/log"
 # Random ints from redis-benchmark -r are random() % keyspace: at most 2^31 - 1 distinct values.
@@ -84,8 +87,8 @@ mkdir -p "$OUT" "$LOG"
 rm -f "$OUT"/redis-p*.csv
 
 if [[ "$(rraw ping 2>/dev/null)" != PONG ]]; then
-	[[ "$HOST:$PORT" == 127.0.0.1:16379 ]] || die "no Redis answers on $HOST:$PORT"
-	say "no Redis on 127.0.0.1:16379: scripts/stack.sh infra-up"
+	[[ "$HOST:$PORT" == "127.0.0.1:$DEFAULT_PORT" ]] || die "no Redis answers on $HOST:$PORT"
+	say "no Redis on 127.0.0.1:$DEFAULT_PORT: scripts/stack.sh infra-up"
 	"$STACK" infra-up >>"$LOG/bench-redis-stack.log" 2>&1 || die "scripts/stack.sh infra-up failed" "$LOG/bench-redis-stack.log"
 	login
 	[[ "$(rraw ping 2>/dev/null)" == PONG ]] || die "still no Redis on $HOST:$PORT"
@@ -134,7 +137,7 @@ new_sale() {
 	NOW_MS="$(($(date +%s%3N)))"
 	local starts=$((NOW_MS - 60000)) ends=$((NOW_MS + 86400000))
 	[[ "$(rraw set "${KEYS[1]}" "$STOCK")" == OK ]] || die "SET ${KEYS[1]} failed"
-	rraw hset "${KEYS[0]}" state open starts "$starts" ends "$ends" limit 1 omax 1 \
+	rraw hset "${KEYS[0]}" state open starts "$starts" ends "$ends" limit 1 omax 1 lmax "" \
 		total "$STOCK" price 9900 title bench-redis regions "" >/dev/null || die "HSET ${KEYS[0]} failed"
 }
 stock_left() { rraw get "${KEYS[1]}"; }

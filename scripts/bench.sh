@@ -41,7 +41,8 @@
 # (10000), BENCH_PROFILE (1: CPU and allocation profiles of the bench gateway during purchases and
 # of the ingesting backend; 0: none), BENCH_SELLOUT_TOTAL (1000), BENCH_PURCHASE_TOTAL (10000000),
 # BENCH_NGINX_PORT (18090), BENCH_GATEWAY_PORT (18080), BENCH_GATEWAY_ADMIN_PORT (18081),
-# BENCH_SEEDSYNC_PORT (18095), BENCH_EDGE_PORT (18091: nginx/nginx.conf in front of the bench gateway), BENCH_STRICT=1 (exit 1 when a target is missed), BENCH_RESULTS
+# BENCH_SEEDSYNC_PORT (18095), BENCH_EDGE_PORT (18091: nginx/nginx.conf in front of the bench gateway)
+# (each of these five plus STACK_PORT_OFFSET, which shifts the stack's ports too), BENCH_STRICT=1 (exit 1 when a target is missed), BENCH_RESULTS
 # (bench/results.json), BENCH_MARKDOWN (BENCHMARKS.md), STACK_CONFIG (configs/flashgate.yaml),
 # GO (go). The parts' own scripts read their own variables too (bench/README.md).
 set -euo pipefail
@@ -58,11 +59,19 @@ CONNS="${BENCH_CONNS:-10000}"
 PROFILE="${BENCH_PROFILE:-1}"
 SELLOUT_TOTAL="${BENCH_SELLOUT_TOTAL:-1000}"
 PURCHASE_TOTAL="${BENCH_PURCHASE_TOTAL:-10000000}"
-NGINX_PORT="${BENCH_NGINX_PORT:-18090}"
-GW_PORT="${BENCH_GATEWAY_PORT:-18080}"
-GW_ADMIN="${BENCH_GATEWAY_ADMIN_PORT:-18081}"
-SEEDS_PORT="${BENCH_SEEDSYNC_PORT:-18095}"
-EDGE_PORT="${BENCH_EDGE_PORT:-18091}"
+# STACK_PORT_OFFSET, as scripts/stack.sh reads it: the stack's ports and the bench's own defaults
+# below are shifted by it, so a bench can run beside another stack.
+OFFSET="${STACK_PORT_OFFSET:-0}"
+[[ "$OFFSET" =~ ^[0-9]+$ ]] && ((OFFSET <= 40000)) || {
+	printf 'bench: STACK_PORT_OFFSET must be a whole number 0..40000, not %s\n' "$OFFSET" >&2
+	exit 1
+}
+export STACK_PORT_OFFSET="$OFFSET"
+NGINX_PORT="${BENCH_NGINX_PORT:-$((18090 + OFFSET))}"
+GW_PORT="${BENCH_GATEWAY_PORT:-$((18080 + OFFSET))}"
+GW_ADMIN="${BENCH_GATEWAY_ADMIN_PORT:-$((18081 + OFFSET))}"
+SEEDS_PORT="${BENCH_SEEDSYNC_PORT:-$((18095 + OFFSET))}"
+EDGE_PORT="${BENCH_EDGE_PORT:-$((18091 + OFFSET))}"
 RESULTS="${BENCH_RESULTS:-bench/results.json}"
 MARKDOWN="${BENCH_MARKDOWN:-BENCHMARKS.md}"
 CONFIG="${STACK_CONFIG:-configs/flashgate.yaml}"
@@ -271,7 +280,7 @@ ticks_of() { # ticks_of PID...: the sum of utime+stime of those processes (and n
 	done
 	echo "$sum"
 }
-pid_in() { [[ -f "$1" ]] && tr -dc '0-9' <"$1"; }
+pid_in() { [[ -f "$1" ]] && tr -dc '0-9' <"$1" || true; } # "" when there is none (never fails: cleanup runs under set -e)
 nginx_pids() { # the master named by the pid file and its workers
 	local m
 	m="$(pid_in "$1")"
@@ -356,7 +365,7 @@ fi
 # 2. Redis's limit
 
 next "redis_evalsha: scripts/bench-redis.sh"
-if run redis_evalsha scripts/bench-redis.sh; then
+if run redis_evalsha env BENCH_REDIS_PORT="${BENCH_REDIS_PORT:-$((16379 + OFFSET))}" scripts/bench-redis.sh; then
 	tail -n 1 "$OUT/redis_evalsha.out" >"$OUT/redis_evalsha.json"
 	grep '^redis:' "$OUT/redis_evalsha.err" | sed 's/^/bench:        /' >&2 || true
 else
