@@ -85,3 +85,21 @@ func exists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+// TestEveryDocIsIndexed: the README's Documentation table links every page
+// of docs/, so a reader who starts at the README can find each one.
+func TestEveryDocIsIndexed(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages, err := filepath.Glob("docs/*.md")
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("docs/*.md: %v %v", pages, err)
+	}
+	for _, p := range pages {
+		if !bytes.Contains(readme, []byte("]("+p+")")) {
+			t.Errorf("README.md's Documentation table does not link %s", p)
+		}
+	}
+}
