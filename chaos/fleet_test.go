@@ -107,6 +107,7 @@ func (st *stack) loseRedis(sale string, down time.Duration) {
 	m.Kill()
 	time.Sleep(down)
 	m.Start()
+	st.redisBack()
 }
 
 // loseAllRedis is every Redis killed with -9 and started again without data
@@ -129,6 +130,22 @@ func (st *stack) loseAllRedis(down time.Duration) {
 	time.Sleep(down)
 	for _, m := range ms {
 		m.Start()
+	}
+	st.redisBack()
+}
+
+// redisBack waits, on a cluster, until it is whole again (every node sees it
+// ok, every master has its replica in sync): a restarted standalone Redis is
+// back once it accepts connections, a cluster once it serves every slot
+// (before, it answers CLUSTERDOWN, and a gateway starting then stops).
+func (st *stack) redisBack() {
+	st.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !st.rcluster.Settled(3, 1) {
+		if time.Now().After(deadline) {
+			st.t.Fatalf("the Redis Cluster is not whole again within 30s")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
