@@ -1,6 +1,7 @@
 // Package chaos is flashgate's fault suite (`make chaos`): each scenario runs
 // the whole funnel — two gateways, a backend, Redis, NATS, MariaDB, every one a
-// real process of the scenario's own — floods it with purchases, injects one
+// real process of the scenario's own; on the fleet (fleet_test.go) Redis and
+// NATS clusters, more gateways and backends — floods it with purchases, injects one
 // fault, drains, reconciles, and checks docs/design.md §2's invariants by reading
 // MySQL and Redis directly.
 package chaos
