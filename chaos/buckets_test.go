@@ -9,9 +9,10 @@ import (
 	"github.com/flashgate/flashgate/internal/testenv"
 )
 
-// The scenarios on a sale split over stock buckets (docs/buckets.md): the
-// stack's Redis is a single one, so the twelve buckets share it, and every
-// path of a split sale runs (homes, transfers, warm and reconcile per bucket).
+// The scenarios on a sale split over stock buckets (docs/buckets.md): on the
+// suite's single Redis the twelve buckets share it, on a Redis Cluster they
+// spread over its masters, and every path of a split sale runs (homes,
+// transfers, warm and reconcile per bucket).
 func init() {
 	scenarios = append(scenarios,
 		scenario{"12 buckets: redis lost + gw kill", func(t *testing.T) {
@@ -21,9 +22,7 @@ func init() {
 			// bucket from MySQL and the stream), and a gateway dies and comes
 			// back (transfers it had under way are landed by reconcile).
 			requests, accepted := st.flood(s.ID, 3000, 3000, func() {
-				st.redis.Kill()
-				time.Sleep(500 * time.Millisecond)
-				st.redis.Start()
+				st.loseAllRedis(500 * time.Millisecond)
 				time.Sleep(300 * time.Millisecond)
 				st.gateways[1].kill()
 				time.Sleep(200 * time.Millisecond)

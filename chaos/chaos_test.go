@@ -1,6 +1,7 @@
 // Package chaos is flashgate's fault suite (`make chaos`): each scenario runs
 // the whole funnel — two gateways, a backend, Redis, NATS, MariaDB, every one a
-// real process of the scenario's own — floods it with purchases, injects one
+// real process of the scenario's own; on the fleet (fleet_test.go) Redis and
+// NATS clusters, more gateways and backends — floods it with purchases, injects one
 // fault, drains, reconciles, and checks docs/design.md §2's invariants by reading
 // MySQL and Redis directly.
 package chaos
@@ -125,7 +126,10 @@ type stack struct {
 	rcluster *testenv.RedisCluster
 	ncluster *testenv.NATSCluster
 	maria    *testenv.Server
+	// backend is the leader backend as last found (leader, leaderNow);
+	// backends are all of them.
 	backend  *proc
+	backends []*proc
 	gateways []*proc
 	dir      string
 	env      []string // given to every process
@@ -161,6 +165,9 @@ func newStackWith(t *testing.T, o stackOpts) *stack {
 	t.Helper()
 	st := &stack{t: t, dir: t.TempDir()}
 	cfg := config.Default()
+	// On the fleet every scenario's servers are clusters.
+	o.redisCluster = o.redisCluster || fleet.redisCluster
+	o.natsCluster = o.natsCluster || fleet.natsCluster
 	if o.redisCluster {
 		st.rcluster = testenv.StartRedisCluster(t, 3, 1, clusterNodeTimeout)
 		cfg.Redis.Addrs = st.rcluster.Addrs()
@@ -183,9 +190,17 @@ func newStackWith(t *testing.T, o stackOpts) *stack {
 	cfg.Auth.JWTSecret = testenv.Secret("chaos-secret-")
 	cfg.Admin.Token = testenv.Secret("chaos-admin-")
 	st.cfg = cfg
-	st.backend = st.newProc("backend", []string{"backend", "--config", ""}, nil)
-	st.backend.start()
-	for i := range 2 {
+	for i := range fleet.backends {
+		name := "backend"
+		if fleet.backends > 1 {
+			name += "-" + strconv.Itoa(i)
+		}
+		b := st.newProc(name, []string{"backend", "--config", ""}, nil)
+		b.start()
+		st.backends = append(st.backends, b)
+	}
+	st.backend = st.leader()
+	for i := range fleet.gateways {
 		var extra []string
 		if i < len(gatewayEnv) {
 			extra = gatewayEnv[i]
@@ -198,7 +213,9 @@ func newStackWith(t *testing.T, o stackOpts) *stack {
 		for _, g := range st.gateways {
 			g.kill()
 		}
-		st.backend.kill()
+		for _, b := range st.backends {
+			b.kill()
+		}
 	})
 	return st
 }
@@ -238,7 +255,17 @@ func (st *stack) admin(method, path string, body any) (int, []byte) {
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
-	req, _ := http.NewRequest(method, "http://"+st.backend.admin+path, rd)
+	to := st.leaderNow()
+	if to == nil || !to.running() {
+		to = st.backend
+		for _, b := range st.backends {
+			if b.running() {
+				to = b
+				break
+			}
+		}
+	}
+	req, _ := http.NewRequest(method, "http://"+to.admin+path, rd)
 	req.Header.Set("Authorization", "Bearer "+st.cfg.Admin.Token)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -404,7 +431,11 @@ func (st *stack) noteConservation(sale string) {
 	deadline := time.Now().Add(conservationWait)
 	last, why := "-", ""
 	for {
-		v, ok, err := scrapeSample(st.backend.admin, series)
+		from := st.backend
+		if l := st.leaderNow(); l != nil {
+			from = l
+		}
+		v, ok, err := scrapeSample(from.admin, series)
 		switch {
 		case err != nil:
 			why = err.Error()
@@ -524,6 +555,9 @@ func TestChaos(t *testing.T) {
 			r.oversold, r.overLimit, r.lost, r.duplicated, f, r.recovery.Round(10*time.Millisecond), r.conservation)
 		over, limit, lost, dup = over+r.oversold, limit+r.overLimit, lost+r.lost, dup+r.duplicated
 	}
+	if fleet != (shape{gateways: 2, backends: 1}) {
+		fmt.Fprintf(&b, "on the fleet: every scenario's stack is %s\n", fleet)
+	}
 	if excused {
 		fmt.Fprintf(&b, "* accepted orders a Redis failover without wait_replicas turned into failed ones (units returned; docs/recovery.md): not in the failed below\n")
 	}
@@ -544,12 +578,15 @@ var scenarios = []scenario{
 	{"backend kill -9 ×2", func(t *testing.T) {
 		st := newStack(t)
 		s := st.createSale(2000, 1)
-		// Kill the backend twice during the flood, restarting it each time.
+		// Kill the (leader) backend twice during the flood, restarting it
+		// each time; on the fleet another backend takes the lead.
 		requests, accepted := st.flood(s.ID, 3000, 3000, func() {
 			for range 2 {
-				st.backend.kill()
+				b := st.leader()
+				t.Logf("killing the leader backend %s", b.name)
+				b.kill()
 				time.Sleep(200 * time.Millisecond)
-				st.backend.start()
+				b.start()
 				time.Sleep(300 * time.Millisecond)
 			}
 		})
@@ -574,10 +611,12 @@ var scenarios = []scenario{
 	{"nats restart", func(t *testing.T) {
 		st := newStack(t)
 		s := st.createSale(2000, 1)
+		// On a cluster: the node leading the orders stream.
 		requests, accepted := st.flood(s.ID, 3000, 3000, func() {
-			st.nats.Kill()
+			n := st.natsOf()
+			n.Kill()
 			time.Sleep(time.Second)
-			st.nats.Start()
+			n.Start()
 		})
 		rep, rec := st.settle(s.ID, accepted)
 		record(t, "nats restart", requests, accepted, rep, rec)

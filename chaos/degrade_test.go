@@ -76,10 +76,14 @@ func redisDownDegradeMySQL(t *testing.T) {
 		})
 	}
 	time.Sleep(3 * time.Second)
-	st.redis.Pause()
+	// On a cluster: the sale's master, its replica kept from taking over
+	// (the shard is gone whole, not failed over).
+	down := st.redisOf(s.ID)
+	st.holdShard(down)
+	down.Pause()
 	paused = time.Now()
 	time.Sleep(degradeOutage)
-	st.redis.Resume()
+	down.Resume()
 	resumed = time.Now()
 	st.faultEnd = resumed
 	wg.Wait()

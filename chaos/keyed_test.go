@@ -193,7 +193,7 @@ func redisLostBuyersRetry(t *testing.T) {
 	groups := st.buyers(3000, true)
 	rc := testenv.Redis(t, st.cfg.Redis.Addrs)
 	requests := st.keyedFlood(s.ID, groups, 50, func() {
-		if err := rc.Do(context.Background(), rc.B().Flushall().Build()).Error(); err != nil {
+		if err := st.flushRedis(rc); err != nil {
 			t.Errorf("FLUSHALL: %v", err)
 		}
 	})
@@ -268,13 +268,16 @@ func redisLostBuyersRetry(t *testing.T) {
 // with no order row at all, every buyer answered 202 with exactly one, live.
 func natsPausedPastPublishTimeout(t *testing.T) {
 	short := []string{"FLASHGATE_GATEWAY_PUBLISH_TIMEOUT=1s"}
-	st := newStack(t, short, short)
+	st := newStack(t, everyGateway(short)...)
 	s := st.createSale(4000, 1)
 	groups := st.buyers(4000, false)
+	// On a cluster: the node leading the orders stream (3 s is less than
+	// its peers wait before they elect another).
 	requests := st.keyedFlood(s.ID, groups, 1, func() {
-		st.nats.Pause()
+		n := st.natsOf()
+		n.Pause()
 		time.Sleep(3 * time.Second)
-		st.nats.Resume()
+		n.Resume()
 	})
 	accepted := acceptedOf(groups)
 	rep, rec := st.settle(s.ID, accepted)

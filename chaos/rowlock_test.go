@@ -37,9 +37,12 @@ func init() {
 		}
 		// A backend whose connections all open under the short lock wait,
 		// and whose messages run out of deliveries quickly.
-		st.backend.kill()
-		st.backend.env = append(st.backend.env, "FLASHGATE_BACKEND_MAX_DELIVER="+strconv.Itoa(maxDeliver))
-		st.backend.start()
+		for _, b := range st.backends {
+			b.kill()
+			b.env = append(b.env, "FLASHGATE_BACKEND_MAX_DELIVER="+strconv.Itoa(maxDeliver))
+			b.start()
+		}
+		st.leader()
 		s := st.createSale(2000, 1)
 
 		// The row is locked before the flood, so that every order of it meets
@@ -90,21 +93,24 @@ func init() {
 }
 
 // backendCounter reads one sample (name with its labels, as exposed) from the
-// backend's /metrics; 0 if absent.
+// backends' /metrics, summed over them; 0 if absent.
 func backendCounter(t *testing.T, st *stack, sample string) float64 {
 	t.Helper()
-	res, err := http.Get("http://" + st.backend.admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	sc := bufio.NewScanner(res.Body)
-	for sc.Scan() {
-		name, v, ok := strings.Cut(sc.Text(), " ")
-		if ok && name == sample {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
+	var sum float64
+	for _, b := range st.backends {
+		res, err := http.Get("http://" + b.admin + "/metrics")
+		if err != nil {
+			t.Fatal(err)
 		}
+		sc := bufio.NewScanner(res.Body)
+		for sc.Scan() {
+			name, v, ok := strings.Cut(sc.Text(), " ")
+			if ok && name == sample {
+				f, _ := strconv.ParseFloat(v, 64)
+				sum += f
+			}
+		}
+		res.Body.Close()
 	}
-	return 0
+	return sum
 }

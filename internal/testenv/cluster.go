@@ -303,3 +303,47 @@ func (c *RedisCluster) MasterOf(key string) *Server {
 	}
 	return nil
 }
+
+// Cli runs redis-cli against node s of the cluster (logged in as the
+// cluster's nodes are set up) and returns its output.
+func (c *RedisCluster) Cli(s *Server, args ...string) (string, error) { return cli(s, args...) }
+
+// Masters are the running nodes that are masters now.
+func (c *RedisCluster) Masters() []*Server {
+	var ms []*Server
+	for _, s := range c.Nodes {
+		if s.cmd == nil || s.cmd.ProcessState != nil {
+			continue
+		}
+		if repl, err := cli(s, "info", "replication"); err == nil && strings.Contains(repl, "role:master") {
+			ms = append(ms, s)
+		}
+	}
+	return ms
+}
+
+// ReplicasOf are the running nodes that replicate m now.
+func (c *RedisCluster) ReplicasOf(m *Server) []*Server {
+	_, port, _ := strings.Cut(m.Addr, ":")
+	var rs []*Server
+	for _, s := range c.Nodes {
+		if s == m || s.cmd == nil || s.cmd.ProcessState != nil {
+			continue
+		}
+		repl, err := cli(s, "info", "replication")
+		if err == nil && strings.Contains(repl, "role:slave") && lineOf(repl, "master_port:") == "master_port:"+port {
+			rs = append(rs, s)
+		}
+	}
+	return rs
+}
+
+// lineOf is the line of text that starts with prefix ("" if none).
+func lineOf(text, prefix string) string {
+	for _, l := range strings.Split(text, "\n") {
+		if l = strings.TrimSpace(l); strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
