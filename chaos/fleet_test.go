@@ -140,6 +140,9 @@ func (st *stack) loseAllRedis(down time.Duration) {
 // (before, it answers CLUSTERDOWN, and a gateway starting then stops).
 func (st *stack) redisBack() {
 	st.t.Helper()
+	if st.rcluster == nil {
+		return // a standalone Redis: Start waited for it to accept connections
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for !st.rcluster.Settled(3, 1) {
 		if time.Now().After(deadline) {
