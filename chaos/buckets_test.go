@@ -1,12 +1,8 @@
 package chaos
 
 import (
-	"net/http"
 	"testing"
 	"time"
-
-	"github.com/flashgate/flashgate"
-	"github.com/flashgate/flashgate/internal/testenv"
 )
 
 // The scenarios on a sale split over stock buckets (docs/buckets.md): on the
@@ -42,33 +38,4 @@ func init() {
 			record(t, "12 buckets: redis lost + gw kill", requests+more, accepted, rep, rec)
 		}},
 	)
-}
-
-// createBucketed creates a sale of total units split over k buckets and waits
-// until every gateway serves it.
-func (st *stack) createBucketed(total, perUser int64, k int) *flashgate.Sale {
-	st.t.Helper()
-	now := time.Now()
-	s := &flashgate.Sale{ID: testenv.ID("chaos"), Title: "chaos", PriceCents: 100, Total: total,
-		StartsAt: now.Add(-time.Second), EndsAt: now.Add(time.Hour), PerUserLimit: perUser, PerOrderMax: 1, Buckets: k}
-	if code, b := st.admin("POST", "/admin/v1/sales", s); code != 201 {
-		st.t.Fatalf("create sale: %d %s", code, b)
-	}
-	for _, g := range st.gateways {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			res, err := http.Get("http://" + g.addr + "/v1/sales/" + s.ID)
-			if err == nil {
-				res.Body.Close()
-				if res.StatusCode == 200 {
-					break
-				}
-			}
-			if time.Now().After(deadline) {
-				st.t.Fatalf("%s never learnt of sale %s", g.name, s.ID)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	return s
 }

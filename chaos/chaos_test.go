@@ -278,9 +278,16 @@ func (st *stack) admin(method, path string, body any) (int, []byte) {
 
 func (st *stack) createSale(total, perUser int64) *flashgate.Sale {
 	st.t.Helper()
+	return st.createBucketed(total, perUser, 0)
+}
+
+// createBucketed creates a sale of total units split over k buckets (0 or 1:
+// not split) and waits until every gateway serves it.
+func (st *stack) createBucketed(total, perUser int64, k int) *flashgate.Sale {
+	st.t.Helper()
 	now := time.Now()
 	s := &flashgate.Sale{ID: testenv.ID("chaos"), Title: "chaos", PriceCents: 100, Total: total,
-		StartsAt: now.Add(-time.Second), EndsAt: now.Add(time.Hour), PerUserLimit: perUser, PerOrderMax: 1}
+		StartsAt: now.Add(-time.Second), EndsAt: now.Add(time.Hour), PerUserLimit: perUser, PerOrderMax: 1, Buckets: k}
 	if code, b := st.admin("POST", "/admin/v1/sales", s); code != 201 {
 		st.t.Fatalf("create sale: %d %s", code, b)
 	}

@@ -90,18 +90,29 @@ type Keys struct {
 func KeysFor(sale string, regions []string) *Keys {
 	p := keyPrefix + SaleTag(sale) + ":"
 	k := &Keys{Sale: sale, prefix: p, region: make(map[string]string, len(regions)), fixed: make([]string, 0, 8)}
+	k.addCommon()
+	k.Warming = k.add("warming")
+	k.addStock(regions)
+	return k
+}
+
+// addCommon names the keys every hash tag of a sale holds (the sale's own, or
+// one bucket's), in the order retention lists them.
+func (k *Keys) addCommon() {
 	k.Meta = k.add("meta")
 	k.Users = k.add("users")
 	k.Resv = k.add("resv")
 	k.Orders = k.add("orders")
 	k.Idem = k.add("idem")
 	k.restocked = k.add("restocked")
-	k.Warming = k.add("warming")
+}
+
+// addStock names the stock key and each region's under it.
+func (k *Keys) addStock(regions []string) {
 	k.stock = k.add("stock")
 	for _, r := range regions {
 		k.region[r] = k.stock + ":" + r
 	}
-	return k
 }
 
 // add names one key of the sale and records it for retention.
@@ -206,19 +217,11 @@ func BucketedKeysFor(sale string, regions []string, suffixes []string) *Keys {
 	for i, sfx := range suffixes {
 		b := &Keys{Sale: sale, prefix: keyPrefix + BucketTag(sale, sfx) + ":", region: make(map[string]string, len(regions)),
 			fixed: make([]string, 0, 10), index: i, suffix: sfx}
-		b.Meta = b.add("meta")
-		b.Users = b.add("users")
-		b.Resv = b.add("resv")
-		b.Orders = b.add("orders")
-		b.Idem = b.add("idem")
-		b.restocked = b.add("restocked")
+		b.addCommon()
 		b.xout = b.add("xout")
 		b.xin = b.add("xin")
 		b.Warming = k.Warming
-		b.stock = b.add("stock")
-		for _, r := range regions {
-			b.region[r] = b.stock + ":" + r
-		}
+		b.addStock(regions)
 		k.buckets[i] = b
 	}
 	return k
