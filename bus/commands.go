@@ -75,7 +75,7 @@ func Command(ctx context.Context, nc *nats.Conn, cfg config.NATS, cmd OrderComma
 	if err != nil {
 		return OrderReply{}, err
 	}
-	msg, err := nc.RequestWithContext(ctx, cfg.CommandSubject, b)
+	msg, err := request(ctx, nc, cfg, cfg.CommandSubject, b)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 			return OrderReply{}, fmt.Errorf("%w: %v", ErrNoBackend, err)

@@ -93,7 +93,7 @@ func Purchase(ctx context.Context, nc *nats.Conn, cfg config.NATS, p LanePurchas
 	if err != nil {
 		return LaneReply{}, err
 	}
-	msg, err := nc.RequestWithContext(ctx, PurchaseSubject(cfg), b)
+	msg, err := request(ctx, nc, cfg, PurchaseSubject(cfg), b)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 			return LaneReply{}, fmt.Errorf("%w: %v", ErrNoBackend, err)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,8 +13,10 @@ import (
 )
 
 // TestLanePermissions: under the stack's NATS users, a gateway may send a
-// lane purchase and a backend may answer it (docs/degrade.md), with no
-// permission error on either side.
+// lane purchase (docs/degrade.md) and an order command, and a backend may
+// answer both, with no permission error on either side; the answers come back
+// under bus.ReplyPrefix. A backend cannot publish on a gateway's _INBOX, where
+// the JetStream publish acks arrive (it has no allow_responses, docs/credentials.md).
 func TestLanePermissions(t *testing.T) {
 	st := testenv.StartAuthStack(t)
 	cfg := st.Config(config.Default(), st.Backend).NATS
@@ -26,6 +29,13 @@ func TestLanePermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
+	cmds, err := bus.ServeCommands(backend, cfg, func(c bus.OrderCommand) bus.OrderReply {
+		return bus.OrderReply{Code: bus.ReplyOK, Status: string(flashgate.OrderPaid)}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cmds.Unsubscribe()
 	if err := backend.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -38,9 +48,27 @@ func TestLanePermissions(t *testing.T) {
 	if err != nil || r.Outcome != string(flashgate.LaneSoldOut) {
 		t.Fatalf("lane purchase as the gateway: %+v, %v", r, err)
 	}
+	cr, err := bus.Command(ctx, gateway, st.Config(config.Default(), st.Gateway).NATS,
+		bus.OrderCommand{Op: bus.CmdPay, SaleID: o.SaleID, OrderID: 7, UserID: "u1"})
+	if err != nil || cr.Code != bus.ReplyOK || cr.Status != string(flashgate.OrderPaid) {
+		t.Fatalf("order command as the gateway: %+v, %v", cr, err)
+	}
 	select {
 	case err := <-errs:
 		t.Fatalf("permission error: %v", err)
 	case <-time.After(200 * time.Millisecond):
+	}
+
+	// A backend answering on an _INBOX (a forged publish ack) is refused.
+	if err := backend.Publish("_INBOX.forged", []byte(`{"stream":"x","seq":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errs:
+		if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+			t.Fatalf("backend publishing on an _INBOX: %v, want a permissions violation", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server took a publish on an _INBOX from a backend's credentials")
 	}
 }

@@ -472,7 +472,9 @@ render_redis_acl() {
 # NATS users. A gateway publishes orders, pay/cancel requests, its hints (sold out,
 # restocked, warm) and its per-sale counts for the live view (stats), and may look up the orders stream; it hears sale events and the replies to
 # its own requests. Only a backend publishes sale events, creates the streams and consumes
-# orders; it answers requests (allow_responses) without being able to publish on _INBOX at will.
+# orders; it answers requests on $NATS_CMD.reply.> (bus.ReplyPrefix), never on an _INBOX: a
+# backend cannot forge a gateway's JetStream publish ack. No allow_responses: with it nats-server
+# tracks every delivery's reply subject for two minutes and walks them all on each delivery.
 # A backend also publishes orders: reconcile republishes a stale reservation's order, and an
 # order that outlives its deliveries in an outage is re-enqueued as a fresh message.
 #
@@ -516,10 +518,10 @@ write_nats_conf() {
 			    { user: "$U_GATEWAY", password: "$S_NATS_GATEWAY", permissions: {
 			        publish: { allow: ["$NATS_ORDERS.*", "$NATS_EVENTS.hint.*", "$NATS_EVENTS.stats.*", "$NATS_CMD", "$NATS_CMD.purchase",
 			                           "\$JS.API.INFO", "\$JS.API.STREAM.INFO.$s"] }
-			        subscribe: { allow: ["$NATS_EVENTS.>", "_INBOX.>"] }
+			        subscribe: { allow: ["$NATS_EVENTS.>", "$NATS_CMD.reply.>", "_INBOX.>"] }
 			    } }
 			    { user: "$U_BACKEND", password: "$S_NATS_BACKEND", permissions: {
-			        publish: { allow: ["$NATS_EVENTS.>", "$NATS_ORDERS.*", "${NATS_ORDERS}_dlq.>",
+			        publish: { allow: ["$NATS_EVENTS.>", "$NATS_ORDERS.*", "${NATS_ORDERS}_dlq.>", "$NATS_CMD.reply.>",
 			                           "\$JS.API.INFO",
 			                           "\$JS.API.STREAM.INFO.$s", "\$JS.API.STREAM.CREATE.$s", "\$JS.API.STREAM.UPDATE.$s", "\$JS.API.STREAM.MSG.GET.$s",
 			                           "\$JS.API.STREAM.INFO.$d", "\$JS.API.STREAM.CREATE.$d", "\$JS.API.STREAM.UPDATE.$d", "\$JS.API.STREAM.MSG.GET.$d",
@@ -527,7 +529,6 @@ write_nats_conf() {
 			                           "\$JS.API.CONSUMER.CREATE.$s", "\$JS.API.CONSUMER.CREATE.$s.>", "\$JS.API.CONSUMER.DURABLE.CREATE.$s.>",
 			                           "\$JS.API.CONSUMER.INFO.$s.>", "\$JS.API.CONSUMER.MSG.NEXT.$s.>", "\$JS.ACK.$s.>"] }
 			        subscribe: { allow: ["$NATS_EVENTS.>", "$NATS_CMD", "$NATS_CMD.purchase", "_INBOX.>"] }
-			        allow_responses: true
 			    } }
 			  ]
 			}
