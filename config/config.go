@@ -110,6 +110,12 @@ type Gateway struct {
 	// log line for (0: none, 1: every one; 0.01 logs one in a hundred), with
 	// the request id nginx set (X-Request-Id) or the gateway made.
 	AccessLogSample float64 `yaml:"access_log_sample"`
+	// EdgeMarksDir is a directory an nginx on the same host reads: while a
+	// sale is sold out the gateway keeps a file <sale>.<unix second> there
+	// for the current second and the next, and nginx answers the sale's
+	// purchases 409 itself (docs/gateway.md). "": no marks (nginx then keeps the
+	// gateway's sold-out 409 for the rest of its second).
+	EdgeMarksDir string `yaml:"edge_marks_dir"`
 }
 
 // RateLimit is the ops-tunable block of docs/design.md §9 (binding). It reloads

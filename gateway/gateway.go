@@ -70,6 +70,9 @@ type Gateway struct {
 	breakers *breakers
 	metrics  *metrics.Gateway
 	releases *releases
+	// marks are the sold-out files an nginx beside the gateway answers
+	// from (edgemarks.go); nil when gateway.edge_marks_dir is "".
+	marks *edgeMarks
 	// id names this gateway in its stats (stats.go); accessSample is
 	// gateway.access_log_sample.
 	id           string
@@ -127,7 +130,7 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 			WaitReplicas: opts.WaitReplicas, WaitTimeout: opts.WaitTimeout, AdminToken: opts.AdminToken, File: opts.File},
 		rc: deps.Redis, nc: deps.NATS, js: deps.JetStream,
 		scripts: lua.Load(), sales: newSales(opts.LiveGrace), now: time.Now, metrics: metrics.NewGateway(),
-		releases: newReleases(opts.Gateway.ReleaseQueue),
+		releases: newReleases(opts.Gateway.ReleaseQueue), marks: newEdgeMarks(opts.Gateway.EdgeMarksDir),
 		id:       newRequestID()[:16], accessSample: opts.Gateway.AccessLogSample,
 	}
 	v, err := auth.NewVerifier(opts.Auth)
@@ -163,6 +166,11 @@ func (g *Gateway) connect(ctx context.Context) error {
 	if err = g.sales.load(ctx, g.rc); err != nil {
 		return fmt.Errorf("gateway: load sales: %w", err)
 	}
+	if g.marks != nil {
+		if err = g.marks.prepare(g.now()); err != nil {
+			return fmt.Errorf("gateway: edge_marks_dir: %w", err)
+		}
+	}
 	g.breakers.refreshSlots(ctx, g.rc)
 	return nil
 }
@@ -189,6 +197,9 @@ func (g *Gateway) runBackground() {
 	g.goBG(func() { g.leaseLoop(bgctx) })
 	g.goBG(func() { g.watchConfig(bgctx) })
 	g.goBG(func() { g.statsLoop(bgctx) })
+	if g.marks != nil {
+		g.goBG(func() { g.edgeMarkLoop(bgctx) })
+	}
 }
 
 func (g *Gateway) goBG(f func()) {
@@ -316,6 +327,9 @@ func (g *Gateway) onEvent(ev bus.SaleEvent) {
 			if f := s.soldOutFlag(ev.Region); f != nil {
 				f.Store(ev.Type == bus.EventSoldOut)
 			}
+			if ev.Type == bus.EventRestocked && g.marks != nil {
+				g.marks.clear(s.spec.ID, g.now())
+			}
 		}
 	}
 }
@@ -332,6 +346,9 @@ func (g *Gateway) markSoldOut(s *sale, region string) {
 func (g *Gateway) restocked(s *sale, region string) {
 	if f := s.soldOutFlag(region); f != nil {
 		f.Store(false)
+	}
+	if g.marks != nil {
+		g.marks.clear(s.spec.ID, g.now())
 	}
 	g.broadcast(s, bus.EventRestocked, region)
 }

@@ -99,6 +99,17 @@ func (s *sale) slotOf(user string) uint16 {
 // a region the sale does not have.
 func (s *sale) soldOutFlag(region string) *atomic.Bool { return s.soldOut[region] }
 
+// allSoldOut reports whether the whole sale is marked sold out: its one mark,
+// or every region's.
+func (s *sale) allSoldOut() bool {
+	for _, f := range s.soldOut {
+		if !f.Load() {
+			return false
+		}
+	}
+	return len(s.soldOut) > 0
+}
+
 // marks counts the sold-out marks held.
 func (s *sale) marks() int {
 	n := 0

@@ -77,6 +77,9 @@ type opts struct {
 	// status adds, for the test only, a server on a port of its own answering nginx's counters
 	// (the stub_status module): edge.writing reads them.
 	status bool
+	// marks is the directory nginx looks for the gateways' sold-out marks in (docs/gateway.md);
+	// "": one of the test's own, which no gateway writes.
+	marks string
 }
 
 // render fills the ${NGINX_*} names of nginx/nginx.conf as scripts/stack.sh does with envsubst.
@@ -140,6 +143,9 @@ func startNginx(t testing.TB, o opts) *edge {
 	if o.readTimeout == "" {
 		o.readTimeout = "5s"
 	}
+	if o.marks == "" {
+		o.marks = t.TempDir()
+	}
 	var servers []string
 	for _, g := range o.gateways {
 		servers = append(servers, "        server "+g+" max_fails=3 fail_timeout=5s;")
@@ -163,6 +169,7 @@ func startNginx(t testing.TB, o opts) *edge {
 			"NGINX_PID":                filepath.Join(e.dir, "nginx.pid"),
 			"NGINX_RLIMIT_NOFILE":      "4096",
 			"NGINX_WORKER_CONNECTIONS": "2016",
+			"NGINX_MARKS":              o.marks,
 		})
 		if o.status {
 			// Inside the http block (the template's last brace), beside the production server.
@@ -375,7 +382,16 @@ type gw struct {
 // start) on a free port. Its own rate limits are off: every 429 seen is nginx's.
 func startGateway(t testing.TB, mut func(*flashgate.Sale)) *gw {
 	t.Helper()
+	return startGatewayWith(t, mut, nil)
+}
+
+// startGatewayWith is startGateway with the gateway's configuration changed by cfgMut.
+func startGatewayWith(t testing.TB, mut func(*flashgate.Sale), cfgMut func(*config.Config)) *gw {
+	t.Helper()
 	cfg := testenv.Config(t)
+	if cfgMut != nil {
+		cfgMut(&cfg)
+	}
 	cfg.RateLimit.PerIP.Rate, cfg.RateLimit.PerUser.Rate, cfg.RateLimit.PerSale.Rate = 0, 0, 0
 	rc := testenv.Redis(t, cfg.Redis.Addrs)
 	now := time.Now().UTC().Truncate(time.Millisecond)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 )
@@ -168,4 +170,118 @@ func gatewayPurchases(t testing.TB, admin string) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestSoldOutAnsweredFromMarks: with the gateway's sold-out marks (gateway.edge_marks_dir, the
+// directory nginx looks in), nginx answers a sold-out sale's purchases from the mark alone: from
+// the second after the mark was written, not one of them reaches the gateway, and each is the
+// gateway's own 409 (code, body, content type). A purchase with an Idempotency-Key still reaches
+// the gateway (it may be the retry of an accepted order, whose answer is its 202). A restock removes the mark: no request
+// sent more than a second after the gateway's mark cleared gets a 409, and the unit that came
+// back is sold.
+func TestSoldOutAnsweredFromMarks(t *testing.T) {
+	marks := t.TempDir()
+	g := startGatewayWith(t, func(s *flashgate.Sale) { s.Total = 1 }, func(c *config.Config) { c.Gateway.EdgeMarksDir = marks })
+	e := startNginx(t, opts{gateways: []string{g.g.Addr()}, rate: 100000, burst: 100000, conn: 1000, marks: marks})
+	s := g.sale
+	url := e.base + "/v1/sales/" + s.ID + "/orders"
+	body := []byte(`{"quantity":1}`)
+	purchases := func() int64 {
+		t.Helper()
+		return gatewayPurchases(t, g.g.AdminAddr())
+	}
+	marked := func() bool {
+		t.Helper()
+		m, err := filepath.Glob(filepath.Join(marks, s.ID+".*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(m) > 0
+	}
+
+	first := do(t, "POST", url, g.token(t, "u0"), body, map[string]string{"Idempotency-Key": "only-unit"})
+	if first.Status != 202 {
+		t.Fatalf("first purchase: %d %s", first.Status, first.Raw)
+	}
+	if marked() {
+		t.Fatal("a mark before the sale sold out")
+	}
+	// The next buyer finds it sold out; the gateway marks it.
+	wantError(t, do(t, "POST", url, g.token(t, "u1"), body, nil), 409, string(flashgate.CodeSoldOut))
+	for deadline := time.Now().Add(5 * time.Second); !marked(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no mark 5 s after the sale sold out")
+		}
+	}
+	// nginx may have looked for this second's mark before it was written (and remembers the
+	// answer for the rest of the second); from the next second on, the mark answers.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 50*time.Millisecond)))
+	n1 := purchases()
+	const buyers = 200
+	for i := range buyers {
+		r := do(t, "POST", url, g.token(t, "late"+strconv.Itoa(i)), body, nil)
+		wantError(t, r, 409, string(flashgate.CodeSoldOut))
+		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+			t.Fatalf("sold-out answer from the mark: Content-Type %q", ct)
+		}
+	}
+	if n := purchases() - n1; n != 0 {
+		t.Fatalf("%d sold-out purchases through nginx with the sale marked: the gateway saw %d of them, want 0", buyers, n)
+	}
+	// Any body, even a malformed one: sold out is all there is to say of the sale.
+	wantError(t, do(t, "POST", url, g.token(t, "late-x"), []byte(`{"quantity":0}`), nil), 409, string(flashgate.CodeSoldOut))
+
+	// A purchase with an Idempotency-Key (it may be the retry of an accepted order) is not
+	// answered from the mark: it reaches the gateway.
+	n2 := purchases()
+	wantError(t, do(t, "POST", url, g.token(t, "keyed"), body, map[string]string{"Idempotency-Key": "keyed-1"}), 409, string(flashgate.CodeSoldOut))
+	if n := purchases() - n2; n != 1 {
+		t.Fatalf("a purchase with an Idempotency-Key reached the gateway %d times, want 1", n)
+	}
+
+	// Restock: the order's unit goes back in Redis and every gateway hears of it.
+	id, err := strconv.ParseUint(fmt.Sprint(first.JSON["order_id"]), 10, 64)
+	if err != nil {
+		t.Fatalf("order id %v: %v", first.JSON["order_id"], err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rc := testenv.Redis(t, g.cfg.Redis.Addrs)
+	rel, err := lua.Load().Release(ctx, rc, lua.KeysFor(s.ID, s.RegionNames()), id, "", "", lua.ReleaseGateway, flashgate.ReasonCanceled)
+	if err != nil || !rel.Released {
+		t.Fatalf("release: %+v %v", rel, err)
+	}
+	if err := bus.PublishHint(testenv.NATS(t), g.cfg.NATS, bus.SaleEvent{Type: bus.EventRestocked, SaleID: s.ID}); err != nil {
+		t.Fatal(err)
+	}
+	direct := "http://" + g.g.Addr() + "/v1/sales/" + s.ID + "/orders"
+	var cleared time.Time
+	for deadline := time.Now().Add(10 * time.Second); cleared.IsZero(); time.Sleep(5 * time.Millisecond) {
+		switch r := do(t, "POST", direct, g.token(t, "probe"), []byte(`{"quantity":0}`), nil); r.Status {
+		case 400:
+			cleared = time.Now()
+		case 409:
+			if time.Now().After(deadline) {
+				t.Fatal("the gateway still marks the sale sold out 10 s after the restocked event")
+			}
+		default:
+			t.Fatalf("probe: %d %s", r.Status, r.Raw)
+		}
+	}
+	if marked() {
+		t.Fatal("the mark is still there after the gateway's sold-out flag cleared")
+	}
+	copyOver := cleared.Truncate(time.Second).Add(time.Second + 200*time.Millisecond)
+	for i := 0; ; i++ {
+		sent := time.Now()
+		r := do(t, "POST", url, g.token(t, "again"+strconv.Itoa(i)), body, nil)
+		if r.Status == 202 {
+			break
+		}
+		wantError(t, r, 409, string(flashgate.CodeSoldOut))
+		if sent.After(copyOver) {
+			t.Fatalf("a 409 for a request sent %v after the mark cleared: nginx answered from a mark past its second", sent.Sub(cleared))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

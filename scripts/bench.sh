@@ -375,11 +375,14 @@ fi
 # ---------------------------------------------------------------------------------------------
 # 3. flashgate: a bench gateway of its own, rate limits off, the stack's backend behind it
 
+# Its sold-out marks go where the edge nginx of refusals_nginx looks (docs/gateway.md).
+EDGE_MARKS="$OUT/nginx-edge/marks"
 say "starting the bench gateway on 127.0.0.1:$GW_PORT (admin $GW_ADMIN), rate limits off"
 printf '\n==== bench gateway %s ====\n' "$(date -Is)" >>"$LOG/bench-gateway.log"
 (
 	export FLASHGATE_GATEWAY_LISTEN="127.0.0.1:$GW_PORT" FLASHGATE_GATEWAY_ADMIN_LISTEN="127.0.0.1:$GW_ADMIN"
 	export FLASHGATE_RATELIMIT_PER_IP_RATE=0 FLASHGATE_RATELIMIT_PER_USER_RATE=0 FLASHGATE_RATELIMIT_PER_SALE_RATE=0
+	export FLASHGATE_GATEWAY_EDGE_MARKS_DIR="$EDGE_MARKS"
 	exec setsid "$BIN" gateway --config "$CONFIG" --log-level warn
 ) </dev/null >>"$LOG/bench-gateway.log" 2>&1 &
 GW_PID=$!
@@ -391,9 +394,9 @@ redact() {
 	sed -E -e 's/^(FLASHGATE_[A-Z0-9_]*(PASSWORD|SECRET|TOKEN|_KEY)[A-Z0-9_]*)=.*/\1=<redacted>/' \
 		-e 's#^(FLASHGATE_[A-Z0-9_]*DSN=[^:@/]*):[^@]*@#\1:<redacted>@#'
 }
-GW_ENV="$(env | grep -E '^FLASHGATE_[A-Z0-9_]+=' | grep -vE '^FLASHGATE_(JWT_SECRET|ADMIN_TOKEN|GATEWAY_LISTEN|GATEWAY_ADMIN_LISTEN|RATELIMIT_PER_(IP|USER|SALE)_RATE)=' |
+GW_ENV="$(env | grep -E '^FLASHGATE_[A-Z0-9_]+=' | grep -vE '^FLASHGATE_(JWT_SECRET|ADMIN_TOKEN|GATEWAY_LISTEN|GATEWAY_ADMIN_LISTEN|GATEWAY_EDGE_MARKS_DIR|RATELIMIT_PER_(IP|USER|SALE)_RATE)=' |
 	sort | redact | tr '\n' ' ' || true)"
-GW_ENV+="FLASHGATE_GATEWAY_LISTEN=127.0.0.1:$GW_PORT FLASHGATE_GATEWAY_ADMIN_LISTEN=127.0.0.1:$GW_ADMIN FLASHGATE_RATELIMIT_PER_IP_RATE=0 FLASHGATE_RATELIMIT_PER_USER_RATE=0 FLASHGATE_RATELIMIT_PER_SALE_RATE=0"
+GW_ENV+="FLASHGATE_GATEWAY_EDGE_MARKS_DIR=${EDGE_MARKS#"$ROOT"/} FLASHGATE_GATEWAY_LISTEN=127.0.0.1:$GW_PORT FLASHGATE_GATEWAY_ADMIN_LISTEN=127.0.0.1:$GW_ADMIN FLASHGATE_RATELIMIT_PER_IP_RATE=0 FLASHGATE_RATELIMIT_PER_USER_RATE=0 FLASHGATE_RATELIMIT_PER_SALE_RATE=0"
 GW_CMD="$GW_ENV bin/flashgate gateway --config $CONFIG --log-level warn"
 GW_URL="http://127.0.0.1:$GW_PORT"
 gw_ready() { [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://127.0.0.1:$GW_ADMIN/readyz")" == 200 ]]; }
@@ -545,7 +548,7 @@ fi
 # the same sold-out sale through nginx with its production config (nginx/nginx.conf, rendered as
 # scripts/stack.sh renders it) in front of the bench gateway, its per-IP limits (limit_req, the
 # two limit_conn) lifted as the gateway's are (every request comes from this one address): nginx answers the sold-out 409s from
-# its one-second cache, and the gateway's metric shows how many still reached it.
+# the bench gateway's sold-out marks (docs/gateway.md), and the gateway's metric shows how many still reached it.
 next "refusals_nginx: nginx/nginx.conf on 127.0.0.1:$EDGE_PORT in front of the bench gateway, the sold-out sale"
 EDGE_PREFIX="$OUT/nginx-edge"
 EDGE_PID="$RUN/bench-nginx-edge.pid"
@@ -562,8 +565,8 @@ if ((SOLD_OUT)); then
 	# shellcheck disable=SC2016 # literal ${...}: the names envsubst may substitute
 	NGINX_LISTEN="127.0.0.1:$EDGE_PORT" NGINX_UPSTREAM_SERVERS="        server 127.0.0.1:$GW_PORT max_fails=3 fail_timeout=5s;" \
 		NGINX_RATE=1000000 NGINX_BURST=1000000 NGINX_CONN=65535 NGINX_READ_TIMEOUT=5s NGINX_HTML="$ROOT/nginx/html" \
-		NGINX_LOG_DIR="$EDGE_PREFIX/log" NGINX_PID="$EDGE_PID" NGINX_RLIMIT_NOFILE="$hard" NGINX_WORKER_CONNECTIONS=$(((hard - 64) / 2)) \
-		envsubst '${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS}' \
+		NGINX_LOG_DIR="$EDGE_PREFIX/log" NGINX_PID="$EDGE_PID" NGINX_MARKS="$EDGE_MARKS" NGINX_RLIMIT_NOFILE="$hard" NGINX_WORKER_CONNECTIONS=$(((hard - 64) / 2)) \
+		envsubst '${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS} ${NGINX_MARKS}' \
 		<"$ROOT/nginx/nginx.conf" | sed -E 's/limit_conn per_ip_body [0-9]+;/limit_conn per_ip_body 65535;/' >"$EDGE_PREFIX/nginx.conf"
 	grep -q 'limit_conn per_ip_body 65535;' "$EDGE_PREFIX/nginx.conf" || die "nginx/nginx.conf has no 'limit_conn per_ip_body N;' for the bench to lift"
 	eg=""
