@@ -131,7 +131,7 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 		rc: deps.Redis, nc: deps.NATS, js: deps.JetStream,
 		scripts: lua.Load(), sales: newSales(opts.LiveGrace), now: time.Now, metrics: metrics.NewGateway(),
 		releases: newReleases(opts.Gateway.ReleaseQueue), marks: newEdgeMarks(opts.Gateway.EdgeMarksDir),
-		id:       newRequestID()[:16], accessSample: opts.Gateway.AccessLogSample,
+		id: newRequestID()[:16], accessSample: opts.Gateway.AccessLogSample,
 	}
 	v, err := auth.NewVerifier(opts.Auth)
 	if err != nil {
