@@ -145,14 +145,9 @@ func (s *Sale) Validate() error {
 	if err := s.validateLimits(); err != nil {
 		return err
 	}
-	// A split sale counts each buyer's limits in their home bucket, which is
-	// the user's: a phone, device, address or IP shared by users of two
-	// buckets would be counted twice over (docs/buckets.md).
-	for _, l := range s.Limits {
-		if s.BucketCount() > 1 && l.Dimension != DimUser {
-			return invalidf("a sale with buckets may only have user limits (limit %q is by %s)", l.String(), l.Dimension)
-		}
-	}
+	// A split sale may have limits of every dimension: each subject's
+	// counter lives in one bucket, which every buyer sharing it meets at
+	// (docs/buckets.md).
 	return nil
 }
 

@@ -228,7 +228,6 @@ func TestAdminAPI(t *testing.T) {
 		{"regions do not add up", "POST", "/admin/v1/sales", tok, saleBody(id, 10, 2, `,"regions":{"bj":4}`), 400, "invalid_request"},
 		{"per_order_max over limit", "POST", "/admin/v1/sales", tok, saleBody(id, 10, 2, `,"per_order_max":3`), 400, "invalid_request"},
 		{"too many buckets", "POST", "/admin/v1/sales", tok, saleBody(id, 100, 2, `,"buckets":65`), 400, "invalid_request"},
-		{"buckets with a phone limit", "POST", "/admin/v1/sales", tok, saleBody(id, 100, 2, `,"buckets":4,"limits":[{"dimension":"phone","max":1}]`), 400, "invalid_request"},
 		{"bucket tags from the client", "POST", "/admin/v1/sales", tok, saleBody(id, 100, 2, `,"buckets":2,"bucket_tags":["a","b"]`), 400, "invalid_request"},
 		{"ledger of no sale", "GET", "/admin/v1/sales/" + id, tok, "", 404, "sale_not_found"},
 		{"close no sale", "POST", "/admin/v1/sales/" + id + "/close", tok, "", 404, "sale_not_found"},

@@ -249,7 +249,8 @@ func (re *reconciler) reconcile(ctx context.Context, id string, opt ReconcileOpt
 }
 
 // finishTransfers lands the transfers between the buckets of a split sale
-// that a process took and did not land (docs/buckets.md).
+// that a process took and did not land, and decides its purchase-limit holds
+// left half done (docs/buckets.md).
 func (re *reconciler) finishTransfers(ctx context.Context, id string, rep *ReconcileReport) error {
 	k, err := keysOf(ctx, re.db, id)
 	if err != nil || len(k.Buckets()) == 0 {
@@ -259,6 +260,16 @@ func (re *reconciler) finishTransfers(ctx context.Context, id string, rep *Recon
 	rep.Transfers += n
 	if n > 0 {
 		re.log.Warn("landed transfers between buckets left half done", "sale", id, "transfers", n)
+	}
+	if err != nil {
+		return err
+	}
+	// Purchase limits counted in other buckets than the buyer's: holds a
+	// crash left undecided, and give-backs a release or restock left.
+	h, err := lua.FinishHolds(ctx, re.rc, k)
+	if h.GivenBack > 0 || h.Kept > 0 || h.Aborted > 0 {
+		re.log.Warn("finished purchase-limit holds left half done", "sale", id,
+			"given_back", h.GivenBack, "kept", h.Kept, "aborted", h.Aborted)
 	}
 	return err
 }

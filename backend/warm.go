@@ -386,9 +386,10 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 	return flush()
 }
 
-// rebuildLimitsBucketed is rebuildLimits for a split sale, whose limits are
-// all by user (flashgate.Sale.Validate): each counter goes to its subject's
-// home bucket, one HSET (and PEXPIRE) each.
+// rebuildLimitsBucketed is rebuildLimits for a split sale: each counter goes
+// to its subject's bucket (lua.LimitBucket: a user's is their home; a phone,
+// device, IP or address has one bucket every buyer sharing it meets at), one
+// HSET (and PEXPIRE) each.
 func (w *warmer) rebuildLimitsBucketed(ctx context.Context, k *lua.Keys, loc *time.Location, now time.Time, keep func(string) bool) error {
 	var cmds rueidis.Commands
 	flush := func() error {
@@ -401,7 +402,7 @@ func (w *warmer) rebuildLimitsBucketed(ctx context.Context, k *lua.Keys, loc *ti
 		if (!end.IsZero() && !end.After(now)) || (keep != nil && !keep(subject)) {
 			return nil // the window is over, or the buyer's bucket is not rebuilt
 		}
-		key := k.Home(subject).Limit(win)
+		key := k.Home(subject).Limit(win) // Home(subject): lua.LimitBucket's bucket
 		cmds = append(cmds, w.rc.B().Hset().Key(key).FieldValue().
 			FieldValue(flashgate.Charge{Limit: lim, Subject: subject}.Field(), strconv.FormatInt(used, 10)).Build())
 		if !end.IsZero() {
@@ -437,6 +438,14 @@ func (w *warmer) rebuildOrdersFor(ctx context.Context, k *lua.Keys, keep func(st
 		return err
 	}
 	err := mysql.EachOrder(ctx, w.db, k.Sale, func(o flashgate.Order) error {
+		// Its charges counted in other buckets than its home (by phone,
+		// device, IP, address): those buckets' entries, for the give-back
+		// when its units come back (docs/buckets.md).
+		held, err := lua.HeldWrites(w.rc, k, &o, keep)
+		if err != nil {
+			return err
+		}
+		cmds = append(cmds, held...)
 		if keep != nil && !keep(o.UserID) {
 			return nil
 		}

@@ -401,7 +401,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		var err error
 		// On the buyer's home bucket; not promised before n replicas have
 		// it when redis.wait_replicas is set (docs/recovery.md).
-		adm, err = g.scripts.AdmitBucketedWait(actx, g.rc, s.keys, args, g.cfg.WaitReplicas, g.cfg.WaitTimeout)
+		adm, err = g.scripts.AdmitHeld(actx, g.rc, s.keys, args, g.cfg.WaitReplicas, g.cfg.WaitTimeout)
 		return struct{}{}, err
 	})
 	if refusedByBreaker(err) {

@@ -10,7 +10,9 @@
 -- Each limit's maximum is the sale's own, from meta ('lmax': the maxima in limit order,
 -- written at warm; a meta warmed before 'lmax' existed has them in 'limits'), never
 -- the caller's: a caller that could name a maximum could lift any limit. The charges
--- must be one per limit, in limit order, each of at least 1.
+-- must be one per limit, in limit order, each of at least 1, or 0 for a charge held
+-- already in another bucket (hold.lua: docs/buckets.md), which is neither checked nor
+-- counted here (the record keeps its real increment, from ARGV[8]).
 -- Returns {outcome, ...}:
 --   {'ok', order_id, remaining}   reserved: stock deducted, user and every charge counted,
 --                                 reservation recorded
@@ -60,6 +62,29 @@ if held + qty > tonumber(meta[4]) then
   local out = {'limit_reached', tostring(held), '0'}
   return refuse(out)
 end
+-- elsewhere: whether subject's limit counters live in another bucket of the sale
+-- than this one (lua.LimitBucket: FNV-1a of the subject mod the number of
+-- buckets; this bucket's index starts its tag suffix, after the '/' of
+-- lua.BucketTag). Only such a charge may come with an increment of 0: it was
+-- held in its own bucket (hold.lua). On a sale that is not split, none may.
+local function elsewhere(subject)
+  local tags = redis.call('HGET', KEYS[1], 'buckets') or ''
+  local own = tonumber(string.match(KEYS[1], '/(%d+)[.}]'))
+  if tags == '' or not own or not subject then
+    return false
+  end
+  local k = select(2, string.gsub(tags, ',', ',')) + 1
+  local h = 2166136261
+  for i = 1, #subject do
+    h = bit.bxor(h, string.byte(subject, i))
+    if h < 0 then
+      h = h + 4294967296
+    end
+    -- h * 16777619 mod 2^32, exactly in doubles: 16777619 = 2^24 + 403.
+    h = (h * 403 + (h % 256) * 16777216) % 4294967296
+  end
+  return h % k ~= own
+end
 local charges = ARGV[8] or ''
 local nc = 0
 if #ARGV > 8 then
@@ -86,10 +111,15 @@ if nc > 0 or meta[6] ~= '' then
   for j = 1, nc do
     local a = 8 + 3 * (j - 1)
     local inc = tonumber(ARGV[a + 2])
-    if tonumber(string.match(ARGV[a + 1], '^(%d+)/')) ~= j - 1 or not inc or inc < 1 or not maxima[j] then
+    if tonumber(string.match(ARGV[a + 1], '^(%d+)/')) ~= j - 1 or not inc or inc < 0 or not maxima[j] then
       return refuse(redis.error_reply('admit: charge ' .. j .. ' is not of limit ' .. (j - 1)))
     end
-    local cur = tonumber(redis.call('HGET', KEYS[6 + j], ARGV[a + 1]) or '0')
+    local cur = 0
+    if inc > 0 then
+      cur = tonumber(redis.call('HGET', KEYS[6 + j], ARGV[a + 1]) or '0')
+    elseif not elsewhere(string.match(ARGV[a + 1], '^%d+/(.+)$')) then
+      return refuse(redis.error_reply('admit: charge ' .. j .. ' counts 0 and its counter is here'))
+    end
     if cur + inc > maxima[j] then
       local out = {'limit_reached', tostring(cur), tostring(j)}
       return refuse(out)
@@ -119,7 +149,7 @@ for j = 1, nc do
   local a = 8 + 3 * (j - 1)
   local inc = tonumber(ARGV[a + 2])
   -- A window's counter expires by itself; its TTL is set by the first count in it.
-  if redis.call('HINCRBY', KEYS[6 + j], ARGV[a + 1], inc) == inc and ARGV[a + 3] ~= '0' then
+  if inc > 0 and redis.call('HINCRBY', KEYS[6 + j], ARGV[a + 1], inc) == inc and ARGV[a + 3] ~= '0' then
     redis.call('PEXPIRE', KEYS[6 + j], ARGV[a + 3])
   end
 end

@@ -21,8 +21,10 @@ import (
 
 // Stock buckets (docs/buckets.md): a hot sale's stock split over K hash tags,
 // so that its admissions spread over the masters of a Redis Cluster. A buyer's
-// home bucket (HomeBucket) holds everything of theirs, so every limit is still
-// checked in one script call; units move between buckets by transfers
+// home bucket (HomeBucket) holds everything of theirs, so every limit by user
+// is still checked in one script call (a limit by phone, device, IP or
+// address whose subject's bucket is another is held there first: holds.go);
+// units move between buckets by transfers
 // (take.lua on the giver, give.lua on the receiver), which reconcile finishes
 // when the process that started one died half way (FinishTransfers).
 

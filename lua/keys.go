@@ -80,6 +80,10 @@ type Keys struct {
 	index     int
 	suffix    string
 	xout, xin string
+	// parent is a bucket's sale (nil for the sale's own keys); holds, held
+	// and back are a bucket's hashes of purchase-limit holds (holds.go).
+	parent            *Keys
+	holds, held, back string
 	// fixed lists every key above (and the sale-wide stock key): retention
 	// deletes them all, so a key added to the layout through add is retired
 	// without anyone remembering to.
@@ -220,11 +224,25 @@ func BucketedKeysFor(sale string, regions []string, suffixes []string) *Keys {
 		b.addCommon()
 		b.xout = b.add("xout")
 		b.xin = b.add("xin")
+		b.holds = b.add("lhold")
+		b.held = b.add("lheld")
+		b.back = b.add("lback")
+		b.parent = k
 		b.Warming = k.Warming
 		b.addStock(regions)
 		k.buckets[i] = b
 	}
 	return k
+}
+
+// giveBack is the hash release.lua and restock.lua write the charges to give
+// back in other buckets into (holds.go): a bucket's own, or, for a sale that is
+// not split (which never writes it), a key of its tag.
+func (k *Keys) giveBack() string {
+	if k.back != "" {
+		return k.back
+	}
+	return k.prefix + "lback"
 }
 
 // Buckets lists the sale's buckets (nil for a sale that is not split).

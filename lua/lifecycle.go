@@ -95,7 +95,7 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 		})
 		return out, err
 	}
-	keys := []string{k.Users, k.Resv, k.Orders, k.Restocked()}
+	keys := []string{k.Users, k.Resv, k.Orders, k.Restocked(), k.giveBack()}
 	index := map[string]string{}
 	args := make([]string, 1, 1+5*len(orders))
 	args[0] = strconv.Itoa(len(orders))
@@ -123,6 +123,15 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 		}
 		args = append(args, strconv.FormatUint(o.ID, 10), idx, string(o.Status), o.Reason, EncodeResv(o))
 	}
+	encs := make([]string, len(orders))
+	for i := range orders {
+		encs[i] = orders[i].Charges
+	}
+	away, err := k.awayFields(encs...)
+	if err != nil {
+		return nil, fmt.Errorf("restock %s: %w", k.Sale, err)
+	}
+	args = append(args, away)
 	for _, w := range windows {
 		keys = append(keys, k.Limit(w))
 		args = append(args, w, strconv.Itoa(len(keys)))
@@ -130,6 +139,17 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 	words, err := restockScript.Exec(ctx, c, keys, args).AsStrSlice()
 	if err != nil {
 		return nil, fmt.Errorf("restock %s: %w", k.Sale, err)
+	}
+	if away != "" {
+		// The charges counted in other buckets that this restock (or an
+		// earlier one that died before this step) left in the give-backs.
+		ids := make([]string, len(orders))
+		for i := range orders {
+			ids[i] = strconv.FormatUint(orders[i].ID, 10)
+		}
+		if _, err := giveBack(ctx, c, k, ids); err != nil {
+			return nil, fmt.Errorf("restock %s: %w", k.Sale, err)
+		}
 	}
 	if len(words) != len(orders) {
 		return nil, fmt.Errorf("restock %s: %d answers for %d orders", k.Sale, len(words), len(orders))

@@ -324,12 +324,24 @@ func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderI
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
 	}
+	away, err := k.awayFields(charges)
+	if err != nil {
+		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
+	}
+	sid := strconv.FormatUint(orderID, 10)
 	res, err := s.release.Exec(ctx, c,
-		append([]string{stock, k.Users, k.Resv, k.Orders, k.Idem}, wkeys...),
-		append([]string{strconv.FormatUint(orderID, 10), mode, reason, region}, windows...),
+		append([]string{stock, k.Users, k.Resv, k.Orders, k.Idem, k.giveBack()}, wkeys...),
+		append([]string{sid, mode, reason, region, away}, windows...),
 	).ToArray()
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
+	}
+	if away != "" {
+		// The charges counted in other buckets, left in the give-backs by the
+		// release (now or by an earlier one that died before this step).
+		if _, err := giveBack(ctx, c, k, []string{sid}); err != nil {
+			return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
+		}
 	}
 	code, _ := res[0].ToString()
 	r := ReleaseResult{Outcome: fromWire[ReleaseOutcome](releaseWire[:], code)}

@@ -29,6 +29,9 @@ var scriptOutcomeType = map[string]string{
 	"give.lua":      "giveReply",
 	"gcra.lua":      "gcraReply",
 	"view.lua":      "",
+	"hold.lua":      "holdReply",
+	"unhold.lua":    "unholdReply",
+	"holdcheck.lua": "holdCheckReply",
 }
 
 var (

@@ -1,10 +1,14 @@
 -- release: undo one admission (stock back, user counter down, reservation gone),
 -- exactly once however often it is called.
 -- KEYS: 1 stock (the order's region's, or the sale's), 2 users, 3 resv, 4 orders, 5 idem,
---       5+i: the counter hash of window i of the order's charges
+--       6 give-backs (Keys.giveBack), 6+i: the counter hash of window i of the order's charges
 -- ARGV: 1 order id, 2 mode ('gateway' | 'backend'), 3 reason, 4 expected region ('' = none),
---       4+i: the name of window i (KEYS[5+i] is its counter hash)
--- The charges undone are the ones the reservation records (what admit counted).
+--       5 the fields ('<limit>/<subject>', comma-separated) counted in another bucket
+--       ('' = none), 5+i: the name of window i (KEYS[6+i] is its counter hash)
+-- The charges undone are the ones the reservation records (what admit counted). A charge
+-- counted in another bucket (a sale with buckets, docs/buckets.md) is not undone here: it
+-- goes into the give-backs hash under the order id, in this same step, and the caller
+-- (or reconcile, after a crash) gives it back in its bucket (lua.giveBack).
 -- mode 'gateway': the publish failed, so no order exists: the order becomes 'released'
 --   (a tombstone the backend reads in claim) and the idempotency key is freed for a retry.
 --   If the backend has already claimed the order the publish did get through: {'claimed'}.
@@ -30,16 +34,23 @@ if region ~= ARGV[4] then
   return redis.error_reply('release: order ' .. id .. ' is in region "' .. region .. '"')
 end
 local win = {}
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   win[ARGV[i]] = KEYS[i + 1]
 end
-local undo = {}
+local remote = {}
+for f in string.gmatch(ARGV[5] or '', '[^,]+') do
+  remote[f] = true
+end
+local undo, away = {}, {}
 for c in string.gmatch(charges, '[^,]+') do
   local lim, w, inc, subj = string.match(c, '^(%d+)/([^/]+)/(%d+)/(.+)$')
-  if not win[w] then
+  if lim and remote[lim .. '/' .. subj] then
+    away[#away + 1] = c
+  elseif not win[w] then
     return redis.error_reply('release: order ' .. id .. ' counts in window "' .. tostring(w) .. '", no key given')
+  else
+    undo[#undo + 1] = {win[w], lim .. '/' .. subj, tonumber(inc)}
   end
-  undo[#undo + 1] = {win[w], lim .. '/' .. subj, tonumber(inc)}
 end
 qty = tonumber(qty)
 redis.call('HDEL', KEYS[3], id)
@@ -52,6 +63,9 @@ for _, u in ipairs(undo) do
   if redis.call('HINCRBY', u[1], u[2], -u[3]) <= 0 then
     redis.call('HDEL', u[1], u[2])
   end
+end
+if #away > 0 then
+  redis.call('HSET', KEYS[6], id, table.concat(away, ','))
 end
 local status = 'failed'
 if mode == 'gateway' then

@@ -1,11 +1,15 @@
 -- restock: give back to Redis the units of orders MySQL has just canceled (by the
 -- buyer, or for want of payment), exactly once per order however often it runs.
 -- KEYS: 1 users, 2 resv, 3 orders, 4 restocked (set of the order ids this script
---       settled), 5.. the stock keys the orders' regions use, then the counter hashes
---       of the windows the orders' charges count in
+--       settled), 5 give-backs (Keys.giveBack), 6.. the stock keys the orders' regions
+--       use, then the counter hashes of the windows the orders' charges count in
 -- ARGV: 1 n (orders), then n quintuples of order id, index into KEYS of its stock key
---       (>= 5), status, reason, record ('user|qty|region|created|expires|idem|charges',
---       as MySQL has it), then pairs of window name, index into KEYS of its counter hash
+--       (>= 6), status, reason, record ('user|qty|region|created|expires|idem|charges',
+--       as MySQL has it), then the fields ('<limit>/<subject>', comma-separated)
+--       counted in another bucket ('' = none), then pairs of window name, index into
+--       KEYS of its counter hash
+-- A charge counted in another bucket (docs/buckets.md) is not undone here: it goes into
+-- the give-backs hash under the order id, in the same step, for lua.giveBack.
 -- Returns one word per order:
 --   'restocked'  its units went back now: stock up, the buyer's counter down, the
 --                reservation (if any) gone
@@ -23,10 +27,14 @@
 -- after it did), so a status can lie in both directions.
 local n = tonumber(ARGV[1])
 local win = {}
-for i = 2 + 5 * n, #ARGV, 2 do
+for i = 3 + 5 * n, #ARGV, 2 do
   win[ARGV[i]] = KEYS[tonumber(ARGV[i + 1])]
 end
-local words, users, qtys, undos = {}, {}, {}, {}
+local remote = {}
+for f in string.gmatch(ARGV[2 + 5 * n] or '', '[^,]+') do
+  remote[f] = true
+end
+local words, users, qtys, undos, aways = {}, {}, {}, {}, {}
 -- Decide everything first: an error must not leave half the orders written.
 for j = 1, n do
   local i = 5 * (j - 1) + 2
@@ -48,15 +56,18 @@ for j = 1, n do
       end
       -- The charges Redis counted at admission are the ones to undo.
       local charges = string.match(ord, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)$') or ''
-      local undo = {}
+      local undo, away = {}, {}
       for c in string.gmatch(charges, '[^,]+') do
         local lim, w, inc, subj = string.match(c, '^(%d+)/([^/]+)/(%d+)/(.+)$')
-        if not win[w] then
+        if lim and remote[lim .. '/' .. subj] then
+          away[#away + 1] = c
+        elseif not win[w] then
           return redis.error_reply('restock: order ' .. id .. ' counts in window "' .. tostring(w) .. '", no key given')
+        else
+          undo[#undo + 1] = {win[w], lim .. '/' .. subj, tonumber(inc)}
         end
-        undo[#undo + 1] = {win[w], lim .. '/' .. subj, tonumber(inc)}
       end
-      words[j], users[j], qtys[j], undos[j] = 'restocked', user, tonumber(qty), undo
+      words[j], users[j], qtys[j], undos[j], aways[j] = 'restocked', user, tonumber(qty), undo, away
     end
   end
 end
@@ -72,6 +83,9 @@ for j = 1, n do
       if redis.call('HINCRBY', u[1], u[2], -u[3]) <= 0 then
         redis.call('HDEL', u[1], u[2])
       end
+    end
+    if #aways[j] > 0 then
+      redis.call('HSET', KEYS[5], id, table.concat(aways[j], ','))
     end
   end
   redis.call('HDEL', KEYS[2], id)
