@@ -60,6 +60,23 @@ snap() { # snap GWPID: "gateway redis nats backend mariadb" ticks
 	for f in "$RUN"/redis-*.pid; do rp+=("$(pid_in "$f")"); done
 	echo "$(ticks "$1") $(ticks "${rp[@]}") $(ticks "$(pid_in "$RUN/nats.pid")") $(ticks "$(pid_in "$RUN/backend.pid")") $(ticks "$(pid_in "$RUN/mariadb.pid")")"
 }
+# runq PID...: how long the processes' threads waited on a run queue, runnable but not running
+# (ns, /proc/<pid>/task/*/schedstat's second field): the CPU a purchase waited for, not used.
+runq() {
+	local p t w sum=0
+	for p in "$@"; do
+		[[ -n "$p" && -d "/proc/$p/task" ]] || continue
+		for t in /proc/"$p"/task/*/schedstat; do
+			read -r _ w _ <"$t" 2>/dev/null && sum=$((sum + w))
+		done
+	done
+	echo "$sum"
+}
+qsnap() { # qsnap GWPID: "gateway redis nats backend mariadb" run-queue ns
+	local rp=() f
+	for f in "$RUN"/redis-*.pid; do rp+=("$(pid_in "$f")"); done
+	echo "$(runq "$1") $(runq "${rp[@]}") $(runq "$(pid_in "$RUN/nats.pid")") $(runq "$(pid_in "$RUN/backend.pid")") $(runq "$(pid_in "$RUN/mariadb.pid")")"
+}
 redis_calls() { # total calls per command, "cmd calls" lines
 	redis-cli --user "$FLASHGATE_REDIS_USERNAME" -p "$REDIS_PORT" --no-auth-warning INFO commandstats |
 		tr -d '\r' | sed -nE 's/^cmdstat_([a-z|_]+):calls=([0-9]+),usec=([0-9]+).*/\1 \2 \3/p'
@@ -92,10 +109,12 @@ for bin in "$@"; do
 	r0="$(redis_calls)"
 	n0="$(nats_msgs)"
 	s0="$(snap "$gw")"
+	q0="$(qsnap "$gw")"
 	t0="$(date +%s.%N)"
 	"$ROOT/bin/flashgate" bench --config "$CONFIG" --no-check --sale "$sale" --target "http://127.0.0.1:$GW_PORT" \
 		--users "$USERS" --concurrency 256 --duration "$DURATION" --rate "$RATE" --json "$OUT/last.json" >"$OUT/last.out" 2>&1 || true
 	s1="$(snap "$gw")"
+	q1="$(qsnap "$gw")"
 	t1="$(date +%s.%N)"
 	for ((i = 0; i < 1200; i++)); do drained && break; sleep 0.1; done
 	s2="$(snap "$gw")"
@@ -130,9 +149,9 @@ for bin in "$@"; do
 				printf "%s p50 <= %s s, p99 <= %s s; ", n, p50, p99
 			}
 		}' "$OUT/last.metrics")"
-	lat="$(sed -nE 's/.*"accepted_latency_us": *\{[^}]*"p50": *([0-9]+)[^}]*"p99": *([0-9]+).*/202 p50 \1 us, p99 \2 us/p' "$OUT/last.json" | head -1)"
+	lat="$(tr -d ' \n' <"$OUT/last.json" | sed -nE 's/.*"accepted_latency_us":\{[^}]*"p50":([0-9]+)[^}]*"p99":([0-9]+).*/202 p50 \1 us, p99 \2 us/p' | head -1)"
 	awk -v a="$s0" -v b="$s1" -v c="$s2" -v n="$acc" -v clk="$CLK" -v bin="$bin" -v r0="$r0" -v r1="$r1" \
-		-v n0="$n0" -v n1="$n1" -v drain="$(echo "$t2 - $t1" | bc)" -v gcs="$gcs" -v waits="$waits" -v lat="$lat" '
+		-v n0="$n0" -v n1="$n1" -v drain="$(echo "$t2 - $t1" | bc)" -v gcs="$gcs" -v waits="$waits" -v lat="$lat" -v q0="$q0" -v q1="$q1" '
 	function per(x, y,   i, s, t, out) {
 		split(x, X, " "); split(y, Y, " "); t = 0; out = ""
 		for (i = 1; i <= 5; i++) { s = (Y[i] - X[i]) / clk * 1e6 / n; t += s; out = out sprintf("%5.0f", s) }
@@ -147,7 +166,9 @@ for bin in "$@"; do
 			if (f[1] == "evalsha") us = (f[3] - u0[f[1]]) / (d > 0 ? d : 1)
 		}
 		split(n0, N0, " "); split(n1, N1, " ")
-		printf "%-28s %8d | %s | %s | %s(evalsha %.1f µs); nats %.2f/%.2f; drain %.1f s; gc cycles %s; %s; %s\n", bin, n, per(a, b), per(a, c), cmds, us,
-			(N1[1] - N0[1]) / n, (N1[2] - N0[2]) / n, drain, gcs, lat, waits
+		split(q0, Q0, " "); split(q1, Q1, " "); rq = "run-queue wait µs per purchase (load): gw redis nats backend mariadb ="
+		for (i = 1; i <= 5; i++) rq = rq sprintf(" %.0f", (Q1[i] - Q0[i]) / 1000 / n)
+		printf "%-28s %8d | %s | %s | %s(evalsha %.1f µs); nats %.2f/%.2f; drain %.1f s; gc cycles %s; %s; %s; %s\n", bin, n, per(a, b), per(a, c), cmds, us,
+			(N1[1] - N0[1]) / n, (N1[2] - N0[2]) / n, drain, gcs, lat, waits, rq
 	}'
 done
