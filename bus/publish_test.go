@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -52,5 +53,61 @@ func TestPublishOrderDeduplicates(t *testing.T) {
 	}
 	if h := m.Header.Get(jetstream.MsgIDHeader); h != "42" {
 		t.Fatalf("Nats-Msg-Id %q, want 42", h)
+	}
+}
+
+// TestSendOrder: the gateway's publish stores the order once with both headers
+// (its id for deduplication, the request id), answers nil for a duplicate,
+// the stream's own error when it refuses (full, discard new), and
+// ErrNoStreamResponse when no stream takes the subject within its budget.
+func TestSendOrder(t *testing.T) {
+	cfg := testenv.Config(t).NATS
+	cfg.MaxStreamMsgs = 2
+	nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := bus.EnsureStream(ctx, js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := flashgate.Order{ID: 7, SaleID: "s1", UserID: "u1", Quantity: 1, Status: flashgate.OrderPending,
+		CreatedAt: time.UnixMilli(1_700_000_000_000).UTC(), ExpiresAt: time.UnixMilli(1_700_000_900_000).UTC()}
+	subject := bus.OrderSubject(cfg, o.SaleID)
+	for range 2 {
+		if err := bus.SendOrder(ctx, nc, subject, &o, make([]byte, 0, 8), "req-1"); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+	}
+	info, err := stream.Info(ctx)
+	if err != nil || info.State.Msgs != 1 {
+		t.Fatalf("stream holds %d messages (%v) after the same order twice, want 1", info.State.Msgs, err)
+	}
+	m, err := stream.GetMsg(ctx, info.State.LastSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := bus.DecodeOrder(m.Data); err != nil || got.ID != o.ID || m.Header.Get(jetstream.MsgIDHeader) != "7" || m.Header.Get(bus.HeaderRequestID) != "req-1" {
+		t.Fatalf("stored %s %v: %+v, %v", m.Data, m.Header, got, err)
+	}
+	// Full: the second order fits, the third is refused by the stream.
+	o.ID = 8
+	if err := bus.SendOrder(ctx, nc, subject, &o, nil, ""); err != nil {
+		t.Fatalf("send a second order: %v", err)
+	}
+	o.ID = 9
+	err = bus.SendOrder(ctx, nc, subject, &o, nil, "")
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.Code == 0 {
+		t.Fatalf("send to a full stream: %v, want the stream's API error", err)
+	}
+	// No stream for the subject: asked again until the budget is spent.
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if err := bus.SendOrder(short, nc, "no-stream-here."+testenv.ID("x"), &o, nil, ""); !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		t.Fatalf("send where no stream listens: %v, want ErrNoStreamResponse", err)
 	}
 }

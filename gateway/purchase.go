@@ -554,7 +554,7 @@ func (g *Gateway) send(s *sale, m *flashgate.Order, rid string) error {
 	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
 	defer cancel()
 	buf := orderBufs.Get().(*[]byte)
-	_, err := bus.PublishOrderFrom(pctx, g.js, *subject, m, *buf, rid)
+	err := bus.SendOrder(pctx, g.nc, *subject, m, *buf, rid)
 	orderBufs.Put(buf)
 	return err
 }
