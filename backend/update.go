@@ -83,7 +83,8 @@ func refuse(format string, a ...any) error { return updateRefusal{fmt.Sprintf(fo
 //
 // Under the sale row lock (batch writers of the sale wait), MySQL's counts are
 // checked, then Redis checks its own and changes the spec and stock in one
-// script (lua.Update), then MySQL commits. Gateways learn the new spec by the
+// script (lua.Update; on a sale split over stock buckets, bucket by bucket,
+// docs/buckets.md), then MySQL commits. Gateways learn the new spec by the
 // created event and their refresh.
 func (a *adminAPI) updateSale(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sale")
@@ -148,10 +149,6 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 	switch {
 	case old.Closed:
 		return nil, refuse("it is closed")
-	case len(old.BucketTags) > 1:
-		// Each bucket holds a copy of the spec and a share of the stock: no
-		// one script can change them all at once (docs/buckets.md).
-		return nil, refuse("it is split over %d stock buckets, whose copies of the spec cannot change together", len(old.BucketTags))
 	case retired != nil || !old.EndsAt.After(now):
 		return nil, refuse("it ended at %s", old.EndsAt.Format(time.RFC3339))
 	}

@@ -1,9 +1,11 @@
 package lua
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/redis/rueidis"
@@ -82,8 +84,26 @@ type Lowered struct {
 // many. A sale Redis does not hold is left alone (ErrNotWarmed): warming it
 // later reads MySQL's spec. Lowering a limit reads every counter of that
 // window in the one call: O(subjects), so not at the peak of a sale.
+//
+// On a sale split over buckets (s.BucketTags), see updateBucketed.
 func Update(ctx context.Context, c rueidis.Client, s *flashgate.Sale, delta int64, lowered []Lowered) error {
-	k := KeysFor(s.ID, nil)
+	if len(s.BucketTags) > 1 {
+		if err := updateBucketed(ctx, c, s, delta, lowered); err != nil {
+			return err
+		}
+	} else if err := updateOne(ctx, c, KeysFor(s.ID, nil), s, delta, lowered); err != nil {
+		return err
+	}
+	// The live index orders sales by their end: a new ends_at moves the sale.
+	if err := indexSale(ctx, c, s); err != nil {
+		return fmt.Errorf("update %s: index: %w", s.ID, err)
+	}
+	return nil
+}
+
+// updateOne runs updateScript on one hash tag's keys (a sale's, or one
+// bucket's): the checks and the change of its meta and stock in one call.
+func updateOne(ctx context.Context, c rueidis.Client, k *Keys, s *flashgate.Sale, delta int64, lowered []Lowered) error {
 	keys := []string{k.Meta, k.Users, k.stock}
 	args := []string{strconv.FormatInt(s.PerUserLimit, 10), strconv.FormatInt(delta, 10), strconv.Itoa(len(lowered))}
 	for _, l := range lowered {
@@ -109,9 +129,187 @@ func Update(ctx context.Context, c rueidis.Client, s *flashgate.Sale, delta int6
 	case res[0] != "ok":
 		return fmt.Errorf("update %s: answer %v", s.ID, res)
 	}
-	// The live index orders sales by their end: a new ends_at moves the sale.
-	if err := indexSale(ctx, c, s); err != nil {
-		return fmt.Errorf("update %s: index: %w", s.ID, err)
+	return nil
+}
+
+// shiftScript moves one warm bucket's stock: up by ARGV[1] units (> 0), or
+// down by as many of -ARGV[1] as it holds (< 0), never below 0.
+//
+//	KEYS: 1 the bucket's meta, 2 its stock key
+//	ARGV: 1 the units (signed)
+//
+// Answers {"not_warm"} (the bucket's meta is gone: a master lost it; its
+// refill and the stock repair give it its share from MySQL) or {"ok", units
+// moved (unsigned)}.
+var shiftScript = rueidis.NewLuaScript(`if redis.call('EXISTS', KEYS[1]) == 0 then return {'not_warm'} end
+local d = tonumber(ARGV[1])
+if d < 0 then
+  local have = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local n = math.min(have, -d)
+  if n <= 0 then return {'ok', '0'} end
+  redis.call('DECRBY', KEYS[2], n)
+  return {'ok', tostring(n)}
+end
+redis.call('INCRBY', KEYS[2], d)
+return {'ok', tostring(d)}`)
+
+// shift runs shiftScript on bucket b: the units it moved.
+func shift(ctx context.Context, c rueidis.Client, b *Keys, units int64) (int64, error) {
+	res, err := shiftScript.Exec(ctx, c, []string{b.Meta, b.stock}, []string{strconv.FormatInt(units, 10)}).AsStrSlice()
+	if err != nil {
+		return 0, fmt.Errorf("update %s bucket %d: stock: %w", b.Sale, b.index, err)
+	}
+	switch {
+	case len(res) == 1 && res[0] == "not_warm":
+		return 0, ErrNotWarmed
+	case len(res) == 2 && res[0] == "ok":
+		return strconv.ParseInt(res[1], 10, 64)
+	}
+	return 0, fmt.Errorf("update %s bucket %d: stock: answer %v", b.Sale, b.index, res)
+}
+
+// lowerRounds bounds the passes over the buckets that gather a lowering's
+// units while buyers take some of them meanwhile.
+const lowerRounds = 3
+
+// updateBucketed is Update for a sale split over buckets: each bucket holds
+// a copy of the spec, its buyers' counts and a share of the stock, and no one
+// script reaches them all, so the change goes bucket by bucket, each step
+// atomic on its bucket, in an order that can always be undone:
+//
+//  1. A lowering of the total (delta < 0) takes its units from the buckets'
+//     stocks, the fullest first, each giving what it holds (shiftScript):
+//     units reserved or sold are not in a stock, so they are never taken.
+//     When the buckets together hold fewer free units than asked (read first,
+//     and again when buyers took them meanwhile), the units taken go back to
+//     the buckets they came from and the answer is ErrStockTaken.
+//  2. Every bucket's meta takes the new spec with its own checks
+//     (updateScript: no buyer of it over a lowered per_user_limit, no subject
+//     over a lowered limit's max). A refusal puts the old spec back into the
+//     buckets already changed and the units of step 1 back into theirs: the
+//     sale is as it was.
+//  3. A raise (delta > 0) is shared over the buckets (SplitUnits), and a
+//     bucket whose meta is gone gives its share to the next one.
+//  4. The sale's own meta takes the new spec (gateways read it).
+//
+// Between the first bucket's change and the last one's the buckets disagree
+// on the spec for the few calls it takes; each buyer is judged by one bucket,
+// the home, so no one meets both. A bucket a master lost (no meta) is left
+// alone: its refill copies the spec from MySQL and the stock repair gives it
+// its share. A process dying half way leaves MySQL unchanged (its transaction
+// commits after this) and Redis partly changed; the stock repair sets each
+// bucket from MySQL's figures, and the next PATCH writes the spec again.
+func updateBucketed(ctx context.Context, c rueidis.Client, s *flashgate.Sale, delta int64, lowered []Lowered) error {
+	k := KeysOf(s)
+	if delta != 0 && len(s.Regions) > 0 {
+		return fmt.Errorf("update %s: the total of a sale with regions is the sum of its regions", s.ID)
+	}
+	if n, err := c.Do(ctx, c.B().Exists().Key(k.Meta).Build()).AsInt64(); err != nil {
+		return fmt.Errorf("update %s: %w", s.ID, err)
+	} else if n == 0 {
+		return ErrNotWarmed
+	}
+	old, err := LoadSale(ctx, c, s.ID)
+	if err != nil {
+		return fmt.Errorf("update %s: %w", s.ID, err)
+	}
+	taken := make([]int64, len(k.buckets))
+	giveBack := func() {
+		for i, n := range taken {
+			if n > 0 {
+				// Adding units back cannot be refused (but by a bucket lost
+				// meanwhile, which the stock repair refills from MySQL).
+				_, _ = shift(context.WithoutCancel(ctx), c, k.buckets[i], n)
+			}
+		}
+	}
+	if delta < 0 {
+		if err := lowerBuckets(ctx, c, k, -delta, taken); err != nil {
+			giveBack()
+			return err
+		}
+	}
+	for i, b := range k.buckets {
+		err := updateOne(ctx, c, b, s, 0, lowered)
+		if err == nil || errors.Is(err, ErrNotWarmed) {
+			continue
+		}
+		for _, done := range k.buckets[:i] {
+			if uerr := updateOne(context.WithoutCancel(ctx), c, done, old, 0, nil); uerr != nil && !errors.Is(uerr, ErrNotWarmed) {
+				err = fmt.Errorf("%w (and bucket %d kept the new spec: %v)", err, done.index, uerr)
+			}
+		}
+		giveBack()
+		return fmt.Errorf("%w (bucket %d)", err, i)
+	}
+	if delta > 0 {
+		var carry int64
+		for i, b := range k.buckets {
+			share := SplitUnits(delta, len(k.buckets), i) + carry
+			if share == 0 {
+				continue
+			}
+			_, err := shift(ctx, c, b, share)
+			switch {
+			case errors.Is(err, ErrNotWarmed):
+				carry = share
+			case err != nil:
+				return err
+			default:
+				carry = 0
+			}
+		}
+	}
+	// The sale's own meta: no stock and no buyers under its tag.
+	if err := updateOne(ctx, c, k, s, 0, nil); err != nil {
+		return err
+	}
+	return nil
+}
+
+// lowerBuckets takes want units from the buckets' stocks (taken[i]: what
+// bucket i gave), or fails with ErrStockTaken when they do not hold that many
+// free units; the caller gives taken back.
+func lowerBuckets(ctx context.Context, c rueidis.Client, k *Keys, want int64, taken []int64) error {
+	// Units on the move between buckets are in no stock: land them first.
+	if _, err := FinishTransfers(ctx, c, k); err != nil {
+		return err
+	}
+	var free int64 // what the buckets held at the last read
+	for round := 0; round < lowerRounds && want > 0; round++ {
+		stock, err := bucketStock(ctx, c, k)
+		if err != nil {
+			return err
+		}
+		order := make([]int, len(k.buckets))
+		free = 0
+		for i := range order {
+			order[i] = i
+			free += stock[i][""]
+		}
+		if free < want {
+			break
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(stock[b][""], stock[a][""]) })
+		for _, i := range order {
+			if want == 0 || stock[i][""] <= 0 {
+				break
+			}
+			got, err := shift(ctx, c, k.buckets[i], -min(want, stock[i][""]))
+			if err != nil && !errors.Is(err, ErrNotWarmed) {
+				return err
+			}
+			taken[i] += got
+			want -= got
+			free -= got
+		}
+	}
+	if want > 0 {
+		var held int64
+		for _, n := range taken {
+			held += n
+		}
+		return fmt.Errorf("%w: %d units are left unreserved over the buckets", ErrStockTaken, free+held)
 	}
 	return nil
 }
