@@ -215,3 +215,89 @@ func TestSplitSaleUpdate(t *testing.T) {
 	}
 	ledger("a buyer after the raise", 10, 27)
 }
+
+// TestSaleUpdateRegions: PATCH with "regions" changes a live sale's units
+// region by region (the total becomes their sum), on a sale of one tag and on
+// one split over 4 buckets, against MySQL and the Cluster. Refused (409, the
+// reason): a region below what it sold (MySQL), a lowering that would take
+// reserved units (Redis), a region added or removed; a total that is not the
+// regions' sum is a 400. Accepted: each
+// region's stock moves by its own change, MySQL's region rows follow, and the
+// ledger holds.
+func TestSaleUpdateRegions(t *testing.T) {
+	t.Parallel()
+	s := start(t, testenv.ClusterAddrs(), nil)
+	tok := s.cfg.Admin.Token
+	for _, buckets := range []int{1, 4} {
+		t.Run("buckets="+strconv.Itoa(buckets), func(t *testing.T) {
+			id := testenv.ID("regupd")
+			extra := `,"per_order_max":5,"regions":{"a":10,"b":10},"buckets":` + strconv.Itoa(buckets)
+			if status, body := s.call("POST", "/admin/v1/sales", tok, saleBody(id, 20, 5, extra)); status != 201 {
+				t.Fatalf("create: %d %v", status, body)
+			}
+			row, err := loadSale(ctx(t), s.db, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = lua.Retire(context.Background(), s.rc, &row.Sale) })
+			k := lua.KeysOf(&row.Sale)
+			path := "/admin/v1/sales/" + id
+			// x buys 2 in a (MySQL); y holds 2 reserved in b (Redis only).
+			m := admit(t, s.rc, k.Home("x"), "x", 2, "a")
+			s.publish(m)
+			eventually(t, 10*time.Second, "x's order", func() bool { return s.rows(id, "confirmed") == 1 })
+			eventually(t, 5*time.Second, "x's reservation settled", func() bool { return reservations(t, s.rc, k) == 0 })
+			admit(t, s.rc, k.Home("y"), "y", 2, "b")
+
+			for _, tc := range []struct {
+				name, body string
+				status     int
+				why        string
+			}{
+				{"region below its sold", `{"regions":{"a":1,"b":10}}`, 409, "region a: 1 units is below the 2 sold there"},
+				{"takes reserved units", `{"regions":{"a":10,"b":1}}`, 409, "8 units are left unreserved"},
+				{"a region removed", `{"regions":{"a":10}}`, 409, "not be added or removed"},
+				{"a region renamed", `{"regions":{"a":10,"c":10}}`, 409, `no region "c"`},
+				{"a total alone", `{"total":25}`, 400, "regions add up to 20"},
+				{"a total not the sum", `{"regions":{"a":5,"b":15},"total":21}`, 400, "not the sum"},
+			} {
+				status, body := s.call("PATCH", path, tok, tc.body)
+				if msg, _ := body["message"].(string); status != tc.status || !strings.Contains(msg, tc.why) {
+					t.Errorf("%s: %d %v, want %d %q", tc.name, status, body, tc.status, tc.why)
+				}
+			}
+			rem, err := lua.Remaining(ctx(t), s.rc, k)
+			if err != nil || rem["a"] != 8 || rem["b"] != 8 {
+				t.Fatalf("Redis after the refusals: %v %v, want a 8, b 8", rem, err)
+			}
+
+			status, body := s.call("PATCH", path, tok, `{"regions":{"a":5,"b":15}}`)
+			if status != 200 || body["total"] != float64(20) {
+				t.Fatalf("update: %d %v", status, body)
+			}
+			rem, err = lua.Remaining(ctx(t), s.rc, k)
+			if err != nil || rem["a"] != 3 || rem["b"] != 13 {
+				t.Fatalf("Redis after the update: %v %v, want a 3, b 13", rem, err)
+			}
+			row, err = loadSale(ctx(t), s.db, id)
+			if err != nil || row.Regions["a"] != 5 || row.Regions["b"] != 15 || row.Total != 20 {
+				t.Fatalf("MySQL after the update: %+v %v", row, err)
+			}
+			if sp, err := lua.LoadSale(ctx(t), s.rc, id); err != nil || sp.Regions["a"] != 5 || sp.Regions["b"] != 15 {
+				t.Fatalf("Redis meta after the update: %+v %v", sp, err)
+			}
+			status, body = s.call("GET", path, tok, "")
+			inv, _ := body["invariant3"].(map[string]any)
+			if status != 200 || inv["holds"] != true || body["remaining"] != float64(16) {
+				t.Fatalf("ledger: %d %v", status, body)
+			}
+			// Region a's last 3 units sell; a fourth does not.
+			if _, out := buy(t, s.env, k, "z1", 3, "a"); out != lua.Admitted {
+				t.Fatalf("buy a's last 3: %v", out)
+			}
+			if _, out := buy(t, s.env, k, "z2", 1, "a"); out != lua.SoldOut {
+				t.Fatalf("buy past a's units: %v", out)
+			}
+		})
+	}
+}
