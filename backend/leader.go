@@ -103,7 +103,7 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 	}
 	b.ops = newOpsMetrics(b.metrics.Registry())
 	b.rec = &reconciler{
-		cfg: reconcileConfig{NATS: b.opts.NATS, PublishTimeout: b.opts.PublishTimeout}, log: b.log, db: b.db, rc: b.rc, js: js,
+		cfg: reconcileConfig{NATS: b.opts.NATS, PublishTimeout: b.opts.PublishTimeout, WaitReplicas: b.opts.WaitReplicas, WaitTimeout: b.opts.WaitTimeout}, log: b.log, db: b.db, rc: b.rc, js: js,
 		stream:  &orderStream{js: js, nats: b.opts.NATS},
 		scripts: b.scripts, ops: b.ops, writer: b.writer, warmer: b.warmer, life: b.life, events: b.events,
 	}

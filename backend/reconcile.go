@@ -110,6 +110,11 @@ type reconcileConfig struct {
 	// PublishTimeout is the gateways' (gateway.publish_timeout): how long an
 	// admission's publish may still be on its way.
 	PublishTimeout time.Duration
+	// WaitReplicas, WaitTimeout: redis.wait_replicas, redis.wait_timeout; a
+	// transfer between buckets is landed once that many replicas of its
+	// giver's master have its take (lua.FinishTransfersWait).
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // ReconcileReport is what one reconcile found and did (the body of POST
@@ -256,7 +261,7 @@ func (re *reconciler) finishTransfers(ctx context.Context, id string, rep *Recon
 	if err != nil || len(k.Buckets()) == 0 {
 		return err
 	}
-	n, err := lua.FinishTransfers(ctx, re.rc, k)
+	n, err := lua.FinishTransfersWait(ctx, re.rc, k, re.cfg.WaitReplicas, re.cfg.WaitTimeout)
 	rep.Transfers += n
 	if n > 0 {
 		re.log.Warn("landed transfers between buckets left half done", "sale", id, "transfers", n)

@@ -3,6 +3,7 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"time"
@@ -63,6 +64,9 @@ type salePatch struct {
 	// Limits: the sale's purchase limits with new maxima, the same limits
 	// in the same order (dimension, of and per cannot change).
 	Limits *[]flashgate.Limit `json:"limits"`
+	// Regions: the units of each region of a sale with regions, the same
+	// regions (none added or removed); the total becomes their sum.
+	Regions *map[string]int64 `json:"regions"`
 }
 
 // updateRefusal is an update that would invalidate what the sale has already
@@ -83,7 +87,8 @@ func refuse(format string, a ...any) error { return updateRefusal{fmt.Sprintf(fo
 //
 // Under the sale row lock (batch writers of the sale wait), MySQL's counts are
 // checked, then Redis checks its own and changes the spec and stock in one
-// script (lua.Update), then MySQL commits. Gateways learn the new spec by the
+// script (lua.Update; on a sale split over stock buckets, bucket by bucket,
+// docs/buckets.md), then MySQL commits. Gateways learn the new spec by the
 // created event and their refresh.
 func (a *adminAPI) updateSale(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sale")
@@ -94,7 +99,7 @@ func (a *adminAPI) updateSale(w http.ResponseWriter, r *http.Request) {
 	}
 	if p == (salePatch{}) {
 		writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest,
-			"body: nothing to change (starts_at, ends_at, total, per_user_limit, per_order_max, limits)")
+			"body: nothing to change (starts_at, ends_at, total, per_user_limit, per_order_max, limits, regions)")
 		return
 	}
 	if _, ok := a.saleOr404(w, r, id); !ok {
@@ -148,10 +153,6 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 	switch {
 	case old.Closed:
 		return nil, refuse("it is closed")
-	case len(old.BucketTags) > 1:
-		// Each bucket holds a copy of the spec and a share of the stock: no
-		// one script can change them all at once (docs/buckets.md).
-		return nil, refuse("it is split over %d stock buckets, whose copies of the spec cannot change together", len(old.BucketTags))
 	case retired != nil || !old.EndsAt.After(now):
 		return nil, refuse("it ended at %s", old.EndsAt.Format(time.RFC3339))
 	}
@@ -174,6 +175,11 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 	if p.Limits != nil {
 		s.Limits = append([]flashgate.Limit(nil), *p.Limits...)
 	}
+	if p.Regions != nil {
+		if err := patchRegions(&old, &s, *p.Regions, p.Total != nil); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -186,10 +192,15 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 		return nil, refuse("it started at %s: its start cannot move", old.StartsAt.Format(time.RFC3339))
 	case !s.EndsAt.After(now):
 		return nil, refuse("ends_at %s is not in the future (to stop selling now: flashgate sale close)", s.EndsAt.Format(time.RFC3339))
-	case s.Total != old.Total && len(old.Regions) > 0:
+	case s.Total != old.Total && len(old.Regions) > 0 && p.Regions == nil:
 		return nil, refuse("its total is the sum of its regions' units and cannot change alone")
 	case s.Total < row.Sold:
 		return nil, refuse("total %d is below the %d units sold", s.Total, row.Sold)
+	}
+	for _, r := range s.RegionNames() {
+		if s.Regions[r] < row.RegionSold[r] {
+			return nil, refuse("region %s: %d units is below the %d sold there", r, s.Regions[r], row.RegionSold[r])
+		}
 	}
 	if s.PerUserLimit < old.PerUserLimit {
 		most, err := mysql.MostUnitsOneBuyer(ctx, tx, id)
@@ -212,9 +223,21 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 	if err := mysql.UpdateSale(ctx, tx, &s, now); err != nil {
 		return nil, fmt.Errorf("MySQL: %w", err)
 	}
+	// deltas: each stock's change (the sale's, or each region's).
+	deltas := map[string]int64{"": s.Total - old.Total}
+	if len(old.Regions) > 0 {
+		deltas = map[string]int64{}
+		for _, r := range s.RegionNames() {
+			deltas[r] = s.Regions[r] - old.Regions[r]
+		}
+		if err := mysql.UpdateSaleRegions(ctx, tx, &s); err != nil {
+			return nil, fmt.Errorf("MySQL: %w", err)
+		}
+	}
 	// Redis holds what MySQL has not settled yet (reservations): its script
-	// refuses what they would break, atomically with the change.
-	err = lua.Update(ctx, a.rc, &s, s.Total-old.Total, lowered)
+	// refuses what they would break, atomically with the change (bucket by
+	// bucket on a split sale, each refusal undone: docs/buckets.md).
+	err = lua.Update(ctx, a.rc, &s, deltas, lowered)
 	switch {
 	case errors.Is(err, lua.ErrOverLimit):
 		return nil, refuse("per_user_limit %d: %v", s.PerUserLimit, err)
@@ -229,12 +252,40 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 	}
 	if err := tx.Commit(); err != nil {
 		// Redis has the new spec and MySQL not: put the old one back.
-		if uerr := lua.Update(ctx, a.rc, &old, old.Total-s.Total, nil); uerr != nil && !errors.Is(uerr, lua.ErrNotWarmed) {
+		back := map[string]int64{}
+		for r, d := range deltas {
+			back[r] = -d
+		}
+		if uerr := lua.Update(ctx, a.rc, &old, back, nil); uerr != nil && !errors.Is(uerr, lua.ErrNotWarmed) {
 			a.log.Error("update sale: MySQL did not commit and Redis keeps the new spec; reconcile repairs the stock", "sale", id, "err", uerr)
 		}
 		return nil, fmt.Errorf("MySQL: %w", err)
 	}
 	return &s, nil
+}
+
+// patchRegions sets s's regions to units, the same regions as old's, and its
+// total to their sum (a total given as well must be that sum).
+func patchRegions(old, s *flashgate.Sale, units map[string]int64, totalGiven bool) error {
+	if len(old.Regions) == 0 {
+		return refuse("it has no regions (change its total)")
+	}
+	if len(units) != len(old.Regions) {
+		return refuse("it has the regions %v: a live sale's regions can change their units, not be added or removed", old.RegionNames())
+	}
+	var sum int64
+	for r, n := range units {
+		if _, ok := old.Regions[r]; !ok {
+			return refuse("it has no region %q (regions: %v)", r, old.RegionNames())
+		}
+		sum += n
+	}
+	if totalGiven && s.Total != sum {
+		return fmt.Errorf("%w: total %d is not the sum of the regions' units (%d)", flashgate.ErrInvalid, s.Total, sum)
+	}
+	s.Regions = maps.Clone(units)
+	s.Total = sum
+	return nil
 }
 
 // loweredLimits checks that the new limits are the old ones with other

@@ -19,6 +19,11 @@ type BackendOptions struct {
 	// PublishTimeout is the gateways' gateway.publish_timeout: how long an
 	// admission's publish may still be on its way when Redis lost the sale.
 	PublishTimeout time.Duration
+	// WaitReplicas and WaitTimeout: redis.wait_replicas and redis.wait_timeout,
+	// which reconcile's landing of transfers between stock buckets waits for
+	// as the gateways' transfers do (docs/buckets.md).
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // BackendOptions picks the backend's options out of the configuration.
@@ -29,5 +34,7 @@ func (c Config) BackendOptions() BackendOptions {
 		AdminToken:     c.Admin.Token,
 		Retention:      c.Sales.Retention,
 		PublishTimeout: c.Gateway.PublishTimeout,
+		WaitReplicas:   c.Redis.WaitReplicas,
+		WaitTimeout:    c.Redis.WaitTimeout,
 	}
 }

@@ -219,7 +219,10 @@ type Redis struct {
 	// many replicas of the sale's master have it (WAIT on the connection
 	// that ran the script) before it publishes and answers 202; fewer within
 	// WaitTimeout: 503 and the units released (docs/recovery.md). 0: no wait,
-	// and a failover may lose what its master had not replicated yet.
+	// and a failover may lose what its master had not replicated yet. On a
+	// sale split over stock buckets the transfers of units between buckets
+	// wait too: a take is landed only once the giver's replicas have it, by
+	// the gateway or by the backend's reconcile (docs/buckets.md).
 	WaitReplicas int           `yaml:"wait_replicas"`
 	WaitTimeout  time.Duration `yaml:"wait_timeout"`
 	// Username and Password log in as a Redis ACL user (AUTH/HELLO). An

@@ -39,8 +39,62 @@ var (
 	takeScript = rueidis.NewLuaScript(takeSrc)
 	giveScript = rueidis.NewLuaScript(giveSrc)
 	viewScript = rueidis.NewLuaScript(viewSrc)
-	viewSHA    = func() string { sum := sha1.Sum([]byte(viewSrc)); return hex.EncodeToString(sum[:]) }()
+	viewSHA    = shaOf(viewSrc)
+	takeSHA    = shaOf(takeSrc)
+	giveSHA    = shaOf(giveSrc)
+	touchSHA   = shaOf(touchSrc)
 )
+
+func shaOf(src string) string { sum := sha1.Sum([]byte(src)); return hex.EncodeToString(sum[:]) }
+
+// touchSrc writes a giver's ledger entry again, unchanged, when it is still
+// there (1) and answers 0 when it is gone: a write of the giver's master that
+// comes after the take in its replication stream, so that a WAIT after it
+// tells whether the replicas have the take (confirmTaken).
+//
+//	KEYS: 1 the giver's transfers out; ARGV: 1 transfer id
+const touchSrc = `local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], v)
+return 1`
+
+// replication is redis.wait_replicas and redis.wait_timeout for the transfer
+// scripts: with replicas > 0 each take and give is followed by WAIT on its
+// connection, as an admission is (AdmitWait).
+type replication struct {
+	replicas int
+	timeout  time.Duration
+}
+
+// execWait runs a script (src, its sha) on keys and args and, when
+// w.replicas > 0, WAIT on the same connection in the same round trip; acked
+// is whether that many replicas had the script's writes within the timeout
+// (always true without a wait). A master that does not know the script yet
+// gets it with EVAL.
+func execWait(ctx context.Context, c rueidis.Client, src, sha string, keys, args []string, w replication) (rueidis.RedisResult, bool, error) {
+	if w.replicas <= 0 {
+		r := c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+		if re, ok := rueidis.IsRedisErr(r.Error()); ok && re.IsNoScript() {
+			r = c.Do(ctx, c.B().Eval().Script(src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+		}
+		return r, true, nil
+	}
+	wait := func() rueidis.Completed {
+		return c.B().Wait().Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
+	}
+	rs := c.DoMulti(ctx, c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
+	if re, ok := rueidis.IsRedisErr(rs[0].Error()); ok && re.IsNoScript() {
+		rs = c.DoMulti(ctx, c.B().Eval().Script(src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
+	}
+	if rs[0].Error() != nil {
+		return rs[0], false, nil
+	}
+	n, err := rs[1].AsInt64()
+	if err != nil {
+		return rs[0], false, fmt.Errorf("wait: %w", err)
+	}
+	return rs[0], n >= int64(w.replicas), nil
+}
 
 // How long the two halves of a transfer's record are kept after it landed.
 // A landed transfer stays in its giver's ledger for ledgerKeep, so that a
@@ -231,49 +285,82 @@ type Transfer struct {
 }
 
 // take moves up to want units of region out of bucket from into its ledger,
-// bound for bucket to; it answers how many it took (0: from had none).
-func take(ctx context.Context, c rueidis.Client, from *Keys, to int, id, region string, want int64, nowMS int64) (int64, error) {
+// bound for bucket to; it answers how many it took (0: from had none), and
+// whether w.replicas replicas of from's master had the take within the wait
+// (always true without one).
+func take(ctx context.Context, c rueidis.Client, from *Keys, to int, id, region string, want int64, nowMS int64, w replication) (int64, bool, error) {
 	stock, ok := from.Stock(region)
 	if !ok {
-		return 0, ErrUnknownRegion
+		return 0, false, ErrUnknownRegion
 	}
-	res, err := takeScript.Exec(ctx, c, []string{stock, from.xout},
-		[]string{id, strconv.FormatInt(want, 10), strconv.Itoa(to), region, strconv.FormatInt(nowMS, 10)}).AsStrSlice()
+	r, acked, err := execWait(ctx, c, takeSrc, takeSHA, []string{stock, from.xout},
+		[]string{id, strconv.FormatInt(want, 10), strconv.Itoa(to), region, strconv.FormatInt(nowMS, 10)}, w)
 	if err != nil {
-		return 0, fmt.Errorf("take %s bucket %d: %w", from.Sale, from.index, err)
+		return 0, false, fmt.Errorf("take %s bucket %d: %w", from.Sale, from.index, err)
+	}
+	res, err := r.AsStrSlice()
+	if err != nil {
+		return 0, false, fmt.Errorf("take %s bucket %d: %w", from.Sale, from.index, err)
 	}
 	switch takeReply(res[0]) {
 	case takeEmpty:
-		return 0, nil
+		return 0, true, nil
 	case takeTook:
 		if len(res) == 3 {
-			return strconv.ParseInt(res[1], 10, 64)
+			n, err := strconv.ParseInt(res[1], 10, 64)
+			return n, acked, err
 		}
 	}
-	return 0, fmt.Errorf("take %s: unexpected reply %q", from.Sale, res)
+	return 0, false, fmt.Errorf("take %s: unexpected reply %q", from.Sale, res)
 }
 
 // land gives a taken transfer's units to its receiver, once. The giver's
 // ledger entry stays (see ledgerKeep). It is what both the gateway and
-// FinishTransfers run; it answers whether the units landed now.
-func land(ctx context.Context, c rueidis.Client, k *Keys, t Transfer, nowMS int64) (bool, error) {
+// FinishTransfers run; it answers whether the units landed now, and whether
+// w.replicas replicas of the receiver's master had them within the wait (a
+// landing they did not confirm is landed again by reconcile if a failover
+// loses it: the giver's entry is still there, and so is the take).
+func land(ctx context.Context, c rueidis.Client, k *Keys, t Transfer, nowMS int64, w replication) (bool, bool, error) {
 	if t.From < 0 || t.From >= len(k.buckets) || t.To < 0 || t.To >= len(k.buckets) {
-		return false, fmt.Errorf("transfer %s of %s: bucket out of range", t.ID, k.Sale)
+		return false, false, fmt.Errorf("transfer %s of %s: bucket out of range", t.ID, k.Sale)
 	}
 	to := k.buckets[t.To]
 	stock, ok := to.Stock(t.Region)
 	if !ok {
-		return false, ErrUnknownRegion
+		return false, false, ErrUnknownRegion
 	}
-	res, err := giveScript.Exec(ctx, c, []string{stock, to.xin},
-		[]string{t.ID, strconv.FormatInt(t.Units, 10), strconv.FormatInt(nowMS, 10)}).AsStrSlice()
+	r, acked, err := execWait(ctx, c, giveSrc, giveSHA, []string{stock, to.xin},
+		[]string{t.ID, strconv.FormatInt(t.Units, 10), strconv.FormatInt(nowMS, 10)}, w)
 	if err != nil {
-		return false, fmt.Errorf("give %s bucket %d: %w", k.Sale, t.To, err)
+		return false, false, fmt.Errorf("give %s bucket %d: %w", k.Sale, t.To, err)
+	}
+	res, err := r.AsStrSlice()
+	if err != nil {
+		return false, false, fmt.Errorf("give %s bucket %d: %w", k.Sale, t.To, err)
 	}
 	if len(res) == 0 || (giveReply(res[0]) != giveGiven && giveReply(res[0]) != giveAlready) {
-		return false, fmt.Errorf("give %s: unexpected reply %q", k.Sale, res)
+		return false, false, fmt.Errorf("give %s: unexpected reply %q", k.Sale, res)
 	}
-	return giveReply(res[0]) == giveGiven, nil
+	return giveReply(res[0]) == giveGiven, acked, nil
+}
+
+// confirmTaken tells whether w.replicas replicas of the giver's master have
+// the take of t: it writes t's ledger entry again (touchSrc) and waits for
+// that write, which follows the take in the master's replication stream. A
+// transfer whose entry is gone (pruned: landed long ago) is not confirmed.
+func confirmTaken(ctx context.Context, c rueidis.Client, k *Keys, t Transfer, w replication) (bool, error) {
+	if w.replicas <= 0 {
+		return true, nil
+	}
+	r, acked, err := execWait(ctx, c, touchSrc, touchSHA, []string{k.buckets[t.From].xout}, []string{t.ID}, w)
+	if err != nil {
+		return false, fmt.Errorf("transfer %s of %s: %w", t.ID, k.Sale, err)
+	}
+	n, err := r.AsInt64()
+	if err != nil {
+		return false, fmt.Errorf("transfer %s of %s: %w", t.ID, k.Sale, err)
+	}
+	return n == 1 && acked, nil
 }
 
 // Gather brings at least need units of region into bucket home, from the other
@@ -283,6 +370,16 @@ func land(ctx context.Context, c rueidis.Client, k *Keys, t Transfer, nowMS int6
 // taken is either in home's stock, or in a giver's ledger that
 // FinishTransfers lands (when this process dies between the two steps).
 func Gather(ctx context.Context, c rueidis.Client, k *Keys, home int, region string, need int64, start int, idBase string, nowMS int64) (int64, error) {
+	return gather(ctx, c, k, home, region, need, start, idBase, nowMS, replication{})
+}
+
+// gather is Gather whose takes and gives wait for w.replicas replicas. A
+// take the replicas did not confirm in time is not landed: a failover of the
+// giver's master now could hand its successor the units as they were before
+// the take, and landing them would count them twice. Its units stay in the
+// giver's ledger (Remaining counts them), where reconcile lands them once the
+// replicas confirm the take (FinishTransfersWait).
+func gather(ctx context.Context, c rueidis.Client, k *Keys, home int, region string, need int64, start int, idBase string, nowMS int64, w replication) (int64, error) {
 	n := len(k.buckets)
 	var moved int64
 	for j := 0; j < n && moved < need; j++ {
@@ -291,14 +388,14 @@ func Gather(ctx context.Context, c rueidis.Client, k *Keys, home int, region str
 			continue
 		}
 		id := idBase + "." + strconv.Itoa(from)
-		got, err := take(ctx, c, k.buckets[from], home, id, region, need-moved, nowMS)
+		got, acked, err := take(ctx, c, k.buckets[from], home, id, region, need-moved, nowMS, w)
 		if err != nil {
 			return moved, err
 		}
-		if got == 0 {
+		if got == 0 || !acked {
 			continue
 		}
-		if _, err := land(ctx, c, k, Transfer{ID: id, From: from, To: home, Region: region, Units: got}, nowMS); err != nil {
+		if _, _, err := land(ctx, c, k, Transfer{ID: id, From: from, To: home, Region: region, Units: got}, nowMS, w); err != nil {
 			return moved, err
 		}
 		moved += got
@@ -321,8 +418,9 @@ func (s *Scripts) AdmitBucketed(ctx context.Context, c rueidis.Client, k *Keys, 
 // AdmitBucketedWait is AdmitBucketed whose admission, when replicas > 0, is
 // not an admission before that many replicas of its master have it (AdmitWait:
 // redis.wait_replicas). The transfers that gather units into the home bucket
-// do not wait: a failover that loses one leaves units counted in two buckets,
-// which MySQL's guard refuses past the total (docs/buckets.md).
+// wait too: a take is landed only once that many replicas of the giver's
+// master have it, and each give waits for the receiver's (gather), so a
+// failover never hands a master units that already moved (docs/buckets.md).
 func (s *Scripts) AdmitBucketedWait(ctx context.Context, c rueidis.Client, k *Keys, a AdmitArgs, replicas int, timeout time.Duration) (Admission, error) {
 	admit := func(k *Keys) (Admission, error) {
 		if replicas > 0 {
@@ -341,7 +439,8 @@ func (s *Scripts) AdmitBucketedWait(ctx context.Context, c rueidis.Client, k *Ke
 	for round := 0; round < gatherRounds; round++ {
 		need := a.Quantity - max(0, adm.Remaining)
 		id := "t" + strconv.FormatUint(a.OrderID, 10) + "." + strconv.Itoa(round)
-		moved, err := Gather(ctx, c, k, hk.index, a.Region, need, int(a.OrderID%uint64(len(k.buckets)))+round, id, a.Now.UnixMilli())
+		moved, err := gather(ctx, c, k, hk.index, a.Region, need, int(a.OrderID%uint64(len(k.buckets)))+round, id, a.Now.UnixMilli(),
+			replication{replicas: replicas, timeout: timeout})
 		if err != nil {
 			return adm, err
 		}
@@ -409,10 +508,18 @@ func PendingTransfers(ctx context.Context, c rueidis.Client, k *Keys) ([]Transfe
 // (ledgerKeep, receivedKeep). It is safe beside live transfers: give lands a
 // transfer once. It answers how many transfers' units it landed now.
 func FinishTransfers(ctx context.Context, c rueidis.Client, k *Keys) (int, error) {
-	return finishTransfers(ctx, c, k, time.Now())
+	return finishTransfers(ctx, c, k, time.Now(), replication{})
 }
 
-func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Time) (int, error) {
+// FinishTransfersWait is FinishTransfers under redis.wait_replicas: a
+// transfer is landed only once replicas replicas of the giver's master have
+// its take (confirmTaken), and its record is pruned only once as many of the
+// receiver's have its landing; the others are left for the next run.
+func FinishTransfersWait(ctx context.Context, c rueidis.Client, k *Keys, replicas int, timeout time.Duration) (int, error) {
+	return finishTransfers(ctx, c, k, time.Now(), replication{replicas: replicas, timeout: timeout})
+}
+
+func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Time, w replication) (int, error) {
 	ts, err := PendingTransfers(ctx, c, k)
 	if err != nil {
 		return 0, err
@@ -421,12 +528,24 @@ func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Ti
 	nowMS := now.UnixMilli()
 	inLedger := map[string]bool{}
 	for _, t := range ts {
-		given, err := land(ctx, c, k, t, nowMS)
+		ok, err := confirmTaken(ctx, c, k, t, w)
+		if err != nil {
+			return n, err
+		}
+		if !ok {
+			inLedger[t.ID] = true
+			continue
+		}
+		given, acked, err := land(ctx, c, k, t, nowMS, w)
 		if err != nil {
 			return n, err
 		}
 		if given {
 			n++
+		}
+		if !acked {
+			inLedger[t.ID] = true
+			continue
 		}
 		// Landed now or before: the entry goes once it is old enough that no
 		// reader's sum can still be straddling it.

@@ -47,7 +47,7 @@ func TestTransferCrashFinished(t *testing.T) {
 		return rem[""]
 	}
 	// The taker dies after take.
-	if got, err := take(ctx, c, k.buckets[1], 0, "t1", "", 3, now.UnixMilli()); err != nil || got != 3 {
+	if got, _, err := take(ctx, c, k.buckets[1], 0, "t1", "", 3, now.UnixMilli(), replication{}); err != nil || got != 3 {
 		t.Fatalf("take: %d %v", got, err)
 	}
 	if stock(0) != 4 || stock(1) != 1 || total() != 8 {
@@ -63,7 +63,7 @@ func TestTransferCrashFinished(t *testing.T) {
 		t.Fatalf("finish again: %d %v", n, err)
 	}
 	// The taker dies after give, before clearing its ledger entry.
-	if got, err := take(ctx, c, k.buckets[0], 1, "t2", "", 2, now.UnixMilli()); err != nil || got != 2 {
+	if got, _, err := take(ctx, c, k.buckets[0], 1, "t2", "", 2, now.UnixMilli(), replication{}); err != nil || got != 2 {
 		t.Fatalf("take: %d %v", got, err)
 	}
 	if _, err := giveScript.Exec(ctx, c, []string{k.buckets[1].stock, k.buckets[1].xin}, []string{"t2", "2", "1"}).ToArray(); err != nil {
@@ -83,7 +83,7 @@ func TestTransferCrashFinished(t *testing.T) {
 	if ts, err := PendingTransfers(ctx, c, k); err != nil || len(ts) != 2 {
 		t.Fatalf("young ledger: %v %v", ts, err)
 	}
-	if _, err := finishTransfers(ctx, c, k, now.Add(ledgerKeep+time.Second)); err != nil {
+	if _, err := finishTransfers(ctx, c, k, now.Add(ledgerKeep+time.Second), replication{}); err != nil {
 		t.Fatal(err)
 	}
 	if ts, err := PendingTransfers(ctx, c, k); err != nil || len(ts) != 0 {
@@ -92,7 +92,7 @@ func TestTransferCrashFinished(t *testing.T) {
 	if stock(0) != 5 || stock(1) != 3 || total() != 8 {
 		t.Fatalf("after clearing: %d %d, remaining %d", stock(0), stock(1), total())
 	}
-	if _, err := finishTransfers(ctx, c, k, now.Add(receivedKeep+time.Minute)); err != nil {
+	if _, err := finishTransfers(ctx, c, k, now.Add(receivedKeep+time.Minute), replication{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, b := range k.buckets {

@@ -379,6 +379,25 @@ func UpdateSale(ctx context.Context, tx Querier, s *flashgate.Sale, now time.Tim
 	return nil
 }
 
+// UpdateSaleRegions sets each region's total of s (its regions exist: a
+// live sale's regions change their units, never their names).
+func UpdateSaleRegions(ctx context.Context, tx Querier, s *flashgate.Sale) error {
+	for _, r := range s.RegionNames() {
+		res, err := tx.ExecContext(ctx, `UPDATE sale_regions SET total = ? WHERE sale_id = ? AND region = ?`, s.Regions[r], s.ID, r)
+		if err != nil {
+			return fmt.Errorf("update sale %s region %s: %w", s.ID, r, err)
+		}
+		if n, err := res.RowsAffected(); err == nil && n == 0 {
+			// 0 rows: no such row, or the total is the same (MySQL counts changed rows).
+			var one int
+			if err := tx.QueryRowContext(ctx, `SELECT 1 FROM sale_regions WHERE sale_id = ? AND region = ?`, s.ID, r).Scan(&one); err != nil {
+				return fmt.Errorf("update sale %s region %s: %w", s.ID, r, err)
+			}
+		}
+	}
+	return nil
+}
+
 // MostUnitsOneBuyer is the most units one buyer of the sale holds in MySQL.
 func MostUnitsOneBuyer(ctx context.Context, q Querier, sale string) (int64, error) {
 	var n int64

@@ -577,6 +577,9 @@ cluster_synced() {
 cluster_joined() { [[ "$(cluster_field "$1" cluster_known_nodes)" -gt 1 ]]; }
 
 # redis_start PORT [extra redis-server args...]
+# hash-max-listpack-entries 128 (redis.conf's value; the binary's own default is 512): a hash in
+# listpack encoding is scanned end to end by every HSET/HINCRBY, and a sale's buyers' hashes (and
+# each stock bucket's, K times more of them) pay that scan for their first entries (docs/redis.md).
 redis_start() {
 	local port="$1"
 	shift
@@ -597,6 +600,7 @@ redis_start() {
 	redis-server "$REDIS_AUTH_CONF" --port "$port" --bind 127.0.0.1 --protected-mode yes \
 		--daemonize yes --pidfile "$pidfile" --logfile "$logfile" --dir "$dir" \
 		--appendonly yes --appendfsync everysec --save "" \
+		--hash-max-listpack-entries 128 \
 		--enable-debug-command local "$@" ||
 		die "redis-server on port $port failed to start" "$logfile"
 }

@@ -26,7 +26,7 @@ const saleUsage = `usage: flashgate sale <create|list|show|update|close|reconcil
               [--degrade closed|mysql [--degrade-rate N]]
   sale list [--limit N] the newest sales, one line each (GET /admin/v1/sales)
   sale show ID          the ledger (GET /admin/v1/sales/ID)
-  sale update ID [--starts-at T] [--ends-at T] [--total N] [--per-user-limit N] [--per-order-max N]
+  sale update ID [--starts-at T] [--ends-at T] [--total N] [--region NAME=UNITS ...] [--per-user-limit N] [--per-order-max N]
                  [--limit DIM:MAX[:units|orders][:sale|day|month] ...]
                         change a live sale; a change that would invalidate counts already
                         taken is refused with the reason (PATCH /admin/v1/sales/ID)
@@ -288,7 +288,7 @@ func saleListCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 func saleUpdateCmd(args []string, stdout, stderr io.Writer) error {
-	c := newCommand("sale update", "ID [--starts-at T] [--ends-at T] [--total N] [--per-user-limit N] [--per-order-max N]", stderr)
+	c := newCommand("sale update", "ID [--starts-at T] [--ends-at T] [--total N] [--region NAME=UNITS ...] [--per-user-limit N] [--per-order-max N]", stderr)
 	startsAt := c.String("starts-at", "", "new start `time`: RFC 3339, now, or +30s-style offset (only before the sale starts)")
 	endsAt := c.String("ends-at", "", "new end `time`: RFC 3339 or +1h-style offset (in the future)")
 	total := c.Int64("total", 0, "new units on sale (not below what is sold and reserved)")
@@ -296,6 +296,8 @@ func saleUpdateCmd(args []string, stdout, stderr io.Writer) error {
 	perOrder := c.Int64("per-order-max", 0, "new units one order may buy")
 	var limits limitsFlag
 	c.Var(&limits, "limit", "the sale's purchase limits with new maxima, all of them in order, as at create: `DIM:MAX[:units|orders][:sale|day|month]`; repeat for each")
+	regions := mapFlag{}
+	c.Var(regions, "region", "`NAME=UNITS`: a region's new units, every region of the sale (the total becomes their sum); repeat for each")
 	pos, err := c.parse(args)
 	if err != nil {
 		return err
@@ -325,10 +327,12 @@ func saleUpdateCmd(args []string, stdout, stderr io.Writer) error {
 			patch["per_order_max"] = *perOrder
 		case "limit":
 			patch["limits"] = []flashgate.Limit(limits)
+		case "region":
+			patch["regions"] = map[string]int64(regions)
 		}
 	})
 	if len(patch) == 0 {
-		return c.usageError("nothing to change: give --starts-at, --ends-at, --total, --per-user-limit, --per-order-max or --limit")
+		return c.usageError("nothing to change: give --starts-at, --ends-at, --total, --region, --per-user-limit, --per-order-max or --limit")
 	}
 	cfg, err := c.config()
 	if err != nil {

@@ -65,6 +65,10 @@ func TestSaleCommands(t *testing.T) {
 	if out, err := sale("update", id, "--limit", "ip:2"); err == nil || !strings.Contains(out, "409") || !strings.Contains(out, "only its max can change") {
 		t.Fatalf("update of what a limit counts: %v %s", err, out)
 	}
+	// --region sends every region's units (this sale has none: 409).
+	if out, err := sale("update", id, "--region", "bj=5"); err == nil || !strings.Contains(out, "409") || !strings.Contains(out, "it has no regions") {
+		t.Fatalf("update --region of a sale without regions: %s", out)
+	}
 	if out, err := sale("update", id); err == nil || !strings.Contains(out, "nothing to change") {
 		t.Fatalf("update without a change: %v %s", err, out)
 	}
