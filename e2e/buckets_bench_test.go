@@ -458,7 +458,7 @@ func TestBucketsCostInterleaved(t *testing.T) {
 		}
 		return calls, usec
 	}
-	// Three windows of the sale's life: a bucket's first buyers (its hashes
+	// Three windows of the sale's life, and the whole of it: a bucket's first buyers (its hashes
 	// small, some in listpack encoding), 10,000 to 30,000 admissions (each
 	// bucket's hashes grow from 833 to 2,500 entries, doubling their tables
 	// twice, while the K = 1 sale's grow from 10,000 to 30,000, doubling
@@ -469,7 +469,7 @@ func TestBucketsCostInterleaved(t *testing.T) {
 	windows := []struct {
 		name     string
 		from, to int // batches
-	}{{"first 10,000", 0, 20}, {"10,000-30,000", 20, 60}, {"25,000-49,000", 50, 98}}
+	}{{"first 10,000", 0, 20}, {"10,000-30,000", 20, 60}, {"25,000-49,000", 50, 98}, {"all 49,000 (the whole sale)", 0, 98}}
 	const batches = 98
 	// usec[k][b], calls[k][b]: batch b's Redis time and script calls.
 	usec, calls := map[int][]int64{}, map[int][]int64{}
