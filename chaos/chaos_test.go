@@ -134,6 +134,9 @@ type stack struct {
 	dir      string
 	env      []string // given to every process
 	floods   int
+	// phoneOf is each user's phone claim, for the floods that gave one
+	// (floodPhones).
+	phoneOf map[string]string
 	// faultEnd is when the fault ended (the killed part back, the outage
 	// over); recovery is measured from it.
 	faultEnd time.Time
@@ -285,9 +288,17 @@ func (st *stack) createSale(total, perUser int64) *flashgate.Sale {
 // not split) and waits until every gateway serves it.
 func (st *stack) createBucketed(total, perUser int64, k int) *flashgate.Sale {
 	st.t.Helper()
+	return st.createLimited(total, perUser, k, nil)
+}
+
+// createLimited is createBucketed with purchase limits beyond per_user_limit
+// (flashgate.Sale.Limits).
+func (st *stack) createLimited(total, perUser int64, k int, limits []flashgate.Limit) *flashgate.Sale {
+	st.t.Helper()
 	now := time.Now()
 	s := &flashgate.Sale{ID: testenv.ID("chaos"), Title: "chaos", PriceCents: 100, Total: total,
-		StartsAt: now.Add(-time.Second), EndsAt: now.Add(time.Hour), PerUserLimit: perUser, PerOrderMax: 1, Buckets: k}
+		StartsAt: now.Add(-time.Second), EndsAt: now.Add(time.Hour), PerUserLimit: perUser, PerOrderMax: 1, Buckets: k,
+		Limits: limits}
 	if code, b := st.admin("POST", "/admin/v1/sales", s); code != 201 {
 		st.t.Fatalf("create sale: %d %s", code, b)
 	}
@@ -315,15 +326,35 @@ func (st *stack) createBucketed(total, perUser int64, k int) *flashgate.Sale {
 // requests sent and every order id answered 202.
 func (st *stack) flood(sale string, users, requests int, fault func()) (int64, []uint64) {
 	st.t.Helper()
+	return st.floodPhones(sale, users, requests, 0, fault)
+}
+
+// floodPhones is flood with a phone claim in every token (phones > 0): the
+// flood's users share phones new phones of its own, user u of the flood (over
+// all gateways) having phone u mod phones, so that each phone's users come
+// through every gateway and have different home buckets. st.phoneOf records
+// each user's phone.
+func (st *stack) floodPhones(sale string, users, requests, phones int, fault func()) (int64, []uint64) {
+	st.t.Helper()
 	st.floods++ // each flood's buyers are new people
 	var mu sync.Mutex
 	var accepted []uint64
 	var sent int64
 	var wg sync.WaitGroup
+	perGateway := users / len(st.gateways)
 	for i, g := range st.gateways {
-		toks := make([][]byte, users/len(st.gateways))
+		toks := make([][]byte, perGateway)
 		for j := range toks {
-			tok, err := auth.MintHS256(st.cfg.Auth.JWTSecret, "f"+strconv.Itoa(st.floods)+"g"+strconv.Itoa(i)+"u"+strconv.Itoa(j), auth.MintOptions{})
+			user := "f" + strconv.Itoa(st.floods) + "g" + strconv.Itoa(i) + "u" + strconv.Itoa(j)
+			var o auth.MintOptions
+			if phones > 0 {
+				o.Phone = fmt.Sprintf("+1555%02d%06d", st.floods, (i*perGateway+j)%phones)
+				if st.phoneOf == nil {
+					st.phoneOf = map[string]string{}
+				}
+				st.phoneOf[user] = o.Phone
+			}
+			tok, err := auth.MintHS256(st.cfg.Auth.JWTSecret, user, o)
 			if err != nil {
 				st.t.Fatal(err)
 			}

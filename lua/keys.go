@@ -259,6 +259,11 @@ func (k *Keys) TransfersOut() string { return k.xout }
 // what makes a transfer land once.
 func (k *Keys) TransfersIn() string { return k.xin }
 
+// Holds is a bucket's hash of the purchase-limit holds not yet decided
+// (holds.go): order id → "<ms>|<user>|…|<charges>" ("" for a sale's own keys,
+// which hold nothing).
+func (k *Keys) Holds() string { return k.holds }
+
 // Home is the keys holding user's purchases: the sale's own for a sale that is
 // not split, else the bucket HomeBucket picks.
 func (k *Keys) Home(user string) *Keys {
