@@ -409,7 +409,7 @@ func (b *Backend) refill(ctx context.Context, tx *sql.Tx, row *saleRow, k *lua.K
 	if err := w.rebuildUsers(ctx, tx, k); err != nil {
 		return fmt.Errorf("users: %w", err)
 	}
-	if err := w.rebuildLimits(ctx, k, &row.Sale); err != nil {
+	if err := w.rebuildLimits(ctx, tx, k, &row.Sale); err != nil {
 		return fmt.Errorf("limits: %w", err)
 	}
 	if err := w.rebuildOrders(ctx, k); err != nil {

@@ -266,3 +266,71 @@ func TestWarmRebuildsLimits(t *testing.T) {
 		t.Fatalf("admit after rebuild: %+v %v", got, err)
 	}
 }
+
+// TestWarmRestoresInFlightCharges: Redis restarts empty while an order with a
+// phone charge is in the stream, not yet in MySQL. The warm counts it again,
+// as it counts its buyer's units: the phone's counter is MySQL's plus the
+// order in flight, so the phone's next buyer is refused by Redis (not
+// admitted with a 202 that MySQL's guard then fails), and once the stream
+// drained the counter equals MySQL's. Fails with the in-flight charges left
+// out of the warm.
+func TestWarmRestoresInFlightCharges(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	e := newEnv(t, []string{srv.Addr})
+	r := idleBackend(t, e)
+	sale := limitedSpec(10)
+	k := e.createSale(sale)
+	loc, _ := sale.Location()
+	day, _ := flashgate.Window(flashgate.PerDay, time.Now(), loc)
+
+	done := admitSub(t, e.rc, k, sale, flashgate.Subjects{User: "u1", Phone: "13800000001", Address: "a1"}, 1)
+	e.process(sale.ID, []flashgate.Order{done})
+	flying := admitSub(t, e.rc, k, sale, flashgate.Subjects{User: "u2", Phone: "13800000001", Address: "a2"}, 1)
+	publishTo(t, r.js, e, flying)
+
+	srv.Kill()
+	srv.Start() // empty: no persistence
+	eventually(t, 10*time.Second, "redis back", func() bool {
+		return e.rc.Do(context.Background(), e.rc.B().Ping().Build()).Error() == nil
+	})
+	eventually(t, 10*time.Second, "a reconcile on the restarted Redis", func() bool {
+		rep, err := r.Reconcile(ctx(t), sale.ID)
+		return err == nil && rep.Rewarmed
+	})
+	if got := redisCounter(t, e.rc, k, day, 0, "13800000001"); got != 2 {
+		t.Fatalf("phone counter after the warm: %d, want 2 (1 in MySQL + 1 in flight)", got)
+	}
+	if got := redisCounter(t, e.rc, k, "sale", 1, "a2"); got != 1 {
+		t.Fatalf("address a2's counter after the warm: %d, want 1 (its order is in flight)", got)
+	}
+	// The phone is at its limit: a third buyer on it is refused in Redis.
+	now := time.Now()
+	cs, err := sale.Charges(flashgate.Subjects{User: "u3", Phone: "13800000001", Address: "a3"}, 1, now, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := lua.Load().Admit(ctx(t), e.rc, k, lua.AdmitArgs{User: "u3", Quantity: 1, OrderID: nextID.Add(1), Now: now,
+		PayBy: now.Add(time.Minute), Charges: cs, Limits: sale.Limits})
+	if err != nil || got.Outcome != lua.LimitReached {
+		t.Fatalf("third buyer on the phone: %+v, %v; want limit_reached", got, err)
+	}
+
+	// A backend drains the stream: the order in flight is confirmed, and
+	// Redis's counter is MySQL's.
+	s, err := dialAndStart(t, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	eventually(t, 15*time.Second, "the order in flight written", func() bool {
+		st, _, _ := e.order(flying.ID)
+		return st == "confirmed"
+	})
+	if db, rd := e.used(sale.ID, 0, day, "13800000001"), redisCounter(t, e.rc, k, day, 0, "13800000001"); db != 2 || rd != 2 {
+		t.Fatalf("phone after the drain: MySQL %d, Redis %d; want 2 and 2", db, rd)
+	}
+	if r := check(t, e, sale.ID, []uint64{done.ID, flying.ID}); !r.OK() {
+		t.Fatalf("audit: %v", r)
+	}
+}

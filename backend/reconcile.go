@@ -765,7 +765,7 @@ func (re *reconciler) warmRemaining(ctx context.Context, row *saleRow, k *lua.Ke
 		return rem, nil
 	}
 	flying, users, units := subtractInFlight(rem, msgs, rows)
-	if err := re.restoreInFlight(ctx, k, msgs, flying, users); err != nil {
+	if err := re.restoreInFlight(ctx, &now.Sale, k, msgs, flying, users); err != nil {
 		return nil, err
 	}
 	if len(flying) > 0 {
@@ -795,6 +795,9 @@ func (re *reconciler) inFlightSnapshot(ctx context.Context, id string, k *lua.Ke
 	// the stream was read is counted there, once.
 	if err := re.warmer.rebuildUsers(ctx, tx, k); err != nil {
 		return nil, nil, nil, fmt.Errorf("users: %w", err)
+	}
+	if err := re.warmer.rebuildLimits(ctx, tx, k, &now.Sale); err != nil {
+		return nil, nil, nil, fmt.Errorf("limits: %w", err)
 	}
 	if len(msgs) == 0 {
 		return now, nil, nil, nil
@@ -832,21 +835,50 @@ func subtractInFlight(rem map[string]int64, msgs map[uint64]flashgate.Order, row
 
 // restoreInFlight writes the in-flight orders back into Redis: the buyers'
 // units, and each order as a reservation again.
-func (re *reconciler) restoreInFlight(ctx context.Context, k *lua.Keys, msgs map[uint64]flashgate.Order, flying []uint64, users map[string]int64) error {
+func (re *reconciler) restoreInFlight(ctx context.Context, sale *flashgate.Sale, k *lua.Keys, msgs map[uint64]flashgate.Order, flying []uint64, users map[string]int64) error {
 	cmds := make(rueidis.Commands, 0, len(users)+3*len(msgs))
 	for u, n := range users {
 		cmds = append(cmds, re.rc.B().Hincrby().Key(k.Home(u).Users).Field(u).Increment(n).Build())
 	}
+	loc, err := sale.Location()
+	if err != nil {
+		return err
+	}
+	now := time.Now()
 	for _, id := range flying {
 		m := msgs[id]
 		// The order is a reservation again, as admit left it, already claimed
 		// (it is in the stream): a retry of its Idempotency-Key replays it, GET
 		// shows it pending, and MySQL's word is written back to it — a failure
-		// gives its units back to the stock and the buyer taken off above. Its
-		// limit charges are left out: the rebuilt counters hold MySQL's only,
-		// and MySQL's guard judges the order when it lands.
+		// gives its units back to the stock, the buyer taken off above and its
+		// limit charges back, as for any admitted order. Its charges count
+		// again, as they did when it was admitted: the counters rebuilt from
+		// MySQL lack it, and once it lands MySQL counts it too.
 		r := m
-		r.Status, r.Reason, r.Charges = lua.StatusProcessing, "", ""
+		r.Status, r.Reason = lua.StatusProcessing, ""
+		if m.Charges != "" {
+			cs, err := flashgate.ParseCharges(m.Charges)
+			if err != nil {
+				return fmt.Errorf("order %d: %w", id, err)
+			}
+			for _, c := range cs {
+				key := k.Limit(c.Window)
+				if len(k.Buckets()) > 0 {
+					key = k.Home(c.Subject).Limit(c.Window) // lua.LimitBucket's bucket
+				}
+				cmds = append(cmds, re.rc.B().Hincrby().Key(key).Field(c.Field()).Increment(c.Inc).Build())
+				if end := flashgate.WindowEnd(c.Window, loc); !end.IsZero() {
+					cmds = append(cmds, re.rc.B().Pexpire().Key(key).Milliseconds(flashgate.Charge{Ends: end}.TTL(now).Milliseconds()).Build())
+				}
+			}
+			// A split sale: the charges counted away from the buyer's home are
+			// held there under the order, as the admission leaves them.
+			held, err := lua.HeldWrites(re.rc, k, &r, nil)
+			if err != nil {
+				return err
+			}
+			cmds = append(cmds, held...)
+		}
 		sid := strconv.FormatUint(id, 10)
 		home := k.Home(m.UserID)
 		cmds = append(cmds,

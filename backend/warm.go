@@ -162,16 +162,18 @@ func (w *warmer) afterGrace(ctx context.Context, row *saleRow) (*saleRow, error)
 func (w *warmer) fill(ctx context.Context, row *saleRow, k *lua.Keys) (bool, error) {
 	sale := row.ID
 	var err error
-	// With inFlight set the users hash is rebuilt there, from the MySQL
-	// snapshot it reads after the stream: read here, before the stream, an
-	// order acked in between would be counted nowhere.
+	// With inFlight set the users hash and the limit counters are rebuilt
+	// there, from the MySQL snapshot it reads after the stream: read here,
+	// before the stream, an order acked in between would be counted nowhere,
+	// and its buyer (or phone) could buy past the limit in Redis, an order
+	// MySQL's guard then fails after its 202.
 	if w.inFlight == nil {
 		if err := w.rebuildUsers(ctx, w.db, k); err != nil {
 			return false, fmt.Errorf("warm %s: users: %w", sale, err)
 		}
-	}
-	if err := w.rebuildLimits(ctx, k, &row.Sale); err != nil {
-		return false, fmt.Errorf("warm %s: limits: %w", sale, err)
+		if err := w.rebuildLimits(ctx, w.db, k, &row.Sale); err != nil {
+			return false, fmt.Errorf("warm %s: limits: %w", sale, err)
+		}
 	}
 	if err := w.rebuildOrders(ctx, k); err != nil {
 		return false, fmt.Errorf("warm %s: orders: %w", sale, err)
@@ -217,7 +219,7 @@ func (w *warmer) refillLost(ctx context.Context, row *saleRow, k *lua.Keys) (boo
 		if err != nil {
 			return false, err
 		}
-		if err := w.rebuildLimitsBucketed(ctx, k, loc, time.Now(), keep); err != nil {
+		if err := w.rebuildLimitsBucketed(ctx, w.db, k, loc, time.Now(), keep); err != nil {
 			return false, fmt.Errorf("refill %s: limits: %w", row.ID, err)
 		}
 	}
@@ -327,11 +329,12 @@ func (w *warmer) rebuildUsersBucketed(ctx context.Context, q queryer, k *lua.Key
 	return flush()
 }
 
-// rebuildLimits writes the purchase-limit counters MySQL holds (limit_usage)
-// for the windows that have not ended, each window's hash with its TTL. Like
-// the users hash it counts what MySQL counts: an order still in the stream is
-// re-checked by MySQL's guard when it lands.
-func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate.Sale) error {
+// rebuildLimits writes the purchase-limit counters MySQL holds (limit_usage,
+// read through q) for the windows that have not ended, each window's hash
+// with its TTL. Like the users hash it counts what MySQL counts; the warm's
+// in-flight step (restoreInFlight) then adds the orders still in the stream,
+// read from the same snapshot.
+func (w *warmer) rebuildLimits(ctx context.Context, q queryer, k *lua.Keys, sale *flashgate.Sale) error {
 	if len(sale.Limits) == 0 {
 		return nil
 	}
@@ -341,7 +344,7 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 	}
 	now := time.Now()
 	if len(k.Buckets()) > 0 {
-		return w.rebuildLimitsBucketed(ctx, k, loc, now, nil)
+		return w.rebuildLimitsBucketed(ctx, q, k, loc, now, nil)
 	}
 	window, key := "", ""
 	var fields []string
@@ -367,7 +370,7 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 		}
 		return nil
 	}
-	err = mysql.EachLimitUsage(ctx, w.db, k.Sale, func(lim int, win, subject string, used int64) error {
+	err = mysql.EachLimitUsage(ctx, q, k.Sale, func(lim int, win, subject string, used int64) error {
 		if win != window || len(fields) == 2*usersChunk {
 			if err := flush(); err != nil {
 				return err
@@ -390,14 +393,14 @@ func (w *warmer) rebuildLimits(ctx context.Context, k *lua.Keys, sale *flashgate
 // to its subject's bucket (lua.LimitBucket: a user's is their home; a phone,
 // device, IP or address has one bucket every buyer sharing it meets at), one
 // HSET (and PEXPIRE) each.
-func (w *warmer) rebuildLimitsBucketed(ctx context.Context, k *lua.Keys, loc *time.Location, now time.Time, keep func(string) bool) error {
+func (w *warmer) rebuildLimitsBucketed(ctx context.Context, q queryer, k *lua.Keys, loc *time.Location, now time.Time, keep func(string) bool) error {
 	var cmds rueidis.Commands
 	flush := func() error {
 		err := sendAll(ctx, w.rc, cmds)
 		cmds = cmds[:0]
 		return err
 	}
-	err := mysql.EachLimitUsage(ctx, w.db, k.Sale, func(lim int, win, subject string, used int64) error {
+	err := mysql.EachLimitUsage(ctx, q, k.Sale, func(lim int, win, subject string, used int64) error {
 		end := flashgate.WindowEnd(win, loc)
 		if (!end.IsZero() && !end.After(now)) || (keep != nil && !keep(subject)) {
 			return nil // the window is over, or the buyer's bucket is not rebuilt
