@@ -16,9 +16,10 @@ import (
 // product imports them. A new package must be given a room here and in the
 // doc, or this test fails.
 var rooms = map[string]int{
-	"":       0, // the domain: sales, orders, limits, codes
-	"config": 1,
-	"api":    1, // the HTTP contract (api/openapi.yaml), served by both admin ports
+	"":              0, // the domain: sales, orders, limits, codes
+	"config":        1,
+	"api":           1, // the HTTP contract (api/openapi.yaml), served by both admin ports
+	"internal/tick": 1, // the processes' periodic passes
 
 	// one package per dependency, each adapting it to the domain
 	"auth": 2, "orderid": 2, "lua": 2, "bus": 2, "mysql": 2, "metrics": 2, "ratelimit": 2,

@@ -17,6 +17,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/tick"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
 	"github.com/flashgate/flashgate/orderid"
@@ -276,7 +277,7 @@ func (l *lane) redisUp(sale string) bool {
 // rewarmLoop is the leader's: every rewarmEvery it warms each stale sale
 // again from MySQL, if Redis answers, until ctx (the leader lock's) ends.
 func (b *Backend) rewarmLoop(ctx context.Context) {
-	everyTick(ctx, rewarmEvery, func() {
+	tick.Every(ctx, rewarmEvery, func(time.Time) {
 		stale, err := mysql.StaleSales(ctx, b.db)
 		if err != nil {
 			if ctx.Err() == nil {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/internal/tick"
 	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/mysql"
 )
@@ -171,7 +172,7 @@ func (l *live) recentSales(ctx context.Context) ([]string, error) {
 func (l *live) gaugeLoop(ctx context.Context) {
 	defer l.gauges.Reset()
 	shown := map[string]bool{}
-	everyTick(ctx, gaugeEvery, func() {
+	tick.Every(ctx, gaugeEvery, func(time.Time) {
 		ids, err := l.recentSales(ctx)
 		if err != nil {
 			if ctx.Err() == nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/tick"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
 )
@@ -907,7 +908,7 @@ func (re *reconciler) reconcileLoop(ctx context.Context) {
 		since time.Time
 	}
 	marks := map[string]mark{}
-	everyTick(ctx, reconcileEvery, func() {
+	tick.Every(ctx, reconcileEvery, func(time.Time) {
 		ids, err := mysql.RecentSaleIDs(ctx, re.db, time.Now().UTC().Add(-reconcileRecent))
 		if err != nil {
 			if ctx.Err() == nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/tick"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
 )
@@ -79,7 +80,7 @@ func (r *retainer) retireLoop(ctx context.Context) {
 	} else if n > 0 {
 		r.log.Info("retention: sales added to the live index", "sales", n)
 	}
-	everyTick(ctx, retireEvery, func() {
+	tick.Every(ctx, retireEvery, func(time.Time) {
 		rep, err := r.retireSales(ctx, time.Now())
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("retention pass", "err", err)

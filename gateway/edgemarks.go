@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/flashgate/flashgate/internal/tick"
 )
 
 // Edge marks (docs/gateway.md, "Sold out at nginx's price"): while a sale is
@@ -132,18 +134,7 @@ func containsSec(l []int64, s int64) bool {
 
 // edgeMarkLoop keeps the marks of every sale in step with its sold-out
 // flags, every edgeMarkTick.
-func (g *Gateway) edgeMarkLoop(ctx context.Context) {
-	t := time.NewTicker(edgeMarkTick)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			g.syncEdgeMarks(now)
-		}
-	}
-}
+func (g *Gateway) edgeMarkLoop(ctx context.Context) { tick.Every(ctx, edgeMarkTick, g.syncEdgeMarks) }
 
 func (g *Gateway) syncEdgeMarks(now time.Time) {
 	nowMS := now.UnixMilli()

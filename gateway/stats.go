@@ -18,6 +18,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/internal/tick"
 	"github.com/flashgate/flashgate/metrics"
 )
 
@@ -86,23 +87,16 @@ const statsEvery = time.Second
 // statsEvery until ctx ends. Core NATS, at most once: each message carries
 // the totals, so a lost one only makes the next rate cover two seconds.
 func (g *Gateway) statsLoop(ctx context.Context) {
-	t := time.NewTicker(statsEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			st := bus.GatewayStats{Gateway: g.id, At: now.UTC(), Sales: map[string]map[string]uint64{}}
-			st.Limits, _ = json.Marshal(g.limits.View())
-			for _, s := range g.sales.list() {
-				if c := s.counts.Snapshot(); len(c) > 0 {
-					st.Sales[s.spec.ID] = c
-				}
-			}
-			if err := bus.PublishStats(g.nc, g.cfg.NATS, st); err != nil {
-				slog.Debug("gateway: stats", "err", err)
+	tick.Every(ctx, statsEvery, func(now time.Time) {
+		st := bus.GatewayStats{Gateway: g.id, At: now.UTC(), Sales: map[string]map[string]uint64{}}
+		st.Limits, _ = json.Marshal(g.limits.View())
+		for _, s := range g.sales.list() {
+			if c := s.counts.Snapshot(); len(c) > 0 {
+				st.Sales[s.spec.ID] = c
 			}
 		}
-	}
+		if err := bus.PublishStats(g.nc, g.cfg.NATS, st); err != nil {
+			slog.Debug("gateway: stats", "err", err)
+		}
+	})
 }

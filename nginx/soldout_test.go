@@ -93,11 +93,21 @@ func TestSoldOutAnsweredByNginx(t *testing.T) {
 		t.Fatalf("the retry reached the gateway %d times, want 1", n)
 	}
 
-	// Restock, as the backend's cancel does: the order's units go back in Redis and every gateway
-	// hears of it.
-	id, err := strconv.ParseUint(fmt.Sprint(first.JSON["order_id"]), 10, 64)
+	// Restock, as the backend's cancel does, then buy again through nginx.
+	cleared := restock(t, g, first)
+	buyAgain(t, g, url, body, cleared, "nginx kept the sold-out answer past its second")
+}
+
+// restock cancels order (an answer of g's gateway) as the backend's cancel does: its units go
+// back in Redis and every gateway hears of it. It returns when the gateway's own mark cleared:
+// asked directly, a purchase of 0 units is a 409 while the sale is marked sold out (answered
+// before the body is read) and a 400 once it is not.
+func restock(t *testing.T, g *gw, order reply) time.Time {
+	t.Helper()
+	s := g.sale
+	id, err := strconv.ParseUint(fmt.Sprint(order.JSON["order_id"]), 10, 64)
 	if err != nil {
-		t.Fatalf("order id %v: %v", first.JSON["order_id"], err)
+		t.Fatalf("order id %v: %v", order.JSON["order_id"], err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -109,14 +119,11 @@ func TestSoldOutAnsweredByNginx(t *testing.T) {
 	if err := bus.PublishHint(testenv.NATS(t), g.cfg.NATS, bus.SaleEvent{Type: bus.EventRestocked, SaleID: s.ID}); err != nil {
 		t.Fatal(err)
 	}
-	// The gateway's own mark: asked directly, a purchase of 0 units is a 409 while the sale is
-	// marked sold out (answered before the body is read) and a 400 once it is not.
 	direct := "http://" + g.g.Addr() + "/v1/sales/" + s.ID + "/orders"
-	var cleared time.Time
-	for deadline := time.Now().Add(10 * time.Second); cleared.IsZero(); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		switch r := do(t, "POST", direct, g.token(t, "probe"), []byte(`{"quantity":0}`), nil); r.Status {
 		case 400:
-			cleared = time.Now()
+			return time.Now()
 		case 409:
 			if time.Now().After(deadline) {
 				t.Fatal("the gateway still marks the sale sold out 10 s after the restocked event")
@@ -125,19 +132,24 @@ func TestSoldOutAnsweredByNginx(t *testing.T) {
 			t.Fatalf("probe: %d %s", r.Status, r.Raw)
 		}
 	}
-	// nginx's copy ends with the second it was made in, at the latest the second the mark cleared
-	// in. A request sent after that (with 200 ms for nginx's clock, which it reads once per event
-	// loop turn) must reach the gateway and buy the unit that came back.
+}
+
+// buyAgain buys through nginx (url) until a 202: what nginx answers from (its copy, a mark) ends
+// with the second it was made in, at the latest the second the gateway's mark cleared in. A
+// request sent after that (with 200 ms for nginx's clock, which it reads once per event loop
+// turn) must reach the gateway and buy the unit that came back; a 409 for one is what fails.
+func buyAgain(t *testing.T, g *gw, url string, body []byte, cleared time.Time, fail string) {
+	t.Helper()
 	copyOver := cleared.Truncate(time.Second).Add(time.Second + 200*time.Millisecond)
 	for i := 0; ; i++ {
 		sent := time.Now()
 		r := do(t, "POST", url, g.token(t, "again"+strconv.Itoa(i)), body, nil)
 		if r.Status == 202 {
-			break
+			return
 		}
 		wantError(t, r, 409, string(flashgate.CodeSoldOut))
 		if sent.After(copyOver) {
-			t.Fatalf("a 409 for a request sent %v after the mark cleared: nginx kept the sold-out answer past its second", sent.Sub(cleared))
+			t.Fatalf("a 409 for a request sent %v after the mark cleared: %s", sent.Sub(cleared), fail)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -239,49 +251,10 @@ func TestSoldOutAnsweredFromMarks(t *testing.T) {
 		t.Fatalf("a purchase with an Idempotency-Key reached the gateway %d times, want 1", n)
 	}
 
-	// Restock: the order's unit goes back in Redis and every gateway hears of it.
-	id, err := strconv.ParseUint(fmt.Sprint(first.JSON["order_id"]), 10, 64)
-	if err != nil {
-		t.Fatalf("order id %v: %v", first.JSON["order_id"], err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rc := testenv.Redis(t, g.cfg.Redis.Addrs)
-	rel, err := lua.Load().Release(ctx, rc, lua.KeysFor(s.ID, s.RegionNames()), id, "", "", lua.ReleaseGateway, flashgate.ReasonCanceled)
-	if err != nil || !rel.Released {
-		t.Fatalf("release: %+v %v", rel, err)
-	}
-	if err := bus.PublishHint(testenv.NATS(t), g.cfg.NATS, bus.SaleEvent{Type: bus.EventRestocked, SaleID: s.ID}); err != nil {
-		t.Fatal(err)
-	}
-	direct := "http://" + g.g.Addr() + "/v1/sales/" + s.ID + "/orders"
-	var cleared time.Time
-	for deadline := time.Now().Add(10 * time.Second); cleared.IsZero(); time.Sleep(5 * time.Millisecond) {
-		switch r := do(t, "POST", direct, g.token(t, "probe"), []byte(`{"quantity":0}`), nil); r.Status {
-		case 400:
-			cleared = time.Now()
-		case 409:
-			if time.Now().After(deadline) {
-				t.Fatal("the gateway still marks the sale sold out 10 s after the restocked event")
-			}
-		default:
-			t.Fatalf("probe: %d %s", r.Status, r.Raw)
-		}
-	}
+	// Restock: the mark goes with the gateway's, and the unit that came back sells.
+	cleared := restock(t, g, first)
 	if marked() {
 		t.Fatal("the mark is still there after the gateway's sold-out flag cleared")
 	}
-	copyOver := cleared.Truncate(time.Second).Add(time.Second + 200*time.Millisecond)
-	for i := 0; ; i++ {
-		sent := time.Now()
-		r := do(t, "POST", url, g.token(t, "again"+strconv.Itoa(i)), body, nil)
-		if r.Status == 202 {
-			break
-		}
-		wantError(t, r, 409, string(flashgate.CodeSoldOut))
-		if sent.After(copyOver) {
-			t.Fatalf("a 409 for a request sent %v after the mark cleared: nginx answered from a mark past its second", sent.Sub(cleared))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	buyAgain(t, g, url, body, cleared, "nginx answered from a mark past its second")
 }
