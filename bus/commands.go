@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -71,22 +70,7 @@ var ErrNoBackend = errors.New("no backend answered")
 
 // Command sends cmd and waits for the reply.
 func Command(ctx context.Context, nc *nats.Conn, cfg config.NATS, cmd OrderCommand) (OrderReply, error) {
-	b, err := json.Marshal(cmd)
-	if err != nil {
-		return OrderReply{}, err
-	}
-	msg, err := request(ctx, nc, cfg, cfg.CommandSubject, b)
-	if err != nil {
-		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
-			return OrderReply{}, fmt.Errorf("%w: %v", ErrNoBackend, err)
-		}
-		return OrderReply{}, err
-	}
-	var r OrderReply
-	if err := json.Unmarshal(msg.Data, &r); err != nil {
-		return OrderReply{}, fmt.Errorf("order command reply %q: %w", msg.Data, err)
-	}
-	return r, nil
+	return ask[OrderReply](ctx, nc, cfg, cfg.CommandSubject, cmd, "order command reply")
 }
 
 // DecodeCommand reads an order command off the wire; ok is false for a

@@ -3,8 +3,6 @@ package bus
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -89,22 +87,7 @@ const (
 // Purchase sends p to the lane and waits for the decision; ErrNoBackend when
 // no backend answered in time.
 func Purchase(ctx context.Context, nc *nats.Conn, cfg config.NATS, p LanePurchase) (LaneReply, error) {
-	b, err := json.Marshal(p)
-	if err != nil {
-		return LaneReply{}, err
-	}
-	msg, err := request(ctx, nc, cfg, PurchaseSubject(cfg), b)
-	if err != nil {
-		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
-			return LaneReply{}, fmt.Errorf("%w: %v", ErrNoBackend, err)
-		}
-		return LaneReply{}, err
-	}
-	var r LaneReply
-	if err := json.Unmarshal(msg.Data, &r); err != nil {
-		return LaneReply{}, fmt.Errorf("lane reply %q: %w", msg.Data, err)
-	}
-	return r, nil
+	return ask[LaneReply](ctx, nc, cfg, PurchaseSubject(cfg), p, "lane reply")
 }
 
 // DecodePurchase reads a lane purchase off the wire; ok is false for a

@@ -2,6 +2,9 @@ package bus
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
@@ -37,4 +40,25 @@ func request(ctx context.Context, nc *nats.Conn, cfg config.NATS, subject string
 		return nil, err
 	}
 	return sub.NextMsgWithContext(ctx)
+}
+
+// ask sends v (JSON) on subject to the backends and decodes their answer
+// (what names it in an error); ErrNoBackend when none answered in time.
+func ask[T any](ctx context.Context, nc *nats.Conn, cfg config.NATS, subject string, v any, what string) (T, error) {
+	var r T
+	b, err := json.Marshal(v)
+	if err != nil {
+		return r, err
+	}
+	msg, err := request(ctx, nc, cfg, subject, b)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+			return r, fmt.Errorf("%w: %v", ErrNoBackend, err)
+		}
+		return r, err
+	}
+	if err := json.Unmarshal(msg.Data, &r); err != nil {
+		return r, fmt.Errorf("%s %q: %w", what, msg.Data, err)
+	}
+	return r, nil
 }
