@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 )
 
@@ -18,18 +20,10 @@ import (
 // stored message decodes to the order.
 func TestPublishOrderDeduplicates(t *testing.T) {
 	cfg := testenv.Config(t).NATS
-	js, err := jetstream.New(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stream, err := bus.EnsureStream(ctx, js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := flashgate.Order{ID: 42, SaleID: "s1", UserID: "u1", Quantity: 2, Status: flashgate.OrderPending,
-		CreatedAt: time.UnixMilli(1_700_000_000_000).UTC(), ExpiresAt: time.UnixMilli(1_700_000_900_000).UTC()}
+	_, js, stream := orderStream(ctx, t, cfg)
+	o := testOrder(42, 2)
 	subject := bus.OrderSubject(cfg, o.SaleID)
 	first, err := bus.PublishOrder(ctx, js, subject, &o, nil)
 	if err != nil || first.Duplicate {
@@ -63,19 +57,10 @@ func TestPublishOrderDeduplicates(t *testing.T) {
 func TestSendOrder(t *testing.T) {
 	cfg := testenv.Config(t).NATS
 	cfg.MaxStreamMsgs = 2
-	nc := testenv.NATS(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stream, err := bus.EnsureStream(ctx, js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := flashgate.Order{ID: 7, SaleID: "s1", UserID: "u1", Quantity: 1, Status: flashgate.OrderPending,
-		CreatedAt: time.UnixMilli(1_700_000_000_000).UTC(), ExpiresAt: time.UnixMilli(1_700_000_900_000).UTC()}
+	nc, _, stream := orderStream(ctx, t, cfg)
+	o := testOrder(7, 1)
 	subject := bus.OrderSubject(cfg, o.SaleID)
 	for range 2 {
 		if err := bus.SendOrder(ctx, nc, subject, &o, make([]byte, 0, 8), "req-1"); err != nil {
@@ -110,4 +95,26 @@ func TestSendOrder(t *testing.T) {
 	if err := bus.SendOrder(short, nc, "no-stream-here."+testenv.ID("x"), &o, nil, ""); !errors.Is(err, jetstream.ErrNoStreamResponse) {
 		t.Fatalf("send where no stream listens: %v, want ErrNoStreamResponse", err)
 	}
+}
+
+// orderStream is the test's orders stream on the test's NATS, with the
+// connection and its JetStream.
+func orderStream(ctx context.Context, t *testing.T, cfg config.NATS) (*nats.Conn, jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := bus.EnsureStream(ctx, js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js, stream
+}
+
+// testOrder is a pending order of sale s1 by u1.
+func testOrder(id uint64, qty int64) flashgate.Order {
+	return flashgate.Order{ID: id, SaleID: "s1", UserID: "u1", Quantity: qty, Status: flashgate.OrderPending,
+		CreatedAt: time.UnixMilli(1_700_000_000_000).UTC(), ExpiresAt: time.UnixMilli(1_700_000_900_000).UTC()}
 }

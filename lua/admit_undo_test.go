@@ -23,7 +23,12 @@ import (
 func (s *sale) snapshot() map[string]string {
 	s.t.Helper()
 	_, stock := s.k.StockKeys()
-	keys := append([]string{s.k.Meta, s.k.Users, s.k.Resv, s.k.Orders, s.k.Idem, s.k.Limit("sale")}, stock...)
+	return s.keysState(append([]string{s.k.Meta, s.k.Users, s.k.Resv, s.k.Orders, s.k.Idem, s.k.Limit("sale")}, stock...))
+}
+
+// keysState is each key's type, value and whether it expires.
+func (s *sale) keysState(keys []string) map[string]string {
+	s.t.Helper()
 	out := map[string]string{}
 	for _, key := range keys {
 		typ, err := s.c.Do(ctx(s.t), s.c.B().Type().Key(key).Build()).ToString()

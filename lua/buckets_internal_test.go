@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/internal/testenv"
 )
@@ -17,21 +19,8 @@ func TestTransferCrashFinished(t *testing.T) {
 	c := testenv.Redis(t, testenv.ClusterAddrs())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	k := warmBucketed(ctx, t, c, "xfer", 8, 2, 2)
 	now := time.Now()
-	spec := &flashgate.Sale{ID: testenv.ID("xfer"), Title: "t", Total: 8, StartsAt: now.Add(-time.Minute),
-		EndsAt: now.Add(time.Hour), PerUserLimit: 2, PerOrderMax: 2, Buckets: 2}
-	var err error
-	if spec.BucketTags, err = ChooseBucketTags(ctx, c, spec.ID, 2); err != nil {
-		t.Fatal(err)
-	}
-	if err := spec.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = Retire(context.Background(), c, spec) })
-	if ok, err := Load().Warm(ctx, c, spec, map[string]int64{"": 8}); !ok || err != nil {
-		t.Fatalf("warm: %v %v", ok, err)
-	}
-	k := KeysOf(spec)
 	stock := func(b int) int64 {
 		n, err := c.Do(ctx, c.B().Get().Key(k.buckets[b].stock).Build()).AsInt64()
 		if err != nil {
@@ -100,4 +89,26 @@ func TestTransferCrashFinished(t *testing.T) {
 			t.Fatalf("received ids of bucket %d: %d %v", b.index, n, err)
 		}
 	}
+}
+
+// warmBucketed creates and warms a sale of total units over k buckets on the
+// Cluster, and answers its keys (perUser units a buyer, in orders of up to perUser), retired when
+// the test ends.
+func warmBucketed(ctx context.Context, t *testing.T, c rueidis.Client, id string, total, perUser int64, k int) *Keys {
+	t.Helper()
+	now := time.Now()
+	spec := &flashgate.Sale{ID: testenv.ID(id), Title: "t", Total: total, StartsAt: now.Add(-time.Minute),
+		EndsAt: now.Add(time.Hour), PerUserLimit: perUser, PerOrderMax: perUser, Buckets: k}
+	var err error
+	if spec.BucketTags, err = ChooseBucketTags(ctx, c, spec.ID, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := spec.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = Retire(context.Background(), c, spec) })
+	if ok, err := Load().Warm(ctx, c, spec, map[string]int64{"": total}); !ok || err != nil {
+		t.Fatalf("warm: %v %v", ok, err)
+	}
+	return KeysOf(spec)
 }

@@ -1,7 +1,6 @@
 package lua_test
 
 import (
-	"fmt"
 	"reflect"
 	"strconv"
 	"sync"
@@ -89,30 +88,13 @@ func (s *sale) phoneCount(phone string) int64 {
 // bucketSnapshot is every key of every bucket an admission could touch.
 func (s *sale) bucketSnapshot() map[string]string {
 	s.t.Helper()
-	out := map[string]string{}
+	var keys []string
 	for _, b := range s.k.Buckets() {
 		_, stock := b.StockKeys()
-		keys := append([]string{b.Meta, b.Users, b.Resv, b.Orders, b.Idem, b.Limit("sale")}, stock...)
-		for _, key := range append(keys, b.HoldKeys()...) {
-			typ, err := s.c.Do(ctx(s.t), s.c.B().Type().Key(key).Build()).ToString()
-			if err != nil {
-				s.t.Fatal(err)
-			}
-			var val any
-			switch typ {
-			case "none":
-			case "string":
-				val, err = s.c.Do(ctx(s.t), s.c.B().Get().Key(key).Build()).ToString()
-			case "hash":
-				val, err = s.c.Do(ctx(s.t), s.c.B().Hgetall().Key(key).Build()).AsStrMap()
-			}
-			if err != nil {
-				s.t.Fatal(err)
-			}
-			out[key] = fmt.Sprintf("%s %v", typ, val)
-		}
+		keys = append(keys, b.Meta, b.Users, b.Resv, b.Orders, b.Idem, b.Limit("sale"))
+		keys = append(append(keys, stock...), b.HoldKeys()...)
 	}
-	return out
+	return s.keysState(keys)
 }
 
 func (s *sale) finishHolds(at time.Time) lua.HoldsReport {

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/internal/testenv"
 )
 
@@ -25,22 +24,8 @@ func TestTransfersWait(t *testing.T) {
 	c := testenv.Redis(t, testenv.ClusterAddrs())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	now := time.Now()
-	spec := &flashgate.Sale{ID: testenv.ID("xwait"), Title: "t", Total: 6, StartsAt: now.Add(-time.Minute),
-		EndsAt: now.Add(time.Hour), PerUserLimit: 4, PerOrderMax: 4, Buckets: 3}
-	var err error
-	if spec.BucketTags, err = ChooseBucketTags(ctx, c, spec.ID, 3); err != nil {
-		t.Fatal(err)
-	}
-	if err := spec.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = Retire(context.Background(), c, spec) })
 	scripts := Load()
-	if ok, err := scripts.Warm(ctx, c, spec, map[string]int64{"": 6}); !ok || err != nil {
-		t.Fatalf("warm: %v %v", ok, err)
-	}
-	k := KeysOf(spec)
+	k := warmBucketed(ctx, t, c, "xwait", 6, 4, 3)
 	stock := func(b int) int64 {
 		n, err := c.Do(ctx, c.B().Get().Key(k.buckets[b].stock).Build()).AsInt64()
 		if err != nil {
