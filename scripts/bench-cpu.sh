@@ -21,6 +21,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin"
+# shellcheck source=scripts/goruntime.sh
+. "$ROOT/scripts/goruntime.sh"
 RATE="${BENCH_CPU_RATE:-1500}"
 DURATION="${BENCH_CPU_DURATION:-10s}"
 USERS="${BENCH_CPU_USERS:-200000}"

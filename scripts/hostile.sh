@@ -21,6 +21,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin"
+# shellcheck source=scripts/goruntime.sh
+. "$ROOT/scripts/goruntime.sh"
 
 DURATION="${HOSTILE_DURATION:-12s}"
 CONFIG="${STACK_CONFIG:-configs/flashgate.yaml}"

@@ -58,6 +58,8 @@ LOG="$VAR/log"
 BIN="$ROOT/bin/flashgate"
 CONFIG="${STACK_CONFIG:-configs/flashgate.yaml}"
 TIMEOUT="${STACK_TIMEOUT:-30}"
+# shellcheck source=scripts/goruntime.sh
+. "$ROOT/scripts/goruntime.sh"
 
 OFFSET="${STACK_PORT_OFFSET:-0}"
 [[ "$OFFSET" =~ ^[0-9]+$ ]] && ((OFFSET <= 40000)) || {
