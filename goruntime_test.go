@@ -13,18 +13,29 @@ import (
 // its 20 µs wake-ups at moderate rates (scripts/goruntime.sh, docs/runbook.md).
 const sysmonQuiet = "schedtrace=2147483647"
 
-// TestGoRuntimeSettingEverywhere: every script that starts flashgate's Go
-// processes sources scripts/goruntime.sh, and every systemd unit sets the same.
+// TestGoRuntimeSettingEverywhere: every script that starts a gateway, a
+// backend, nats-server or the load tool sources scripts/goruntime.sh, and every
+// systemd unit sets the same.
 func TestGoRuntimeSettingEverywhere(t *testing.T) {
 	sourced := regexp.MustCompile(`(?m)^\. "\$ROOT/scripts/goruntime\.sh"$`)
-	for _, f := range []string{"scripts/stack.sh", "scripts/bench.sh", "scripts/bench-cpu.sh", "scripts/hostile.sh"} {
+	starts := regexp.MustCompile(`\b(gateway|backend|bench) --config\b|\bnats-server -c\b`)
+	scripts, _ := filepath.Glob("scripts/*.sh")
+	n := 0
+	for _, f := range scripts {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !sourced.Match(b) {
-			t.Errorf("%s does not source scripts/goruntime.sh", f)
+		if !starts.Match(b) {
+			continue
 		}
+		n++
+		if !sourced.Match(b) {
+			t.Errorf("%s starts Go processes and does not source scripts/goruntime.sh", f)
+		}
+	}
+	if n < 4 {
+		t.Errorf("%d scripts start Go processes, want at least scripts/stack.sh, bench.sh, bench-cpu.sh, bench-edge.sh", n)
 	}
 	units, _ := filepath.Glob("deploy/systemd/flashgate-*.service")
 	if len(units) < 2 {

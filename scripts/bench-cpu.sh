@@ -10,7 +10,8 @@
 # pending or unacknowledged). utime + stime of each process of the chain are read from /proc
 # before the load, when it ends and when the orders are written: CPU µs per accepted purchase, for
 # the load and for the whole (load + drain). Also what each purchase cost in Redis commands
-# (INFO commandstats) and NATS messages (the monitor's in/out counts). With BENCH_CPU_GCTRACE=1 the
+# (INFO commandstats) and NATS messages (the monitor's in/out counts), and each process's run-queue
+# wait and context switches per purchase (the wake-ups it paid for). With BENCH_CPU_GCTRACE=1 the
 # gateway runs with GODEBUG=gctrace=1 (its GC cycles counted in the output).
 #
 # Needs the stack (scripts/stack.sh up: infra and backend). Environment: BENCH_CPU_RATE (1500),
@@ -57,11 +58,6 @@ ticks() { # ticks PID...
 	done
 	echo "$sum"
 }
-snap() { # snap GWPID: "gateway redis nats backend mariadb" ticks
-	local rp=() f
-	for f in "$RUN"/redis-*.pid; do rp+=("$(pid_in "$f")"); done
-	echo "$(ticks "$1") $(ticks "${rp[@]}") $(ticks "$(pid_in "$RUN/nats.pid")") $(ticks "$(pid_in "$RUN/backend.pid")") $(ticks "$(pid_in "$RUN/mariadb.pid")")"
-}
 # runq PID...: how long the processes' threads waited on a run queue, runnable but not running
 # (ns, /proc/<pid>/task/*/schedstat's second field): the CPU a purchase waited for, not used.
 runq() {
@@ -74,10 +70,23 @@ runq() {
 	done
 	echo "$sum"
 }
-qsnap() { # qsnap GWPID: "gateway redis nats backend mariadb" run-queue ns
+# switches PID...: how often the processes' threads were switched out (voluntary and not,
+# /proc/<pid>/task/*/status): each is a wake-up to pay for. Threads that ended are not counted.
+switches() {
+	local p t sum=0
+	for p in "$@"; do
+		[[ -n "$p" && -d "/proc/$p/task" ]] || continue
+		for t in /proc/"$p"/task/*/status; do
+			sum=$((sum + $(awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "$t" 2>/dev/null || echo 0)))
+		done
+	done
+	echo "$sum"
+}
+# each GWPID FN: FN of "gateway redis nats backend mariadb"
+each() {
 	local rp=() f
 	for f in "$RUN"/redis-*.pid; do rp+=("$(pid_in "$f")"); done
-	echo "$(runq "$1") $(runq "${rp[@]}") $(runq "$(pid_in "$RUN/nats.pid")") $(runq "$(pid_in "$RUN/backend.pid")") $(runq "$(pid_in "$RUN/mariadb.pid")")"
+	echo "$("$2" "$1") $("$2" "${rp[@]}") $("$2" "$(pid_in "$RUN/nats.pid")") $("$2" "$(pid_in "$RUN/backend.pid")") $("$2" "$(pid_in "$RUN/mariadb.pid")")"
 }
 redis_calls() { # total calls per command, "cmd calls" lines
 	redis-cli --user "$FLASHGATE_REDIS_USERNAME" -p "$REDIS_PORT" --no-auth-warning INFO commandstats |
@@ -110,16 +119,18 @@ for bin in "$@"; do
 	sleep 1
 	r0="$(redis_calls)"
 	n0="$(nats_msgs)"
-	s0="$(snap "$gw")"
-	q0="$(qsnap "$gw")"
+	s0="$(each "$gw" ticks)"
+	q0="$(each "$gw" runq)"
+	w0="$(each "$gw" switches)"
 	t0="$(date +%s.%N)"
 	"$ROOT/bin/flashgate" bench --config "$CONFIG" --no-check --sale "$sale" --target "http://127.0.0.1:$GW_PORT" \
 		--users "$USERS" --concurrency 256 --duration "$DURATION" --rate "$RATE" --json "$OUT/last.json" >"$OUT/last.out" 2>&1 || true
-	s1="$(snap "$gw")"
-	q1="$(qsnap "$gw")"
+	s1="$(each "$gw" ticks)"
+	q1="$(each "$gw" runq)"
+	w1="$(each "$gw" switches)"
 	t1="$(date +%s.%N)"
 	for ((i = 0; i < 1200; i++)); do drained && break; sleep 0.1; done
-	s2="$(snap "$gw")"
+	s2="$(each "$gw" ticks)"
 	t2="$(date +%s.%N)"
 	r1="$(redis_calls)"
 	n1="$(nats_msgs)"
@@ -153,7 +164,7 @@ for bin in "$@"; do
 		}' "$OUT/last.metrics")"
 	lat="$(tr -d ' \n' <"$OUT/last.json" | sed -nE 's/.*"accepted_latency_us":\{[^}]*"p50":([0-9]+)[^}]*"p99":([0-9]+).*/202 p50 \1 us, p99 \2 us/p' | head -1)"
 	awk -v a="$s0" -v b="$s1" -v c="$s2" -v n="$acc" -v clk="$CLK" -v bin="$bin" -v r0="$r0" -v r1="$r1" \
-		-v n0="$n0" -v n1="$n1" -v drain="$(echo "$t2 - $t1" | bc)" -v gcs="$gcs" -v waits="$waits" -v lat="$lat" -v q0="$q0" -v q1="$q1" '
+		-v n0="$n0" -v n1="$n1" -v drain="$(echo "$t2 - $t1" | bc)" -v gcs="$gcs" -v waits="$waits" -v lat="$lat" -v q0="$q0" -v q1="$q1" -v w0="$w0" -v w1="$w1" '
 	function per(x, y,   i, s, t, out) {
 		split(x, X, " "); split(y, Y, " "); t = 0; out = ""
 		for (i = 1; i <= 5; i++) { s = (Y[i] - X[i]) / clk * 1e6 / n; t += s; out = out sprintf("%5.0f", s) }
@@ -170,6 +181,8 @@ for bin in "$@"; do
 		split(n0, N0, " "); split(n1, N1, " ")
 		split(q0, Q0, " "); split(q1, Q1, " "); rq = "run-queue wait µs per purchase (load): gw redis nats backend mariadb ="
 		for (i = 1; i <= 5; i++) rq = rq sprintf(" %.0f", (Q1[i] - Q0[i]) / 1000 / n)
+		split(w0, W0, " "); split(w1, W1, " "); rq = rq "; context switches per purchase (load): gw redis nats backend mariadb ="
+		for (i = 1; i <= 5; i++) rq = rq sprintf(" %.1f", (W1[i] - W0[i]) / n)
 		printf "%-28s %8d | %s | %s | %s(evalsha %.1f µs); nats %.2f/%.2f; drain %.1f s; gc cycles %s; %s; %s; %s\n", bin, n, per(a, b), per(a, c), cmds, us,
 			(N1[1] - N0[1]) / n, (N1[2] - N0[2]) / n, drain, gcs, lat, waits, rq
 	}'

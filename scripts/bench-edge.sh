@@ -28,6 +28,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin"
+# shellcheck source=scripts/goruntime.sh
+. "$ROOT/scripts/goruntime.sh"
 
 THREADS="${BENCH_THREADS:-2}"
 CONNS="${BENCH_CONNS:-64}"

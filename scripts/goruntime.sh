@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# Sourced by the scripts that start flashgate's Go processes: the stack's gateways, backends and
-# nats-server (scripts/stack.sh), the bench's gateway and load tool (scripts/bench.sh,
-# scripts/bench-cpu.sh, scripts/hostile.sh). The systemd units in deploy/systemd set the same.
+# Sourced by every script that starts flashgate's Go processes: the stack's gateways, backends
+# and nats-server (scripts/stack.sh), the benches' gateways and load tools (scripts/bench*.sh,
+# scripts/hostile.sh). The systemd units in deploy/systemd set the same; goruntime_test.go checks.
 #
 # The Go runtime's monitor thread (sysmon) sleeps deeply while every P is idle; the first system
 # call after that wakes it and starts it over at 20 µs naps (go.dev/issue/18236). A server at a
