@@ -281,6 +281,30 @@ func (a *adminAPI) saleOr404(w http.ResponseWriter, r *http.Request, id string) 
 	return row, true
 }
 
+// closeLocked closes the sale in Redis and then in MySQL, under the sale row
+// lock; it answers which of the two failed.
+func (a *adminAPI) closeLocked(ctx context.Context, id string) (string, error) {
+	tx, err := mysql.Begin(ctx, a.db)
+	if err != nil {
+		return "MySQL", err
+	}
+	defer tx.Rollback()
+	if _, err := mysql.LockSale(ctx, tx, id); err != nil {
+		return "MySQL", err
+	}
+	k, err := keysOf(ctx, tx, id)
+	if err != nil {
+		return "MySQL", err
+	}
+	if err := lua.Close(ctx, a.rc, k); err != nil {
+		return "Redis", err
+	}
+	if err := mysql.CloseSale(ctx, tx, id, time.Now().UTC()); err != nil {
+		return "MySQL", err
+	}
+	return "MySQL", tx.Commit()
+}
+
 // closeSale stops selling now: Redis first (the admit script answers ended
 // from then on), then MySQL (the sale leaves the open list; an order stamped
 // later than the close plus closeGrace fails sale_closed), then the gateways'
@@ -298,17 +322,11 @@ func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}
-	// Every bucket of a split sale is closed, then the sale's meta.
-	k, err := keysOf(r.Context(), a.db, id)
-	if err == nil {
-		err = lua.Close(r.Context(), a.rc, k)
-	}
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
-		return
-	}
-	if err := closeSaleRow(r.Context(), a.db, id, time.Now().UTC()); err != nil {
-		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
+	// Under the sale row lock no rebuild runs (rebuild.go holds it from its
+	// fence to its install): every bucket of a split sale is closed, then the
+	// sale's meta, then MySQL, and a rebuild after the commit reads it closed.
+	if code, err := a.closeLocked(r.Context(), id); err != nil {
+		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, code+": "+err.Error())
 		return
 	}
 	row, ok := a.saleOr404(w, r, id)

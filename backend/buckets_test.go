@@ -132,7 +132,7 @@ func TestSplitSaleWriteWarmReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep = reconcileNow(t, r, sale.ID, ReconcileOptions{})
-	if !rep.Rewarmed || !rep.Repair.Done || !rep.Invariant3Holds {
+	if !rep.Rewarmed || !rep.Invariant3Holds {
 		t.Fatalf("after losing a bucket: %+v", rep)
 	}
 	if rem, _ := lua.Remaining(ctx(t), e.rc, k); rem["bj"] != 36 || rem["sh"] != 18 {
@@ -216,19 +216,15 @@ func TestRepairAndWarmTakeTurns(t *testing.T) {
 	}
 	want("after the repair", 40, 20)
 
-	// A bucket lost (its meta gone): the repair alone sets nothing.
+	// A bucket lost (its meta gone): the sale is rebuilt, every bucket of it.
 	drift()
 	if err := e.rc.Do(ctx(t), e.rc.B().Del().Key(b[2].Meta).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, skipped, err := r.rec.fixStock(ctx(t), sale.ID, false, DefaultStaleAfter); err != nil || skipped != notWarm {
-		t.Fatalf("repair of a sale with a lost bucket: skipped %q %v, want %q", skipped, err, notWarm)
+	if rep := reconcileNow(t, r, sale.ID, ReconcileOptions{}); !rep.Rewarmed || !rep.Invariant3Holds {
+		t.Fatalf("rebuild: %+v", rep)
 	}
-	want("after the repair left the lost bucket alone", 45, 20)
-	if rep := reconcileNow(t, r, sale.ID, ReconcileOptions{}); !rep.Rewarmed || !rep.Repair.Done || !rep.Invariant3Holds {
-		t.Fatalf("refill and repair: %+v", rep)
-	}
-	want("after the refill and the repair", 40, 20)
+	want("after the rebuild", 40, 20)
 
 	// A master loses a bucket while one backend refills it and another
 	// repairs the sale, again and again.

@@ -197,7 +197,7 @@ func (ig *ingest) deadLetter(ctx context.Context, e entry, cause error) error {
 // Redis that does not know the order is told it failed, so the buyer sees why.
 func (ig *ingest) releaseFailed(ctx context.Context, o flashgate.Order, reason string) error {
 	region, charges := o.Region, o.Charges
-	k, err := keysOf(ctx, ig.db, o.SaleID)
+	k, err := epochKeys(ctx, ig.db, o.SaleID)
 	if err != nil {
 		return err
 	}
@@ -219,7 +219,7 @@ func (ig *ingest) releaseFailed(ctx context.Context, o flashgate.Order, reason s
 	if r.Unknown {
 		failed := o
 		failed.Status, failed.Reason = flashgate.OrderFailed, reason
-		if _, err := ig.scripts.Confirm(ctx, ig.rc, home, []flashgate.Order{failed}); err != nil {
+		if _, err := ig.scripts.Confirm(ctx, ig.rc, home, []flashgate.Order{failed}); err != nil && !errors.Is(err, lua.ErrStaleEpoch) {
 			return err
 		}
 	}

@@ -3,10 +3,8 @@ package backend
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -300,152 +298,35 @@ func (b *Backend) rewarmLoop(ctx context.Context) {
 }
 
 // errRewarmBusy: another backend holds the sale's warm lock.
-var errRewarmBusy = errors.New("warm lock held")
+var errRewarmBusy = errRebuildBusy
 
-// rewarm makes Redis hold what MySQL holds of a stale sale, and marks it fresh.
-// It holds the sale row lock throughout, so no order of the sale (lane,
-// stream, cancel) commits meanwhile, and the warm lock, so no other warm
-// runs. Redis must count as reserved every order it or the stream holds that
-// MySQL has not written: units held, then either confirmed (nothing moves) or
-// failed (release gives them back, once).
-//
-//  1. meta deleted: every admission answers not_warmed (gateways answer 503,
-//     and those that know the sale is stale do not ask Redis at all);
-//  2. the pending orders: Redis's reservations and the stream's messages
-//     without a MySQL row;
-//  3. users hash = MySQL's units + pending; limit counters = MySQL's +
-//     pending; every MySQL order's record and Idempotency-Key (HSETNX);
-//  4. stock = total − sold − pending, per region; meta written (lua.Warm);
-//  5. stale = 0 in the same transaction; commit; EventFresh.
+// rewarm makes Redis hold what MySQL holds of a stale sale, and marks it
+// fresh: the one rebuild (rebuild.go), whose transaction holds the sale row
+// lock, so no order of the sale (lane, stream, cancel) commits meanwhile, and
+// clears the stale mark before it commits. The orders the lane wrote are
+// MySQL's; those Redis reserved or the stream holds and MySQL has not written
+// stay reservations, with their records and keys; then EventFresh.
 func (b *Backend) rewarm(ctx context.Context, sale string) (bool, error) {
 	if err := b.rc.Do(ctx, b.rc.B().Exists().Key(lua.KeysFor(sale, nil).Meta).Build()).Error(); err != nil {
 		return false, nil // the sale's shard is still away: the lane goes on
 	}
-	tx, err := mysql.Begin(ctx, b.db)
+	stale := false
+	_, err := b.warmer.rebuild(ctx, sale, func(ctx context.Context, tx *sql.Tx) error {
+		n, err := mysql.LockStale(ctx, tx, sale)
+		if err != nil {
+			return err
+		}
+		stale = n > 0
+		return mysql.ClearStale(ctx, tx, sale)
+	})
 	if err != nil {
 		return false, err
 	}
-	defer tx.Rollback()
-	n, err := mysql.LockStale(ctx, tx, sale)
-	if err != nil || n == 0 {
-		return false, err
-	}
-	row, err := loadSale(ctx, tx, sale)
-	if err != nil {
-		return false, err
-	}
-	k := lua.KeysFor(sale, row.RegionNames())
-	token := randomToken()
-	lock := warmLockKey(sale)
-	err = b.rc.Do(ctx, b.rc.B().Set().Key(lock).Value(token).Nx().Px(warmLockTTL).Build()).Error()
-	if rueidis.IsRedisNil(err) {
-		return false, errRewarmBusy
-	}
-	if err != nil {
-		return false, fmt.Errorf("lock: %w", err)
-	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = b.warmer.unlock.Exec(uctx, b.rc, []string{lock}, []string{token}).Error()
-	}()
-	if err := b.rc.Do(ctx, b.rc.B().Del().Key(k.Meta).Build()).Error(); err != nil {
-		return false, fmt.Errorf("unwarm: %w", err)
-	}
-	pending, err := b.pendingOrders(ctx, tx, k)
-	if err != nil {
-		return false, err
-	}
-	if err := b.refill(ctx, tx, row, k, pending); err != nil {
-		return false, err
-	}
-	if err := mysql.ClearStale(ctx, tx, sale); err != nil {
-		return false, err
-	}
-	if err := tx.Commit(); err != nil {
-		// Redis is warm and the sale still stale: the next look warms it again.
-		return false, fmt.Errorf("commit: %w", err)
+	if !stale {
+		return false, nil
 	}
 	b.events.publish(bus.SaleEvent{Type: bus.EventFresh, SaleID: sale})
 	return true, nil
-}
-
-// pendingOrders are the orders Redis reserved or the stream holds that MySQL
-// has no row of (read under the sale row lock: none is written meanwhile).
-func (b *Backend) pendingOrders(ctx context.Context, tx *sql.Tx, k *lua.Keys) ([]flashgate.Order, error) {
-	resv, err := lua.Reservations(ctx, b.rc, k)
-	if err != nil {
-		return nil, err
-	}
-	msgs, err := b.rec.stream.streamOrders(ctx, k.Sale)
-	if err != nil {
-		return nil, fmt.Errorf("stream: %w", err)
-	}
-	for id, m := range msgs {
-		if _, ok := resv[id]; !ok {
-			resv[id] = m
-		}
-	}
-	ids := make([]uint64, 0, len(resv))
-	for id := range resv {
-		ids = append(ids, id)
-	}
-	rows, err := orderRows(ctx, tx, ids)
-	if err != nil {
-		return nil, err
-	}
-	var out []flashgate.Order
-	for id, o := range resv {
-		if _, written := rows[id]; !written {
-			out = append(out, o)
-		}
-	}
-	return out, nil
-}
-
-// refill writes the sale into Redis from MySQL (read in tx) and the pending
-// orders, meta last.
-func (b *Backend) refill(ctx context.Context, tx *sql.Tx, row *saleRow, k *lua.Keys, pending []flashgate.Order) error {
-	w := b.warmer
-	if err := w.rebuildUsers(ctx, tx, k); err != nil {
-		return fmt.Errorf("users: %w", err)
-	}
-	if err := w.rebuildLimits(ctx, tx, k, &row.Sale); err != nil {
-		return fmt.Errorf("limits: %w", err)
-	}
-	if err := w.rebuildOrders(ctx, k); err != nil {
-		return fmt.Errorf("orders: %w", err)
-	}
-	rem := row.Remaining()
-	var cmds rueidis.Commands
-	for _, o := range pending {
-		if _, ok := rem[o.Region]; !ok {
-			continue // a region the sale lacks: MySQL fails it, it holds nothing
-		}
-		rem[o.Region] -= o.Quantity
-		cmds = append(cmds, b.rc.B().Hincrby().Key(k.Users).Field(o.UserID).Increment(o.Quantity).Build())
-		cs, err := flashgate.ParseCharges(o.Charges)
-		if err != nil {
-			continue
-		}
-		for _, c := range cs {
-			cmds = append(cmds, b.rc.B().Hincrby().Key(k.Limit(c.Window)).Field(c.Field()).Increment(c.Inc).Build())
-		}
-	}
-	for _, r := range b.rc.DoMulti(ctx, cmds...) {
-		if err := r.Error(); err != nil {
-			return fmt.Errorf("pending orders: %w", err)
-		}
-	}
-	did, err := b.scripts.Warm(ctx, b.rc, &row.Sale, rem)
-	if err != nil {
-		return err
-	}
-	if !did {
-		return errors.New("warm: meta came back while the warm lock was held")
-	}
-	b.log.Info("stale sale refilled", "sale", row.ID, "pending", strconv.Itoa(len(pending)), "sold", row.Sold)
-	return nil
 }
 
 // serveLane leases the lane's order-id node (waiting up to a few seconds for

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // layouts caches each sale's Redis key layout: its regions and, for a sale
@@ -45,4 +46,22 @@ func bucketProbe(k *lua.Keys, i int) string {
 			return u
 		}
 	}
+}
+
+// epochKeys is keysOf for a write-back: the keys carry the sale's epoch as
+// MySQL has it now, read after the decision written back was committed
+// (lua.Keys.AtEpoch). A rebuild that began before this read counted the
+// decision from MySQL, and leaves nothing for the write-back to change (its
+// scripts decide on presence: the reservation, the restocked set); one that
+// begins after it opens a later epoch, and the scripts refuse the write-back.
+func epochKeys(ctx context.Context, q queryer, sale string) (*lua.Keys, error) {
+	k, err := keysOf(ctx, q, sale)
+	if err != nil {
+		return nil, err
+	}
+	epoch, err := mysql.SaleEpoch(ctx, q, sale)
+	if err != nil {
+		return nil, err
+	}
+	return k.AtEpoch(epoch), nil
 }

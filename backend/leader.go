@@ -110,7 +110,7 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 	b.retain = &retainer{db: b.db, rc: b.rc, nc: b.nc, nats: b.opts.NATS, retention: b.opts.Retention,
 		log: b.log, metrics: newRetentionMetrics(b.metrics.Registry()), stream: b.rec.stream}
 	b.live = newLive(b.rec, metrics.NewSales(b.metrics.Registry()), b.log)
-	b.warmer.inFlight = b.rec.warmRemaining
+	b.warmer.stream = b.rec.stream
 	b.warmer.grace = b.rec.lossGrace
 	return nil
 }

@@ -365,11 +365,11 @@ func (l *lifecycle) paidToRedis(ctx context.Context, o flashgate.Order) {
 	if retired(rctx, l.db, o.SaleID) {
 		return
 	}
-	k, err := keysOf(rctx, l.db, o.SaleID)
+	k, err := epochKeys(rctx, l.db, o.SaleID)
 	if err == nil {
 		err = l.scripts.MarkPaid(rctx, l.rc, k, o)
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, lua.ErrStaleEpoch) {
 		l.log.Warn("paid status to redis", "sale", o.SaleID, "order", o.ID, "err", err)
 	}
 }
@@ -453,7 +453,7 @@ func (l *lifecycle) restock(ctx context.Context, sale string, orders []flashgate
 // restockOrders runs lua.RestockMany over orders (canceled in MySQL) in calls of
 // sweepChunk, and publishes one restocked event per region that got units back.
 func (l *lifecycle) restockOrders(ctx context.Context, sale string, orders []flashgate.Order) (int, error) {
-	k, err := keysOf(ctx, l.db, sale)
+	k, err := epochKeys(ctx, l.db, sale)
 	if err != nil {
 		return 0, err
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -125,8 +124,6 @@ type ReconcileReport struct {
 	StaleAfter string `json:"stale_after"`
 	// Rewarmed: Redis had no meta; the sale was warmed as total − sold − in flight.
 	Rewarmed bool `json:"rewarmed"`
-	// Restored lists stock keys Redis had lost (meta kept), set from MySQL.
-	Restored []lua.StockChange `json:"restored,omitempty"`
 	// Stale counts reservations older than StaleAfter; of them, Republished were
 	// published again (RepublishDeduplicated of those JetStream still held
 	// within its duplicate window), Waiting are still in the stream, Settled
@@ -157,11 +154,10 @@ type ReconcileReport struct {
 	RetiredAt *time.Time `json:"retired_at,omitempty"`
 }
 
-// StockRepair is the ledger repair of one reconcile.
+// StockRepair is the ledger repair of one reconcile: a rebuild (rebuild.go).
 type StockRepair struct {
-	Done    bool              `json:"done"`
-	Skipped string            `json:"skipped,omitempty"`
-	Changes []lua.StockChange `json:"changes,omitempty"`
+	Done    bool   `json:"done"`
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // LedgerState is invariant 3 of one sale at one moment, per region too.
@@ -186,7 +182,7 @@ type RegionLedger struct {
 
 // changed reports whether the reconcile did anything.
 func (r *ReconcileReport) changed() bool {
-	return r.Rewarmed || len(r.Restored) > 0 || r.Republished > 0 || r.Settled > 0 || r.Restocked > 0 || r.Transfers > 0 || r.Repair.Done
+	return r.Rewarmed || r.Republished > 0 || r.Settled > 0 || r.Restocked > 0 || r.Transfers > 0 || r.Repair.Done
 }
 
 // Reconcile reconciles saleID with the default options.
@@ -228,7 +224,7 @@ func (re *reconciler) reconcile(ctx context.Context, id string, opt ReconcileOpt
 		return err
 	}
 	rep.Before = before.state()
-	if err := re.restoreLost(ctx, id, before, opt, rep); err != nil {
+	if err := re.restoreLost(ctx, id, before, rep); err != nil {
 		return err
 	}
 	if err := re.staleReservations(ctx, before, opt.StaleAfter, rep); err != nil {
@@ -280,29 +276,24 @@ func (re *reconciler) finishTransfers(ctx context.Context, id string, rep *Recon
 	return err
 }
 
-// restoreLost warms the sale again if Redis lost it, or restores the stock
-// keys it lost.
-func (re *reconciler) restoreLost(ctx context.Context, id string, before *ledgerRead, opt ReconcileOptions, rep *ReconcileReport) error {
+// restoreLost rebuilds the sale if Redis lost any of it: its meta, a
+// bucket's, or a stock key.
+func (re *reconciler) restoreLost(ctx context.Context, id string, before *ledgerRead, rep *ReconcileReport) error {
 	var err error
 	switch {
 	case !before.meta || len(before.row.BucketTags) > 1:
 		// (A split sale that kept its meta may have lost buckets: the warm
-		// refills those, and the repair below gives their units back.)
-		if rep.Rewarmed, err = re.warmer.warm(ctx, id); err != nil {
-			return err
-		}
+		// rebuilds them with the rest.)
+		rep.Rewarmed, err = re.warmer.warm(ctx, id)
 	case before.missingStock():
-		changes, restocked, skipped, err := re.fixStock(ctx, id, true, opt.StaleAfter)
-		rep.Restocked += restocked
-		if err != nil {
-			return err
+		_, err = re.warmer.rebuild(ctx, id, nil)
+		if errors.Is(err, errRebuildBusy) {
+			re.log.Warn("restoring lost stock keys postponed", "sale", id, "why", warmUnderWay)
+			return nil
 		}
-		if skipped != "" {
-			re.log.Warn("restoring lost stock keys postponed", "sale", id, "why", skipped)
-		}
-		rep.Restored = changes
+		rep.Rewarmed = err == nil
 	}
-	return nil
+	return err
 }
 
 // repairStock sets the stock from MySQL when the ledger does not hold and the
@@ -327,12 +318,17 @@ func (re *reconciler) repairStock(ctx context.Context, id string, before *ledger
 	case opt.quiet != nil && !opt.quiet(cur.fingerprint()):
 		rep.Repair.Skipped = "waiting for the sale to be quiet for " + repairQuiet.String()
 	default:
-		changes, restocked, skipped, err := re.fixStock(ctx, id, false, opt.StaleAfter)
-		rep.Restocked += restocked
-		if err != nil {
+		_, err := re.warmer.rebuild(ctx, id, nil)
+		switch {
+		case errors.Is(err, errRebuildBusy):
+			rep.Repair.Skipped = warmUnderWay
+		case err != nil:
 			return nil, err
+		default:
+			rep.Repair.Done = true
+			re.ops.stockRepairs.Inc()
+			re.events.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: id})
 		}
-		rep.Repair = StockRepair{Done: skipped == "", Skipped: skipped, Changes: changes}
 	}
 	return cur, nil
 }
@@ -436,218 +432,11 @@ func (l *ledgerRead) fingerprint() string {
 	return sb.String()
 }
 
-// fixStock sets the sale's stock keys from MySQL: every key (onlyMissing false:
-// the ledger repair, only when nothing is in flight) or only the absent ones
-// (counting what is in flight). It answers the changes, or why it changed
-// nothing.
-func (re *reconciler) fixStock(ctx context.Context, sale string, onlyMissing bool, staleAfter time.Duration) (changes []lua.StockChange, restocked int, skipped string, err error) {
-	// The stream first, MySQL after: an order acked in between is a row below.
-	msgs, skipped, err := re.stockInFlight(ctx, sale, onlyMissing)
-	if err != nil || skipped != "" {
-		return nil, 0, skipped, err
-	}
-	// The warm lock: a warm, or a refill of a split sale's lost buckets, sets
-	// the stock keys too, from its own read of MySQL and the stream; the two
-	// must not interleave (docs/buckets.md).
-	unlock, ok, err := re.warmer.lock(ctx, sale)
-	if err != nil {
-		return nil, 0, "", err
-	}
-	if !ok {
-		return nil, 0, warmUnderWay, nil
-	}
-	defer unlock()
-	// Canceled orders whose restock never ran get it now (the bulk of them,
-	// before the lock; those of the last moments again under it).
-	since := time.Now().Add(-restockWindow)
-	if restocked, err = re.life.restockCanceled(ctx, sale, time.Time{}); err != nil {
-		return nil, restocked, "", err
-	}
-
-	ctx, cancel := context.WithTimeout(ctx, repairTimeout)
-	defer cancel()
-	tx, err := beginRC(ctx, re.db)
-	if err != nil {
-		return nil, restocked, "", fmt.Errorf("stock of %s: %w", sale, err)
-	}
-	defer tx.Rollback()
-	row, n, err := re.lockStock(ctx, tx, sale, since)
-	if restocked += n; err != nil {
-		return nil, restocked, "", err
-	}
-	k := lua.KeysOf(&row.Sale)
-	// Under the warm lock the sale is still warm, every bucket of it: one
-	// Redis lost since the ledger was read is the warm's to fill.
-	if warm, err := re.warmer.isWarm(ctx, k); err != nil || !warm {
-		return nil, restocked, notWarm, err
-	}
-	if len(k.Buckets()) > 0 {
-		if lost, err := lostBuckets(ctx, re.rc, k); err != nil || len(lost) > 0 {
-			return nil, restocked, notWarm, err
-		}
-	}
-	p, err := re.stockPlan(ctx, tx, k, msgs, staleAfter)
-	if err != nil {
-		return nil, restocked, "", err
-	}
-	if why := p.busy(staleAfter); !onlyMissing && why != "" {
-		return nil, restocked, why, nil
-	}
-	changes, err = re.scripts.ResetStock(ctx, re.rc, k, onlyMissing, p.plans(row.Remaining()))
-	if errors.Is(err, lua.ErrReservationsChanged) {
-		return nil, restocked, "the reservations changed meanwhile", nil
-	}
-	if err != nil {
-		return nil, restocked, "", err
-	}
-	if err := tx.Commit(); err != nil {
-		// The stock is set; the lock was only a lock.
-		re.log.Warn("releasing the sale row lock", "sale", sale, "err", err)
-	}
-	re.stockChanged(sale, changes, onlyMissing)
-	return changes, restocked, "", nil
-}
-
-// Why fixStock set nothing, when it was the warm's turn.
+// Why a repair did nothing.
 const (
-	warmUnderWay = "a warm of the sale is under way"
+	warmUnderWay = "a rebuild of the sale is under way"
 	notWarm      = "the sale is not warm in Redis"
 )
-
-// stockInFlight reads the sale's orders in the stream: all of them when only
-// missing keys are set (they count as in flight), or, for the full repair,
-// why it must wait (any message in the stream).
-func (re *reconciler) stockInFlight(ctx context.Context, sale string, onlyMissing bool) (map[uint64]flashgate.Order, string, error) {
-	if onlyMissing {
-		msgs, err := re.stream.streamOrders(ctx, sale)
-		return msgs, "", err
-	}
-	n, err := re.stream.streamCount(ctx, sale)
-	if err != nil || n == 0 {
-		return nil, "", err
-	}
-	return nil, fmt.Sprintf("%d order messages of the sale are in the stream", n), nil
-}
-
-// lockStock takes the sale row lock (no batch, cancel or expiry of the sale
-// moves sold until the stock is set), restocks the orders canceled since
-// since, and reads the sale under the lock. It answers the sale and how many
-// orders it restocked.
-func (re *reconciler) lockStock(ctx context.Context, tx *sql.Tx, sale string, since time.Time) (*saleRow, int, error) {
-	found, err := mysql.LockSale(ctx, tx, sale)
-	if err != nil {
-		return nil, 0, fmt.Errorf("stock of %s: lock: %w", sale, err)
-	}
-	if !found {
-		return nil, 0, fmt.Errorf("sale %s: %w", sale, errSaleNotFound)
-	}
-	// Under the lock no cancel commits: once these have had their restock, no
-	// late one can add units on top of the stock set below (the restocked set
-	// makes every later restock of an order a no-op).
-	n, err := re.life.restockCanceled(ctx, sale, since)
-	if err != nil {
-		return nil, n, err
-	}
-	row, err := loadSale(ctx, tx, sale)
-	return row, n, err
-}
-
-// stockPlan is what the stock of each region must account for besides
-// MySQL's remaining: the units reserved in Redis, and the units MySQL's
-// count is off by (in flight, or counted in sold and still reserved).
-type stockPlan struct {
-	reserved, extra map[string]int64
-	// young counts reservations younger than staleAfter; decided those MySQL
-	// has a row of (awaiting the write-back).
-	young, decided int
-}
-
-func (re *reconciler) stockPlan(ctx context.Context, tx *sql.Tx, k *lua.Keys, msgs map[uint64]flashgate.Order, staleAfter time.Duration) (*stockPlan, error) {
-	resv, err := lua.Reservations(ctx, re.rc, k)
-	if err != nil {
-		return nil, err
-	}
-	ids := make([]uint64, 0, len(resv)+len(msgs))
-	for id := range resv {
-		ids = append(ids, id)
-	}
-	for id := range msgs {
-		if _, ok := resv[id]; !ok {
-			ids = append(ids, id)
-		}
-	}
-	rows, err := orderRows(ctx, tx, ids)
-	if err != nil {
-		return nil, err
-	}
-	p := &stockPlan{reserved: map[string]int64{}, extra: map[string]int64{}}
-	cutoff := time.Now().Add(-staleAfter).UnixMilli()
-	for id, rec := range resv {
-		p.reserved[rec.Region] += rec.Quantity
-		if rec.CreatedAt.UnixMilli() > cutoff {
-			p.young++
-		}
-		if st, ok := rows[id]; ok {
-			p.decided++
-			if st.status == flashgate.OrderConfirmed || st.status == flashgate.OrderPaid {
-				// Counted in sold and still reserved until its write-back.
-				p.extra[rec.Region] -= rec.Quantity
-			}
-		}
-	}
-	for id, m := range msgs {
-		if _, ok := resv[id]; ok {
-			continue
-		}
-		if _, ok := rows[id]; ok {
-			continue
-		}
-		p.extra[m.Region] += m.Quantity // in flight, unknown to Redis
-	}
-	return p, nil
-}
-
-// busy answers why the full repair must wait ("" when it need not).
-func (p *stockPlan) busy(staleAfter time.Duration) string {
-	switch {
-	case p.young > 0:
-		return fmt.Sprintf("%d reservations are younger than %v", p.young, staleAfter)
-	case p.decided > 0:
-		return fmt.Sprintf("%d reservations await the write-back of MySQL's decision", p.decided)
-	}
-	return ""
-}
-
-func (p *stockPlan) plans(avail map[string]int64) []lua.StockPlan {
-	plans := make([]lua.StockPlan, 0, len(avail))
-	for _, r := range sortedKeys(avail) {
-		plans = append(plans, lua.StockPlan{Region: r, Avail: avail[r], Extra: p.extra[r], Reserved: p.reserved[r]})
-	}
-	return plans
-}
-
-// stockChanged counts and logs the stock set from MySQL, and tells gateways
-// of the regions that got units back.
-func (re *reconciler) stockChanged(sale string, changes []lua.StockChange, onlyMissing bool) {
-	for _, c := range changes {
-		if c.After == nil {
-			continue
-		}
-		re.ops.stockRepairs.Inc()
-		re.log.Warn("stock set from MySQL", "sale", sale, "region", c.Region, "before", ptrString(c.Before),
-			"after", *c.After, "only_missing", onlyMissing)
-		if c.Before == nil || *c.After > *c.Before {
-			re.events.publish(bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: c.Region})
-		}
-	}
-}
-
-func ptrString(p *int64) string {
-	if p == nil {
-		return "absent"
-	}
-	return strconv.FormatInt(*p, 10)
-}
 
 // staleReservations republishes the stale reservations whose order MySQL
 // lacks and writes back MySQL's decision on those it has.
@@ -750,155 +539,6 @@ func orderRows(ctx context.Context, q queryer, ids []uint64) (map[uint64]settlem
 	return res, nil
 }
 
-// warmRemaining is the warmer's in-flight count: what Redis should hold of a
-// sale it is warming, total − sold − the units of orders in the stream that
-// MySQL has no row of. It rebuilds the users hash from the same MySQL
-// snapshot and adds the in-flight orders' units to it. The stream is read
-// first, MySQL after in one snapshot, so an order acked in between is counted
-// once, as sold.
-func (re *reconciler) warmRemaining(ctx context.Context, row *saleRow, k *lua.Keys) (map[string]int64, error) {
-	now, msgs, rows, err := re.inFlightSnapshot(ctx, row.ID, k)
-	if err != nil {
-		return nil, err
-	}
-	rem := now.Remaining()
-	if len(msgs) == 0 {
-		return rem, nil
-	}
-	flying, users, units := subtractInFlight(rem, msgs, rows)
-	if err := re.restoreInFlight(ctx, &now.Sale, k, msgs, flying, users); err != nil {
-		return nil, err
-	}
-	if len(flying) > 0 {
-		re.log.Info("warm: orders in flight subtracted", "sale", row.ID, "orders", int64(len(flying)), "units", units)
-	}
-	return rem, nil
-}
-
-// inFlightSnapshot reads the sale's messages in the stream, then, in one
-// MySQL snapshot, the sale row, the buyers' units (rebuilt into Redis) and
-// which of those messages already have their order row.
-func (re *reconciler) inFlightSnapshot(ctx context.Context, id string, k *lua.Keys) (*saleRow, map[uint64]flashgate.Order, map[uint64]settlement, error) {
-	msgs, err := re.stream.streamOrders(ctx, id)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	tx, err := mysql.BeginSnapshot(ctx, re.db)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	defer tx.Rollback()
-	now, err := loadSale(ctx, tx, id)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	// The buyers' units from the same snapshot as sold: an order acked since
-	// the stream was read is counted there, once.
-	if err := re.warmer.rebuildUsers(ctx, tx, k); err != nil {
-		return nil, nil, nil, fmt.Errorf("users: %w", err)
-	}
-	if err := re.warmer.rebuildLimits(ctx, tx, k, &now.Sale); err != nil {
-		return nil, nil, nil, fmt.Errorf("limits: %w", err)
-	}
-	if len(msgs) == 0 {
-		return now, nil, nil, nil
-	}
-	ids := make([]uint64, 0, len(msgs))
-	for id := range msgs {
-		ids = append(ids, id)
-	}
-	rows, err := orderRows(ctx, tx, ids)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	_ = tx.Commit()
-	return now, msgs, rows, nil
-}
-
-// subtractInFlight takes the units of the messages MySQL has no row for out
-// of rem, and answers which those are and each buyer's units among them. A
-// message for a region the sale lacks is left out: MySQL fails it.
-func subtractInFlight(rem map[string]int64, msgs map[uint64]flashgate.Order, rows map[uint64]settlement) (flying []uint64, users map[string]int64, units int64) {
-	users = map[string]int64{}
-	for id, m := range msgs {
-		if _, ok := rows[id]; ok {
-			continue
-		}
-		if _, ok := rem[m.Region]; !ok {
-			continue
-		}
-		rem[m.Region] -= m.Quantity
-		users[m.UserID] += m.Quantity
-		flying, units = append(flying, id), units+m.Quantity
-	}
-	return flying, users, units
-}
-
-// restoreInFlight writes the in-flight orders back into Redis: the buyers'
-// units, and each order as a reservation again.
-func (re *reconciler) restoreInFlight(ctx context.Context, sale *flashgate.Sale, k *lua.Keys, msgs map[uint64]flashgate.Order, flying []uint64, users map[string]int64) error {
-	cmds := make(rueidis.Commands, 0, len(users)+3*len(msgs))
-	for u, n := range users {
-		cmds = append(cmds, re.rc.B().Hincrby().Key(k.Home(u).Users).Field(u).Increment(n).Build())
-	}
-	loc, err := sale.Location()
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	for _, id := range flying {
-		m := msgs[id]
-		// The order is a reservation again, as admit left it, already claimed
-		// (it is in the stream): a retry of its Idempotency-Key replays it, GET
-		// shows it pending, and MySQL's word is written back to it — a failure
-		// gives its units back to the stock, the buyer taken off above and its
-		// limit charges back, as for any admitted order. Its charges count
-		// again, as they did when it was admitted: the counters rebuilt from
-		// MySQL lack it, and once it lands MySQL counts it too.
-		r := m
-		r.Status, r.Reason = lua.StatusProcessing, ""
-		if m.Charges != "" {
-			cs, err := flashgate.ParseCharges(m.Charges)
-			if err != nil {
-				return fmt.Errorf("order %d: %w", id, err)
-			}
-			for _, c := range cs {
-				key := k.Limit(c.Window)
-				if len(k.Buckets()) > 0 {
-					key = k.Home(c.Subject).Limit(c.Window) // lua.LimitBucket's bucket
-				}
-				cmds = append(cmds, re.rc.B().Hincrby().Key(key).Field(c.Field()).Increment(c.Inc).Build())
-				if end := flashgate.WindowEnd(c.Window, loc); !end.IsZero() {
-					cmds = append(cmds, re.rc.B().Pexpire().Key(key).Milliseconds(flashgate.Charge{Ends: end}.TTL(now).Milliseconds()).Build())
-				}
-			}
-			// A split sale: the charges counted away from the buyer's home are
-			// held there under the order, as the admission leaves them.
-			held, err := lua.HeldWrites(re.rc, k, &r, nil)
-			if err != nil {
-				return err
-			}
-			cmds = append(cmds, held...)
-		}
-		sid := strconv.FormatUint(id, 10)
-		home := k.Home(m.UserID)
-		cmds = append(cmds,
-			re.rc.B().Hsetnx().Key(home.Resv).Field(sid).Value(lua.EncodeResv(&r)).Build(),
-			re.rc.B().Hsetnx().Key(home.Orders).Field(sid).Value(lua.EncodeRecord(&r)).Build())
-		if m.IdemKey != "" {
-			// MySQL's order of the key, written first, wins: this one then
-			// fails as a duplicate when it lands.
-			cmds = append(cmds, re.rc.B().Hsetnx().Key(home.Idem).Field(m.UserID+"|"+m.IdemKey).Value(sid).Build())
-		}
-	}
-	for _, r := range re.rc.DoMulti(ctx, cmds...) {
-		if err := r.Error(); err != nil {
-			return fmt.Errorf("users in flight: %w", err)
-		}
-	}
-	return nil
-}
-
 // reconcileLoop reconciles every recent sale every reconcileEvery until ctx
 // (the leader lock's) ends. A sale's ledger is repaired only once it has been
 // still for repairQuiet.
@@ -937,7 +577,7 @@ func (re *reconciler) reconcileLoop(ctx context.Context) {
 			case err != nil && ctx.Err() == nil:
 				re.log.Warn("reconcile", "sale", id, "err", err)
 			case err == nil && rep.changed():
-				re.log.Info("reconciled", "sale", id, "rewarmed", rep.Rewarmed, "restored", len(rep.Restored),
+				re.log.Info("reconciled", "sale", id, "rewarmed", rep.Rewarmed,
 					"republished", rep.Republished, "settled", rep.Settled, "repaired", rep.Repair.Done,
 					"diff_before", rep.Before.Diff, "diff_after", rep.After.Diff)
 			}

@@ -664,7 +664,7 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []flashgate.Order, res
 // orders end their reservation with their status; failed orders give their units
 // back to Redis stock and the buyer's counter, exactly once (release.lua).
 func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []flashgate.Order, res map[uint64]settlement) error {
-	k, err := keysOf(ctx, w.db, sale)
+	k, err := epochKeys(ctx, w.db, sale)
 	if err != nil {
 		return err
 	}
@@ -709,7 +709,7 @@ func (w *orderWriter) writeBack(ctx context.Context, sale string, orders []flash
 		settled = append(settled, rec)
 	}
 	for part := range slices.Chunk(settled, confirmChunk) {
-		if _, err := w.scripts.Confirm(ctx, w.rc, k, part); err != nil {
+		if _, err := w.scripts.Confirm(ctx, w.rc, k, part); err != nil && !errors.Is(err, lua.ErrStaleEpoch) {
 			return err
 		}
 	}

@@ -123,7 +123,13 @@ func TestLaneAnswers(t *testing.T) {
 	before = asked.Load()
 	go func() { first <- buy(s, `{"quantity":1}`, nil) }()
 	for asked.Load() == before {
-		time.Sleep(5 * time.Millisecond)
+		select {
+		case r := <-first:
+			// Answered without the lane: waiting for the lane would never end.
+			hold.Unlock()
+			t.Fatalf("the first purchase never reached the lane: %d %s", r.Status, r.Raw)
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 	if r := buy(s, `{"quantity":1}`, nil); r.Status != 503 || r.Message != "degraded lane busy" {
 		t.Errorf("second purchase on a full lane: %d %s", r.Status, r.Raw)

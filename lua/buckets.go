@@ -1,7 +1,6 @@
 package lua
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha1"
 	_ "embed"
@@ -9,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -120,6 +118,7 @@ type giveReply string
 const (
 	giveGiven   giveReply = "given"   // the units joined the receiver's stock now
 	giveAlready giveReply = "already" // they had landed before
+	giveFenced  giveReply = "fenced"  // taken before a rebuild, which counted them: never to land
 )
 
 // HomeBucket is the bucket (0..k-1) that holds user's purchases in a sale of k
@@ -282,36 +281,39 @@ type Transfer struct {
 	Region   string
 	Units    int64
 	TakenMS  int64 // when it was taken (unix ms)
+	// Epoch is the giver's epoch when it was taken (take.lua): the units
+	// land only in the same epoch.
+	Epoch string
 }
 
 // take moves up to want units of region out of bucket from into its ledger,
 // bound for bucket to; it answers how many it took (0: from had none), and
 // whether w.replicas replicas of from's master had the take within the wait
 // (always true without one).
-func take(ctx context.Context, c rueidis.Client, from *Keys, to int, id, region string, want int64, nowMS int64, w replication) (int64, bool, error) {
+func take(ctx context.Context, c rueidis.Client, from *Keys, to int, id, region string, want int64, nowMS int64, w replication) (int64, string, bool, error) {
 	stock, ok := from.Stock(region)
 	if !ok {
-		return 0, false, ErrUnknownRegion
+		return 0, "", false, ErrUnknownRegion
 	}
-	r, acked, err := execWait(ctx, c, takeSrc, takeSHA, []string{stock, from.xout},
+	r, acked, err := execWait(ctx, c, takeSrc, takeSHA, []string{stock, from.xout, from.Epoch},
 		[]string{id, strconv.FormatInt(want, 10), strconv.Itoa(to), region, strconv.FormatInt(nowMS, 10)}, w)
 	if err != nil {
-		return 0, false, fmt.Errorf("take %s bucket %d: %w", from.Sale, from.index, err)
+		return 0, "", false, fmt.Errorf("take %s bucket %d: %w", from.Sale, from.index, err)
 	}
 	res, err := r.AsStrSlice()
 	if err != nil {
-		return 0, false, fmt.Errorf("take %s bucket %d: %w", from.Sale, from.index, err)
+		return 0, "", false, fmt.Errorf("take %s bucket %d: %w", from.Sale, from.index, err)
 	}
 	switch takeReply(res[0]) {
 	case takeEmpty:
-		return 0, true, nil
+		return 0, "", true, nil
 	case takeTook:
-		if len(res) == 3 {
+		if len(res) == 4 {
 			n, err := strconv.ParseInt(res[1], 10, 64)
-			return n, acked, err
+			return n, res[3], acked, err
 		}
 	}
-	return 0, false, fmt.Errorf("take %s: unexpected reply %q", from.Sale, res)
+	return 0, "", false, fmt.Errorf("take %s: unexpected reply %q", from.Sale, res)
 }
 
 // land gives a taken transfer's units to its receiver, once. The giver's
@@ -329,8 +331,8 @@ func land(ctx context.Context, c rueidis.Client, k *Keys, t Transfer, nowMS int6
 	if !ok {
 		return false, false, ErrUnknownRegion
 	}
-	r, acked, err := execWait(ctx, c, giveSrc, giveSHA, []string{stock, to.xin},
-		[]string{t.ID, strconv.FormatInt(t.Units, 10), strconv.FormatInt(nowMS, 10)}, w)
+	r, acked, err := execWait(ctx, c, giveSrc, giveSHA, []string{stock, to.xin, to.Epoch},
+		[]string{t.ID, strconv.FormatInt(t.Units, 10), strconv.FormatInt(nowMS, 10), t.Epoch}, w)
 	if err != nil {
 		return false, false, fmt.Errorf("give %s bucket %d: %w", k.Sale, t.To, err)
 	}
@@ -338,7 +340,7 @@ func land(ctx context.Context, c rueidis.Client, k *Keys, t Transfer, nowMS int6
 	if err != nil {
 		return false, false, fmt.Errorf("give %s bucket %d: %w", k.Sale, t.To, err)
 	}
-	if len(res) == 0 || (giveReply(res[0]) != giveGiven && giveReply(res[0]) != giveAlready) {
+	if len(res) == 0 || (giveReply(res[0]) != giveGiven && giveReply(res[0]) != giveAlready && giveReply(res[0]) != giveFenced) {
 		return false, false, fmt.Errorf("give %s: unexpected reply %q", k.Sale, res)
 	}
 	return giveReply(res[0]) == giveGiven, acked, nil
@@ -388,17 +390,20 @@ func gather(ctx context.Context, c rueidis.Client, k *Keys, home int, region str
 			continue
 		}
 		id := idBase + "." + strconv.Itoa(from)
-		got, acked, err := take(ctx, c, k.buckets[from], home, id, region, need-moved, nowMS, w)
+		got, epoch, acked, err := take(ctx, c, k.buckets[from], home, id, region, need-moved, nowMS, w)
 		if err != nil {
 			return moved, err
 		}
 		if got == 0 || !acked {
 			continue
 		}
-		if _, _, err := land(ctx, c, k, Transfer{ID: id, From: from, To: home, Region: region, Units: got}, nowMS, w); err != nil {
+		given, _, err := land(ctx, c, k, Transfer{ID: id, From: from, To: home, Region: region, Units: got, Epoch: epoch}, nowMS, w)
+		if err != nil {
 			return moved, err
 		}
-		moved += got
+		if given {
+			moved += got
+		}
 	}
 	return moved, nil
 }
@@ -488,7 +493,7 @@ func PendingTransfers(ctx context.Context, c rueidis.Client, k *Keys) ([]Transfe
 		}
 		for id, v := range m {
 			p := strings.Split(v, "|")
-			if len(p) != 4 {
+			if len(p) != 4 && len(p) != 5 {
 				return nil, fmt.Errorf("transfer %s of %s: bad entry %q", id, k.Sale, v)
 			}
 			to, err1 := strconv.Atoi(p[0])
@@ -497,7 +502,11 @@ func PendingTransfers(ctx context.Context, c rueidis.Client, k *Keys) ([]Transfe
 				return nil, fmt.Errorf("transfer %s of %s: bad entry %q", id, k.Sale, v)
 			}
 			ms, _ := strconv.ParseInt(p[3], 10, 64)
-			out = append(out, Transfer{ID: id, From: b.index, To: to, Region: p[1], Units: n, TakenMS: ms})
+			t := Transfer{ID: id, From: b.index, To: to, Region: p[1], Units: n, TakenMS: ms}
+			if len(p) == 5 {
+				t.Epoch = p[4]
+			}
+			out = append(out, t)
 		}
 	}
 	return out, nil
@@ -628,7 +637,7 @@ func remainingBucketed(ctx context.Context, c rueidis.Client, k *Keys) (map[stri
 		xout, _ := v[1].AsStrSlice()
 		for j := 0; j+1 < len(xout); j += 2 {
 			p := strings.Split(xout[j+1], "|")
-			if len(p) != 4 {
+			if len(p) != 4 && len(p) != 5 {
 				return nil, fmt.Errorf("transfer %s of %s: bad entry %q", xout[j], k.Sale, xout[j+1])
 			}
 			to, _ := strconv.Atoi(p[0])
@@ -684,111 +693,6 @@ func ByHome(k *Keys, n int, user func(int) string, fn func(b *Keys, at []int) er
 	return byHome(k, n, user, fn)
 }
 
-// resetBucketed is ResetStock for a split sale. Transfers under way are landed
-// first. Then, per region, the units MySQL says the stock keys must hold
-// together (Avail − Extra − every bucket's reservations) are shared over the
-// buckets afresh (SplitUnits), and each bucket is set with reconcile.lua,
-// atomically with counting its own reservations, which must be those the
-// plan read (else ErrReservationsChanged, as for one tag). The buckets that
-// lose units are set before those that gain, so a reset cut short (an error,
-// reservations that moved) can leave the sale short of units, which the next
-// repair gives back, but never over.
-//
-// onlyMissing sets only absent stock keys, to 0: a bucket that lost its
-// stock gets its units back from the full repair, which sees the sale short.
-func (s *Scripts) resetBucketed(ctx context.Context, c rueidis.Client, k *Keys, onlyMissing bool, plans []StockPlan) ([]StockChange, error) {
-	if _, err := FinishTransfers(ctx, c, k); err != nil {
-		return nil, err
-	}
-	n := len(k.buckets)
-	reserved := make([]map[string]int64, n)
-	for i, b := range k.buckets {
-		resv, err := Reservations(ctx, c, b)
-		if err != nil {
-			return nil, err
-		}
-		reserved[i] = map[string]int64{}
-		for _, o := range resv {
-			reserved[i][o.Region] += o.Quantity
-		}
-	}
-	before, err := bucketStock(ctx, c, k)
-	if err != nil {
-		return nil, err
-	}
-	// per[i]: bucket i's plans.
-	per := make([][]StockPlan, n)
-	for _, p := range plans {
-		var resvAll int64
-		for i := range n {
-			resvAll += reserved[i][p.Region]
-		}
-		if p.Reserved >= 0 && p.Reserved != resvAll {
-			return nil, fmt.Errorf("reset stock %s: region %q: %w (expected %d reserved, found %d)",
-				k.Sale, p.Region, ErrReservationsChanged, p.Reserved, resvAll)
-		}
-		free := max(0, p.Avail-p.Extra-resvAll)
-		for i := range n {
-			share := SplitUnits(free, n, i)
-			if onlyMissing {
-				share = 0
-			}
-			per[i] = append(per[i], StockPlan{Region: p.Region, Avail: share + reserved[i][p.Region], Reserved: reserved[i][p.Region]})
-		}
-	}
-	// Losers first: a bucket whose new total is below what it holds now.
-	order := make([]int, n)
-	for i := range order {
-		order[i] = i
-	}
-	gain := func(i int) int64 {
-		var d int64
-		for _, p := range per[i] {
-			d += p.Avail - p.Reserved - before[i][p.Region]
-		}
-		return d
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(gain(a), gain(b)) })
-	sum := map[string]*StockChange{}
-	out := make([]StockChange, len(plans))
-	for j, p := range plans {
-		out[j] = StockChange{Region: p.Region}
-		sum[p.Region] = &out[j]
-	}
-	for _, i := range order {
-		ch, err := s.ResetStock(ctx, c, k.buckets[i], onlyMissing, per[i])
-		if err != nil {
-			return nil, fmt.Errorf("bucket %d: %w", i, err)
-		}
-		for _, x := range ch {
-			o := sum[x.Region]
-			if x.Before != nil {
-				o.Before = addPtr(o.Before, *x.Before)
-			}
-			if x.After != nil {
-				o.After = addPtr(o.After, *x.After)
-			} else if x.Before != nil {
-				o.After = addPtr(o.After, *x.Before)
-			}
-		}
-	}
-	// A region no bucket changed is reported left alone.
-	for j := range out {
-		if onlyMissing && out[j].After != nil && out[j].Before != nil && *out[j].After == *out[j].Before {
-			out[j].After = nil
-		}
-	}
-	return out, nil
-}
-
-func addPtr(p *int64, n int64) *int64 {
-	v := n
-	if p != nil {
-		v += *p
-	}
-	return &v
-}
-
 // bucketStock reads every bucket's stock per region (0 for an absent key).
 func bucketStock(ctx context.Context, c rueidis.Client, k *Keys) ([]map[string]int64, error) {
 	out := make([]map[string]int64, len(k.buckets))
@@ -825,22 +729,4 @@ func BucketTagsOf(ctx context.Context, c rueidis.Client, sale string) ([]string,
 		return nil, fmt.Errorf("buckets of %s: %w", sale, err)
 	}
 	return strings.Split(v, ","), nil
-}
-
-// WarmBuckets warms again the buckets of a split sale at the indexes given
-// (their meta copy, and stock keys of 0 where absent): the buckets a master
-// lost while the sale's own meta stayed (docs/buckets.md). Their units come
-// back with the next stock repair (ResetStock).
-func (s *Scripts) WarmBuckets(ctx context.Context, c rueidis.Client, sale *flashgate.Sale, idx []int) error {
-	k := KeysOf(sale)
-	fields := metaFields(sale)
-	for _, i := range idx {
-		if i < 0 || i >= len(k.buckets) {
-			return fmt.Errorf("warm %s: bucket %d of %d", sale.ID, i, len(k.buckets))
-		}
-		if _, err := s.warmOne(ctx, c, k.buckets[i], fields, func(string) int64 { return 0 }); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -36,7 +36,7 @@ func TestTransferCrashFinished(t *testing.T) {
 		return rem[""]
 	}
 	// The taker dies after take.
-	if got, _, err := take(ctx, c, k.buckets[1], 0, "t1", "", 3, now.UnixMilli(), replication{}); err != nil || got != 3 {
+	if got, _, _, err := take(ctx, c, k.buckets[1], 0, "t1", "", 3, now.UnixMilli(), replication{}); err != nil || got != 3 {
 		t.Fatalf("take: %d %v", got, err)
 	}
 	if stock(0) != 4 || stock(1) != 1 || total() != 8 {
@@ -52,10 +52,10 @@ func TestTransferCrashFinished(t *testing.T) {
 		t.Fatalf("finish again: %d %v", n, err)
 	}
 	// The taker dies after give, before clearing its ledger entry.
-	if got, _, err := take(ctx, c, k.buckets[0], 1, "t2", "", 2, now.UnixMilli(), replication{}); err != nil || got != 2 {
+	if got, _, _, err := take(ctx, c, k.buckets[0], 1, "t2", "", 2, now.UnixMilli(), replication{}); err != nil || got != 2 {
 		t.Fatalf("take: %d %v", got, err)
 	}
-	if _, err := giveScript.Exec(ctx, c, []string{k.buckets[1].stock, k.buckets[1].xin}, []string{"t2", "2", "1"}).ToArray(); err != nil {
+	if _, err := giveScript.Exec(ctx, c, []string{k.buckets[1].stock, k.buckets[1].xin, k.buckets[1].Epoch}, []string{"t2", "2", "1", ""}).ToArray(); err != nil {
 		t.Fatal(err)
 	}
 	if total() != 8 {

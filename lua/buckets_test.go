@@ -268,7 +268,7 @@ func TestBucketedExactUnderLoad(t *testing.T) {
 					OrderID: nextID(), Now: now, PayBy: now.Add(time.Minute)})
 				if err != nil {
 					t.Error(err)
-					return
+					continue // return would leave the feeder blocked for good
 				}
 				mu.Lock()
 				switch {

@@ -52,8 +52,8 @@ func (s *Scripts) ReleaseScriptOnly(ctx context.Context, c rueidis.Client, h *Ke
 	if err != nil {
 		return err
 	}
-	return s.release.Exec(ctx, c, append([]string{stock, h.Users, h.Resv, h.Orders, h.Idem, h.giveBack()}, wkeys...),
-		append([]string{strconv.FormatUint(id, 10), ReleaseBackend, "test", "", away}, windows...)).Error()
+	return s.release.Exec(ctx, c, append([]string{stock, h.Users, h.Resv, h.Orders, h.Idem, h.giveBack(), h.Epoch}, wkeys...),
+		append([]string{strconv.FormatUint(id, 10), ReleaseBackend, "test", "", away, h.callerEpoch()}, windows...)).Error()
 }
 
 // HoldKeys are a bucket's hashes of holds: undecided, kept, give-backs.

@@ -475,30 +475,34 @@ func count(words []string, w unholdReply) int {
 	return n
 }
 
-// HeldWrites are the commands a warm from MySQL sends for order o so that
-// the buckets counting its charges away from its home know them as kept
-// holds: when its units come back, those counts are given back once
-// (unhold.lua finds the entry). Only a live order (its charges count in
-// MySQL's limit_usage, which the warm writes into the counters) has them.
-// HSETNX: an entry Redis holds stays. keep (nil: all) picks the subjects
-// whose buckets are written (a refill of lost buckets).
-func HeldWrites(c rueidis.Client, k *Keys, o *flashgate.Order, keep func(subject string) bool) (rueidis.Commands, error) {
-	if len(k.buckets) == 0 || o.Charges == "" || !o.Status.Live() {
+// HeldEntries are the kept holds a live order leaves in the buckets that
+// count its charges away from its home (by phone, device, IP, address): bucket
+// index → the lheld entry, so that when its units come back those counts are
+// given back once (unhold.lua finds the entry). Empty on a sale that is not
+// split, or for an order with no such charge.
+func HeldEntries(k *Keys, o *flashgate.Order) (map[int]string, error) {
+	if len(k.buckets) == 0 || o.Charges == "" {
 		return nil, nil
 	}
 	cs, err := flashgate.ParseCharges(o.Charges)
 	if err != nil {
 		return nil, fmt.Errorf("order %s/%d: %w", k.Sale, o.ID, err)
 	}
-	var cmds rueidis.Commands
-	sid := strconv.FormatUint(o.ID, 10)
+	out := map[int]string{}
 	for b, part := range k.Home(o.UserID).away(cs) {
-		if keep != nil && !keep(part[0].Subject) {
-			continue
-		}
-		v := strconv.FormatInt(unixMilli(o.CreatedAt), 10) + "|" + o.UserID + "|" + strconv.FormatInt(o.Quantity, 10) + "|" +
+		out[b] = strconv.FormatInt(unixMilli(o.CreatedAt), 10) + "|" + o.UserID + "|" + strconv.FormatInt(o.Quantity, 10) + "|" +
 			o.Region + "|" + flashgate.EncodeCharges(part)
-		cmds = append(cmds, c.B().Hsetnx().Key(k.buckets[b].held).Field(sid).Value(v).Build())
 	}
-	return cmds, nil
+	return out, nil
+}
+
+// HoldCharges are the charges an undecided hold's entry (hold.lua) counts in
+// its bucket, and the id of the user it holds for.
+func HoldCharges(v string) (user string, cs []flashgate.Charge, err error) {
+	f := strings.SplitN(v, "|", 5)
+	if len(f) != 5 {
+		return "", nil, fmt.Errorf("hold entry %q", v)
+	}
+	cs, err = flashgate.ParseCharges(f[4])
+	return f[1], cs, err
 }

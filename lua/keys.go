@@ -69,7 +69,10 @@ type Keys struct {
 	// Idem is a hash: "<user>|<idempotency key>" → order id.
 	Idem string
 	// Warming is the backend's short lock while it warms the sale.
-	Warming   string
+	Warming string
+	// Epoch is a string: the epoch of this tag's books (rebuild.go), "r<n>"
+	// while rebuild n is under way; absent: never rebuilt, or Redis lost it.
+	Epoch     string
 	restocked string
 	prefix    string
 	stock     string
@@ -84,6 +87,9 @@ type Keys struct {
 	// and back are a bucket's hashes of purchase-limit holds (holds.go).
 	parent            *Keys
 	holds, held, back string
+	// epochN is the epoch of the caller's decision (AtEpoch): what the
+	// write-back scripts check the tag's epoch against ("": "0", unchecked).
+	epochN string
 	// fixed lists every key above (and the sale-wide stock key): retention
 	// deletes them all, so a key added to the layout through add is retired
 	// without anyone remembering to.
@@ -109,6 +115,44 @@ func (k *Keys) addCommon() {
 	k.Orders = k.add("orders")
 	k.Idem = k.add("idem")
 	k.restocked = k.add("restocked")
+	k.Epoch = k.add("epoch")
+}
+
+// AtEpoch is k for a caller writing back a decision MySQL made in epoch n of
+// the sale's books (mysql.LockSaleEpoch): once a rebuild has opened a later
+// epoch, the write-back scripts (confirm, release in backend mode, restock)
+// called with it change nothing, since the rebuild counted the decision from
+// MySQL already. n = 0: unchecked (a sale never rebuilt).
+func (k *Keys) AtEpoch(n int64) *Keys {
+	c := *k
+	c.epochN = strconv.FormatInt(n, 10)
+	if len(k.buckets) > 0 {
+		c.buckets = make([]*Keys, len(k.buckets))
+		for i, b := range k.buckets {
+			bc := *b
+			bc.epochN, bc.parent = c.epochN, &c
+			c.buckets[i] = &bc
+		}
+	}
+	return &c
+}
+
+// callerEpoch is the epoch the write-back scripts get: AtEpoch's, or "0".
+func (k *Keys) callerEpoch() string {
+	if k.epochN == "" {
+		return "0"
+	}
+	return k.epochN
+}
+
+// stagePrefix starts the names of the keys a rebuild writes before it
+// installs them (rebuild.go): under the same hash tag, so one script renames
+// them into place; they expire if no install comes.
+const stagePrefix = "rb:"
+
+// staged is the name a rebuild writes key under before installing it.
+func (k *Keys) staged(key string) string {
+	return k.prefix + stagePrefix + key[len(k.prefix):]
 }
 
 // addStock names the stock key and each region's under it.

@@ -109,7 +109,7 @@ func TestLayoutTaggedAndRetired(t *testing.T) {
 	k := KeysFor(sale.ID, sale.RegionNames())
 	all := AllKeys(sale)
 	_, stock := k.StockKeys()
-	layout := append([]string{k.Meta, k.Users, k.Resv, k.Orders, k.Idem, k.Warming, k.Restocked(), k.stock}, stock...)
+	layout := append([]string{k.Meta, k.Users, k.Resv, k.Orders, k.Idem, k.Warming, k.Restocked(), k.Epoch, k.stock}, stock...)
 	for _, key := range append(slices.Clone(layout), k.Limit(flashgate.PerSale)) {
 		if !strings.Contains(key, SaleTag(sale.ID)) {
 			t.Errorf("%s lacks the sale's hash tag %s", key, SaleTag(sale.ID))
@@ -127,8 +127,8 @@ func TestLayoutTaggedAndRetired(t *testing.T) {
 			t.Errorf("AllKeys lists %s %d times", key, n)
 		}
 	}
-	if len(k.fixed) != 8 {
-		t.Errorf("layout has %d fixed keys, this test knows 8: add the new one to layout above", len(k.fixed))
+	if len(k.fixed) != 9 {
+		t.Errorf("layout has %d fixed keys, this test knows 9: add the new one to layout above", len(k.fixed))
 	}
 	if got := NodeLease(7); got != NodeLeasePrefix+"7" {
 		t.Errorf("NodeLease(7) = %s", got)

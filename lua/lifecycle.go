@@ -36,10 +36,14 @@ const (
 	// counters were rebuilt from MySQL without the order): the record was
 	// written, the counters left alone.
 	RestockUnknown
+	// RestockFenced: called from an older epoch than the sale's books
+	// (Keys.AtEpoch): a rebuild counted the cancel already, its membership of
+	// the restocked set included; nothing was written.
+	RestockFenced
 )
 
 // restockWire is the word restock.lua returns for each RestockOutcome.
-var restockWire = [...]string{Restocked: "restocked", RestockAlready: "already", RestockUnknown: "unknown"}
+var restockWire = [...]string{Restocked: "restocked", RestockAlready: "already", RestockUnknown: "unknown", RestockFenced: "fenced"}
 
 func (o RestockOutcome) String() string {
 	if int(o) < len(restockWire) {
@@ -95,7 +99,7 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 		})
 		return out, err
 	}
-	keys := []string{k.Users, k.Resv, k.Orders, k.Restocked(), k.giveBack()}
+	keys := []string{k.Users, k.Resv, k.Orders, k.Restocked(), k.giveBack(), k.Epoch}
 	index := map[string]string{}
 	args := make([]string, 1, 1+5*len(orders))
 	args[0] = strconv.Itoa(len(orders))
@@ -136,6 +140,7 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 		keys = append(keys, k.Limit(w))
 		args = append(args, w, strconv.Itoa(len(keys)))
 	}
+	args = append(args, k.callerEpoch())
 	words, err := restockScript.Exec(ctx, c, keys, args).AsStrSlice()
 	if err != nil {
 		return nil, fmt.Errorf("restock %s: %w", k.Sale, err)
@@ -150,6 +155,13 @@ func (s *Scripts) RestockMany(ctx context.Context, c rueidis.Client, k *Keys, or
 		if _, err := giveBack(ctx, c, k, ids); err != nil {
 			return nil, fmt.Errorf("restock %s: %w", k.Sale, err)
 		}
+	}
+	if len(words) == 1 && fromWire[RestockOutcome](restockWire[:], words[0]) == RestockFenced {
+		out := make([]RestockOutcome, len(orders))
+		for i := range out {
+			out[i] = RestockFenced
+		}
+		return out, nil
 	}
 	if len(words) != len(orders) {
 		return nil, fmt.Errorf("restock %s: %d answers for %d orders", k.Sale, len(words), len(orders))

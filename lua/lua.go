@@ -281,10 +281,15 @@ const (
 	ReleaseAlready
 	// ReleaseUnknown: Redis has no record of the order.
 	ReleaseUnknown
+	// ReleaseFenced: backend mode from an older epoch than the tag's
+	// (Keys.AtEpoch): a rebuild counted MySQL's decision already; nothing
+	// was written.
+	ReleaseFenced
 )
 
 // releaseWire is the word release.lua returns for each ReleaseOutcome.
-var releaseWire = [...]string{ReleaseDone: "released", ReleaseClaimed: "claimed", ReleaseAlready: "already", ReleaseUnknown: "unknown"}
+var releaseWire = [...]string{ReleaseDone: "released", ReleaseClaimed: "claimed", ReleaseAlready: "already", ReleaseUnknown: "unknown",
+	ReleaseFenced: "fenced"}
 
 func (o ReleaseOutcome) String() string {
 	if int(o) < len(releaseWire) {
@@ -330,8 +335,8 @@ func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderI
 	}
 	sid := strconv.FormatUint(orderID, 10)
 	res, err := s.release.Exec(ctx, c,
-		append([]string{stock, k.Users, k.Resv, k.Orders, k.Idem, k.giveBack()}, wkeys...),
-		append([]string{sid, mode, reason, region, away}, windows...),
+		append([]string{stock, k.Users, k.Resv, k.Orders, k.Idem, k.giveBack(), k.Epoch}, wkeys...),
+		append([]string{sid, mode, reason, region, away, k.callerEpoch()}, windows...),
 	).ToArray()
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
@@ -357,6 +362,7 @@ func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderI
 		r.Status = flashgate.OrderStatus(st)
 	case ReleaseUnknown:
 		r.Unknown = true
+	case ReleaseFenced:
 	default:
 		return r, fmt.Errorf("release: unexpected reply %q", code)
 	}
@@ -418,14 +424,18 @@ func (s *Scripts) Confirm(ctx context.Context, c rueidis.Client, k *Keys, orders
 		})
 		return total, err
 	}
-	args := make([]string, 0, 3*len(orders))
+	args := make([]string, 0, 1+3*len(orders))
+	args = append(args, k.callerEpoch())
 	for i := range orders {
 		o := &orders[i]
 		args = append(args, strconv.FormatUint(o.ID, 10), string(o.Status), o.Reason+"|"+EncodeResv(o))
 	}
-	n, err := s.confirm.Exec(ctx, c, []string{k.Resv, k.Orders}, args).AsInt64()
+	n, err := s.confirm.Exec(ctx, c, []string{k.Resv, k.Orders, k.Epoch}, args).AsInt64()
 	if err != nil {
 		return 0, fmt.Errorf("confirm %s: %w", k.Sale, err)
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("confirm %s: %w", k.Sale, ErrStaleEpoch)
 	}
 	return n, nil
 }
@@ -532,6 +542,13 @@ func limitMaxima(ls []flashgate.Limit) string {
 	}
 	return string(b)
 }
+
+// ErrStaleEpoch means a write-back was refused: a rebuild of the sale's books
+// (backend/rebuild.go) opened a later epoch than the caller's (Keys.AtEpoch),
+// or is under way, or Redis lost the tag. The rebuild reads MySQL after the
+// decision was committed, so the decision is counted there: the caller has
+// nothing left to do.
+var ErrStaleEpoch = errors.New("a rebuild opened a later epoch")
 
 // ErrNotWarmed means Redis holds no meta for the sale.
 var ErrNotWarmed = errors.New("sale not warmed")

@@ -1,10 +1,12 @@
 -- release: undo one admission (stock back, user counter down, reservation gone),
 -- exactly once however often it is called.
 -- KEYS: 1 stock (the order's region's, or the sale's), 2 users, 3 resv, 4 orders, 5 idem,
---       6 give-backs (Keys.giveBack), 6+i: the counter hash of window i of the order's charges
+--       6 give-backs (Keys.giveBack), 7 epoch, 7+i: the counter hash of window i of the
+--       order's charges
 -- ARGV: 1 order id, 2 mode ('gateway' | 'backend'), 3 reason, 4 expected region ('' = none),
 --       5 the fields ('<limit>/<subject>', comma-separated) counted in another bucket
---       ('' = none), 5+i: the name of window i (KEYS[6+i] is its counter hash)
+--       ('' = none), 6 the epoch MySQL decided in (backend mode; '0': unchecked),
+--       6+i: the name of window i (KEYS[7+i] is its counter hash)
 -- The charges undone are the ones the reservation records (what admit counted). A charge
 -- counted in another bucket (a sale with buckets, docs/buckets.md) is not undone here: it
 -- goes into the give-backs hash under the order id, in this same step, and the caller
@@ -14,8 +16,13 @@
 --   If the backend has already claimed the order the publish did get through: {'claimed'}.
 -- mode 'backend': MySQL refused the order; it becomes 'failed' with the reason and keeps
 --   its idempotency key (a replay shows the failed order).
--- Returns {'released', remaining} | {'claimed'} | {'already', status} | {'unknown'}
+-- mode 'backend' from an older epoch than the tag's (a rebuild counted MySQL's decision
+--   already): {'fenced'}, nothing written.
+-- Returns {'released', remaining} | {'claimed'} | {'already', status} | {'unknown'} | {'fenced'}
 local id, mode = ARGV[1], ARGV[2]
+if mode == 'backend' and ARGV[6] ~= '0' and (redis.call('GET', KEYS[7]) or '') ~= ARGV[6] then
+  return {'fenced'}
+end
 local ord = redis.call('HGET', KEYS[4], id)
 if not ord then
   return {'unknown'}
@@ -34,7 +41,7 @@ if region ~= ARGV[4] then
   return redis.error_reply('release: order ' .. id .. ' is in region "' .. region .. '"')
 end
 local win = {}
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   win[ARGV[i]] = KEYS[i + 1]
 end
 local remote = {}

@@ -1,13 +1,13 @@
 -- restock: give back to Redis the units of orders MySQL has just canceled (by the
 -- buyer, or for want of payment), exactly once per order however often it runs.
 -- KEYS: 1 users, 2 resv, 3 orders, 4 restocked (set of the order ids this script
---       settled), 5 give-backs (Keys.giveBack), 6.. the stock keys the orders' regions
---       use, then the counter hashes of the windows the orders' charges count in
+--       settled), 5 give-backs (Keys.giveBack), 6 epoch, 7.. the stock keys the orders'
+--       regions use, then the counter hashes of the windows the orders' charges count in
 -- ARGV: 1 n (orders), then n quintuples of order id, index into KEYS of its stock key
---       (>= 6), status, reason, record ('user|qty|region|created|expires|idem|charges',
+--       (>= 7), status, reason, record ('user|qty|region|created|expires|idem|charges',
 --       as MySQL has it), then the fields ('<limit>/<subject>', comma-separated)
 --       counted in another bucket ('' = none), then pairs of window name, index into
---       KEYS of its counter hash
+--       KEYS of its counter hash, then the epoch MySQL canceled them in ('0': unchecked)
 -- A charge counted in another bucket (docs/buckets.md) is not undone here: it goes into
 -- the give-backs hash under the order id, in the same step, for lua.giveBack.
 -- Returns one word per order:
@@ -18,16 +18,22 @@
 --   'unknown'    Redis had no record of the order (it lost its data): its counters
 --                were rebuilt from MySQL, which no longer counts the order, so they
 --                are left alone
+--   'fenced'     (one word for all of them) called from an older epoch: see below
 -- In every case the order's record ends as status|reason|record, and the order
--- joins the restocked set.
+-- joins the restocked set. Called from an older epoch than the tag's (a rebuild
+-- counted the cancels already, restocked set included), it answers {'fenced'}
+-- and writes nothing.
 --
 -- Whether the units went back is the restocked set's word, not the record's: the
 -- backend's confirm.lua rewrites records from MySQL (a redelivery of a canceled
 -- order writes 'canceled' before this script ran; a stale one writes 'confirmed'
 -- after it did), so a status can lie in both directions.
 local n = tonumber(ARGV[1])
+if ARGV[#ARGV] ~= '0' and (redis.call('GET', KEYS[6]) or '') ~= ARGV[#ARGV] then
+  return {'fenced'}
+end
 local win = {}
-for i = 3 + 5 * n, #ARGV, 2 do
+for i = 3 + 5 * n, #ARGV - 1, 2 do
   win[ARGV[i]] = KEYS[tonumber(ARGV[i + 1])]
 end
 local remote = {}

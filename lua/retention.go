@@ -200,3 +200,9 @@ func Retire(ctx context.Context, c rueidis.Client, sale *flashgate.Sale) (int64,
 	}
 	return n, nil
 }
+
+// Index lists a warm sale in the indexes gateways and retention read (what a
+// rebuild does once its books are installed).
+func Index(ctx context.Context, c rueidis.Client, sale *flashgate.Sale) error {
+	return indexSale(ctx, c, sale)
+}

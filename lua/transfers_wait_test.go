@@ -99,7 +99,7 @@ func TestTransfersWait(t *testing.T) {
 
 	// Move the units away from the home again (to bucket 1), and let a buyer
 	// of bucket 0 gather them waiting for 1 replica: admitted.
-	if got, acked, err := take(ctx, c, k.buckets[0], 1, "back", "", 4, time.Now().UnixMilli(), replication{1, time.Second}); err != nil || got != 4 || !acked {
+	if got, _, acked, err := take(ctx, c, k.buckets[0], 1, "back", "", 4, time.Now().UnixMilli(), replication{1, time.Second}); err != nil || got != 4 || !acked {
 		t.Fatalf("take back: %d %v %v", got, acked, err)
 	}
 	if _, acked, err := land(ctx, c, k, Transfer{ID: "back", From: 0, To: 1, Units: 4}, time.Now().UnixMilli(), replication{1, time.Second}); err != nil || !acked {

@@ -114,6 +114,13 @@ func laneChecks(ctx context.Context, tx *sql.Tx, row *SaleRow, o *flashgate.Orde
 			}
 			return LaneResult{Outcome: flashgate.LaneReplayed, OrderID: first, Status: st.Status}, nil, nil
 		}
+		// The key's order may be in the stream still, admitted by Redis before
+		// it went away: that order is the key's, not a second one.
+		for _, f := range inFlight {
+			if f.UserID == o.UserID && f.IdemKey == o.IdemKey {
+				return LaneResult{Outcome: flashgate.LaneReplayed, OrderID: f.ID, Status: flashgate.OrderPending}, nil, nil
+			}
+		}
 	}
 	nowMS := o.CreatedAt.UnixMilli()
 	switch {

@@ -163,6 +163,20 @@ func TestLaneWindow(t *testing.T) {
 // hold their units, per user and per limit, as Redis held them; once MySQL
 // has an order's row it counts there and not twice. Redis back and the sale
 // fresh: the lane leaves the purchase to the fast path.
+// Finding 9 of the rebuild issue: a retry on the lane of an idempotency key
+// whose order is still in the stream replays that order; it is not a second.
+func TestLaneKeyInFlight(t *testing.T) {
+	t.Parallel()
+	_, s, buy := laneSale(t, time.Now().Add(-time.Minute).UTC().Truncate(time.Millisecond))
+	fly := flashgate.Order{ID: 7, SaleID: s.ID, UserID: "u1", Quantity: 1, Region: "a", IdemKey: "k-1", Charges: "0/sale/1/+111111"}
+	if r := buy(flashgate.Order{UserID: "u1", Quantity: 1, Region: "a", Phone: "+111111", IdemKey: "k-1"}, fly); r.Outcome != flashgate.LaneReplayed || r.OrderID != 7 {
+		t.Fatalf("retry of a key in flight: %+v, want a replay of order 7", r)
+	}
+	if r := buy(flashgate.Order{UserID: "u2", Quantity: 1, Region: "a", Phone: "+222222", IdemKey: "k-1"}, fly); r.Outcome != flashgate.LaneAdmitted {
+		t.Fatalf("another buyer's key of the same name: %+v, want admitted", r)
+	}
+}
+
 func TestLaneInFlightAndFresh(t *testing.T) {
 	t.Parallel()
 	db, s, buy := laneSale(t, time.Now().Add(-time.Minute).UTC().Truncate(time.Millisecond))

@@ -27,6 +27,9 @@ type SaleRow struct {
 	// Stale counts the orders the degraded lane wrote since Redis last
 	// matched MySQL (docs/degrade.md); 0 when it does.
 	Stale int64
+	// Epoch is the epoch of the sale's books in Redis: raised by every
+	// rebuild (BumpEpoch), carried by every write-back (docs/recovery.md).
+	Epoch int64
 }
 
 // Remaining is what Redis should hold when nothing is in flight: per region
@@ -95,9 +98,9 @@ func loadSale(ctx context.Context, q Querier, id, lock string) (*SaleRow, error)
 	s := &SaleRow{}
 	var limits, tags sql.NullString
 	err := q.QueryRowContext(ctx, `SELECT id, title, price_cents, total, sold, starts_at, ends_at,
-		per_user_limit, per_order_max, limits, time_zone, closed, degrade, degrade_rate, stale, bucket_tags FROM sales WHERE id = ?`+lock, id).
+		per_user_limit, per_order_max, limits, time_zone, closed, degrade, degrade_rate, stale, bucket_tags, epoch FROM sales WHERE id = ?`+lock, id).
 		Scan(&s.ID, &s.Title, &s.PriceCents, &s.Total, &s.Sold, &s.StartsAt, &s.EndsAt,
-			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed, &s.Degrade, &s.DegradeRate, &s.Stale, &tags)
+			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed, &s.Degrade, &s.DegradeRate, &s.Stale, &tags, &s.Epoch)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("sale %s: %w", id, ErrSaleNotFound)
 	}
@@ -162,12 +165,48 @@ func CloseSale(ctx context.Context, db Querier, id string, now time.Time) error 
 // LockSale takes the sale row lock, which serialises every change to the
 // sale's counters across backends; false when MySQL has no such sale.
 func LockSale(ctx context.Context, tx Querier, id string) (bool, error) {
-	var one int
-	err := tx.QueryRowContext(ctx, `SELECT 1 FROM sales WHERE id = ? FOR UPDATE`, id).Scan(&one)
+	_, found, err := LockSaleEpoch(ctx, tx, id)
+	return found, err
+}
+
+// LockSaleEpoch is LockSale that also reads the epoch of the sale's books in
+// Redis: the epoch a write-back of what the transaction decides carries. Read
+// under the lock, it is older than every rebuild that can miss the decision
+// (a rebuild raises it under the same lock, after the commit).
+func LockSaleEpoch(ctx context.Context, tx Querier, id string) (epoch int64, found bool, err error) {
+	err = tx.QueryRowContext(ctx, `SELECT epoch FROM sales WHERE id = ? FOR UPDATE`, id).Scan(&epoch)
 	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
+		return 0, false, nil
 	}
-	return err == nil, err
+	return epoch, err == nil, err
+}
+
+// SaleEpoch reads the epoch of the sale's books in Redis without a lock: the
+// epoch of a write-back whose decision was committed before this read (0 for
+// a sale MySQL does not have).
+func SaleEpoch(ctx context.Context, q Querier, id string) (int64, error) {
+	var epoch int64
+	err := q.QueryRowContext(ctx, `SELECT epoch FROM sales WHERE id = ?`, id).Scan(&epoch)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("epoch of %s: %w", id, err)
+	}
+	return epoch, nil
+}
+
+// BumpEpoch raises the sale's epoch and answers the new one. The caller holds
+// the sale row lock (LockSale) and rebuilds Redis before it commits.
+func BumpEpoch(ctx context.Context, tx Querier, id string) (int64, error) {
+	if _, err := tx.ExecContext(ctx, `UPDATE sales SET epoch = epoch + 1 WHERE id = ?`, id); err != nil {
+		return 0, fmt.Errorf("epoch of %s: %w", id, err)
+	}
+	var epoch int64
+	if err := tx.QueryRowContext(ctx, `SELECT epoch FROM sales WHERE id = ?`, id).Scan(&epoch); err != nil {
+		return 0, fmt.Errorf("epoch of %s: %w", id, err)
+	}
+	return epoch, nil
 }
 
 // LockSaleLimit takes the sale row lock and reads what the order-by-order
