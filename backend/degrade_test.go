@@ -73,6 +73,12 @@ func TestLaneThenRewarm(t *testing.T) {
 	if row, err := loadSale(ctx(t), e.db, sale.ID); err != nil || row.Stale != 2 || row.Sold != 4 {
 		t.Fatalf("after the lane: %+v, %v", row, err)
 	}
+	// An order only the stream holds, with a key (finding 9 of the rebuild
+	// issue: the old rewarm wrote no reservation, record or key for it).
+	now5 := time.Now().UTC().Truncate(time.Millisecond)
+	o5 := flashgate.Order{ID: nextID.Add(1), SaleID: sale.ID, UserID: "u5", Quantity: 1, IdemKey: "k5",
+		CreatedAt: now5, ExpiresAt: now5.Add(15 * time.Minute)}
+	publishTo(t, b.js, e, o5)
 
 	// Redis answers again: the leader's rewarm.
 	did, err := b.rewarm(ctx(t), sale.ID)
@@ -82,11 +88,17 @@ func TestLaneThenRewarm(t *testing.T) {
 	if row, err := loadSale(ctx(t), e.db, sale.ID); err != nil || row.Stale != 0 {
 		t.Fatalf("after the rewarm: stale %d, %v", row.Stale, err)
 	}
-	// sold 4 (u2's 1, the lane's 3), pending 1 (o1): 5 left.
-	if got := remaining(t, e.rc, k, ""); got != 5 {
-		t.Errorf("stock after the rewarm: %d, want 5", got)
+	// sold 4 (u2's 1, the lane's 3), pending 2 (o1, o5): 4 left.
+	if got := remaining(t, e.rc, k, ""); got != 4 {
+		t.Errorf("stock after the rewarm: %d, want 4", got)
 	}
-	for user, want := range map[string]int64{"u1": 2, "u2": 1, "u3": 2} {
+	if known, err := lua.IdemKnown(ctx(t), e.rc, k, "u5", "k5"); err != nil || !known {
+		t.Errorf("k5 (an order only in the stream) in Redis: %v, %v", known, err)
+	}
+	if st, _ := redisStatus(t, e.rc, k, o5.ID); st != string(lua.StatusProcessing) {
+		t.Errorf("o5's record after the rewarm: %q, want processing", st)
+	}
+	for user, want := range map[string]int64{"u1": 2, "u2": 1, "u3": 2, "u5": 1} {
 		if got := userUnits(t, e, k, user); got != want {
 			t.Errorf("Redis: %s holds %d, want %d", user, got, want)
 		}
@@ -104,14 +116,14 @@ func TestLaneThenRewarm(t *testing.T) {
 		t.Fatalf("fast path, u1 after the lane: %v, %v", got.Outcome, err)
 	}
 	o4 := admit(t, e.rc, k, "u4", 2, "")
-	// The stream drains: o1 and o4 land.
-	for _, o := range []flashgate.Order{o1, o4} {
+	// The stream drains: o1, o5 and o4 land.
+	for _, o := range []flashgate.Order{o1, o5, o4} {
 		if out := e.process(sale.ID, []flashgate.Order{o}); out[0].Status != flashgate.OrderConfirmed {
 			t.Fatalf("%d: %+v", o.ID, out[0])
 		}
 	}
-	rep := check(t, e, sale.ID, []uint64{o1.ID, o2.ID, lane1.OrderID, lane3.OrderID, o4.ID})
-	if !rep.OK() || rep.Sold != 7 || rep.RedisRemaining != 3 {
+	rep := check(t, e, sale.ID, []uint64{o1.ID, o2.ID, lane1.OrderID, lane3.OrderID, o4.ID, o5.ID})
+	if !rep.OK() || rep.Sold != 8 || rep.RedisRemaining != 2 {
 		t.Fatalf("after the stream drained: %s", rep)
 	}
 	// Nothing stale: a second rewarm does nothing.
