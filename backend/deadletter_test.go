@@ -44,7 +44,7 @@ func TestLastTry(t *testing.T) {
 	for _, c := range []struct {
 		maxDeliver int
 		want       uint64
-	}{{-1, unlimitedLastTry}, {0, unlimitedLastTry}, {1, 1}, {2, 1}, {3, 2}, {10, 9}} {
+	}{{-1, unlimitedLastTry}, {0, unlimitedLastTry}, {1, 1}, {2, 2}, {3, 3}, {10, 10}} {
 		if got := lastTry(c.maxDeliver); got != c.want {
 			t.Errorf("lastTry(%d) = %d, want %d", c.maxDeliver, got, c.want)
 		}
@@ -107,7 +107,7 @@ func TestPoisonOrderDeadLettered(t *testing.T) {
 	if m.Subject != bus.DeadLetterSubject(s.cfg.NATS, bus.DeadPoison, sale.ID) ||
 		m.Header.Get(bus.HdrDeadKind) != bus.DeadPoison ||
 		m.Header.Get(bus.HdrDeadOrder) != strconv.FormatUint(poison.ID, 10) ||
-		m.Header.Get(bus.HdrDeadDeliveries) != "2" || m.Header.Get(bus.HdrDeadError) == "" ||
+		m.Header.Get(bus.HdrDeadDeliveries) != "3" || m.Header.Get(bus.HdrDeadError) == "" ||
 		m.Header.Get(bus.HdrDeadSubject) != bus.OrderSubject(s.cfg.NATS, sale.ID) {
 		t.Fatalf("dead letter %s %v", m.Subject, m.Header)
 	}
@@ -161,8 +161,9 @@ func TestUnparseableDeadLettered(t *testing.T) {
 	}
 }
 
-// An order that outlives its deliveries while MySQL is away is no poison: it
-// is re-enqueued fresh, not dead-lettered, and written when MySQL is back.
+// An order tried more often than its deliveries while MySQL is away is no
+// poison: it waits in the backend, not dead-lettered, and is written when
+// MySQL is back.
 func TestOutageIsNotPoison(t *testing.T) {
 	t.Parallel()
 	s := start(t, testenv.RedisAddrs(), fewDeliveries)
@@ -173,8 +174,12 @@ func TestOutageIsNotPoison(t *testing.T) {
 	}
 	m := admit(t, s.rc, k, "u1", 1, "")
 	s.publish(m)
-	eventually(t, 20*time.Second, "re-enqueued in the outage", func() bool {
-		return metric(s.scrape(), "flashgate_backend_recycled_total") >= 1
+	// It waits through more probes than its 3 deliveries would have lasted
+	// (the probes' pauses add up to 0.25 + 0.5 + 1 + 2 s, the deliveries to
+	// 3 × 1 s of ack wait).
+	eventually(t, 20*time.Second, "waiting through the outage", func() bool {
+		fs := s.scrape()
+		return metric(fs, "flashgate_backend_outage_probes_total") >= 4 && metric(fs, "flashgate_backend_orders_waiting") == 1
 	})
 	if _, err := s.db.ExecContext(ctx(t), `RENAME TABLE orders_away TO orders`); err != nil {
 		t.Fatal(err)
