@@ -234,6 +234,9 @@ func (b *Backend) abandon() {
 	if b.warmer != nil {
 		b.warmer.stop(context.Background())
 	}
+	if b.ingest != nil && b.loopDone == nil {
+		b.ingest.room.close() // the consumer loop, which closes it, never ran
+	}
 	b.procCancel()
 }
 

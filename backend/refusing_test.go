@@ -12,6 +12,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/lua"
 )
 
 // The replies a Redis gives when it cannot take a write now, as the server
@@ -193,4 +194,87 @@ func (s *started) deliveries() uint64 {
 		s.t.Fatal(err)
 	}
 	return info.Delivered.Consumer
+}
+
+// TestBucketMasterRefusingWritesOrdersWait: a sale split over three buckets
+// on a Cluster of its own; the master of one bucket, not the one holding the
+// sale's meta, refuses writes (over maxmemory: OOM) while orders of buyers
+// homed there wait to be written. Before, the probe read the sale's meta on
+// another master and answered: the orders were poison, dead-lettered and
+// failed (and their release, refused by the same master, left the messages
+// out of deliveries in the stream). Now they wait, spending no delivery, and
+// are confirmed once the master takes writes again.
+func TestBucketMasterRefusingWritesOrdersWait(t *testing.T) {
+	t.Parallel()
+	cluster := testenv.StartRedisCluster(t, 3, 0, 5*time.Second)
+	s := start(t, cluster.Addrs(), func(c *config.Config) {
+		c.Backend.MaxDeliver = 3
+		c.Backend.AckWait = 6 * time.Second
+	})
+	sale := spec(60, 5, nil)
+	k := s.createSplitSale(sale, 3)
+	meta := cluster.MasterOf(k.Meta)
+	var bucket *lua.Keys
+	for _, b := range k.Buckets() {
+		if m := cluster.MasterOf(b.Meta); m != nil && m != meta {
+			bucket = b
+			break
+		}
+	}
+	if meta == nil || bucket == nil {
+		t.Fatalf("no bucket away from the meta's master (%v)", meta)
+	}
+	master := cluster.MasterOf(bucket.Meta)
+	var orders []flashgate.Order
+	for i := 0; len(orders) < 6; i++ {
+		u := "u" + strconv.Itoa(i)
+		if k.Home(u) != bucket {
+			continue
+		}
+		o, out := buy(t, s.env, k, u, 1, "")
+		if out != lua.Admitted {
+			t.Fatalf("%s: %v", u, out)
+		}
+		orders = append(orders, o)
+	}
+	cli := func(args ...string) {
+		t.Helper()
+		if out, err := cluster.Cli(master, args...); err != nil {
+			t.Fatalf("%v: %v %s", args, err, out)
+		}
+	}
+	cli("config", "set", "maxmemory", "1")
+	t.Cleanup(func() { _, _ = cluster.Cli(master, "config", "set", "maxmemory", "0") })
+	for _, o := range orders {
+		s.publish(o)
+	}
+	n := len(orders)
+	eventually(t, 60*time.Second, "orders waiting through the refusal", func() bool {
+		fs := s.scrape()
+		if metric(fs, "flashgate_backend_outage_probes_total") >= 8 &&
+			metric(fs, "flashgate_backend_orders_waiting") == float64(n) {
+			return true
+		}
+		return s.rows(sale.ID, "failed") > 0 || s.deliveries() >= uint64(3*n)
+	})
+	cli("config", "set", "maxmemory", "0")
+	eventually(t, 60*time.Second, "every order written", func() bool {
+		return s.rows(sale.ID, "confirmed")+s.rows(sale.ID, "failed") == int64(n)
+	})
+	if f := s.rows(sale.ID, "failed"); f != 0 {
+		t.Fatalf("%d of %d accepted orders failed", f, n)
+	}
+	if dl := s.deadLetters(); len(dl) != 0 {
+		t.Fatalf("%d dead letters", len(dl))
+	}
+	for _, o := range orders {
+		eventually(t, 10*time.Second, "confirmed in Redis", func() bool {
+			st, _ := redisStatus(t, s.rc, bucket, o.ID)
+			return st == string(flashgate.OrderConfirmed)
+		})
+	}
+	eventually(t, 10*time.Second, "consumer idle", s.consumerIdle)
+	if d := s.deliveries(); d != uint64(n) {
+		t.Errorf("%d deliveries for %d orders: the refusal spent deliveries", d, n)
+	}
 }
