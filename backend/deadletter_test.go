@@ -196,3 +196,64 @@ func TestOutageIsNotPoison(t *testing.T) {
 		t.Fatalf("audit: %v", r)
 	}
 }
+
+// A poison order whose dead-lettering fails on its last delivery (the
+// dead-letter stream is gone for a while) is not left in the orders stream.
+// Before, the server gave up on it after max_deliver deliveries: never
+// delivered again, it stayed in the work-queue stream for good (reconcile
+// counts it waiting, repair and retention wait on it). Now the server never
+// gives up, and a later delivery dead-letters it.
+func TestPoisonOutlivingItsDeliveriesLeavesTheStream(t *testing.T) {
+	t.Parallel()
+	s := start(t, testenv.RedisAddrs(), fewDeliveries)
+	sale := spec(10, 5, nil)
+	k := s.createSale(sale)
+	dlq := bus.DeadLetterStream(s.cfg.NATS)
+	if err := s.js.DeleteStream(ctx(t), dlq); err != nil {
+		t.Fatal(err)
+	}
+	poison := admit(t, s.rc, k, "p", 1, "")
+	poison.ExpiresAt = ms(time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()) // fits no DATETIME
+	s.publish(poison)
+	orders, err := s.js.Stream(ctx(t), s.cfg.NATS.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Delivered more often than max_deliver, or given up on by the server
+	// (nothing pending or unacked, the message still in the stream).
+	eventually(t, 30*time.Second, "deliveries past max_deliver", func() bool {
+		if s.deliveries() > 3 {
+			return true
+		}
+		c, err := s.js.Consumer(ctx(t), s.cfg.NATS.Stream, s.cfg.NATS.Consumer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ci, err := c.Info(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		si, err := orders.Info(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.deliveries() == 3 && ci.NumAckPending == 0 && ci.NumPending == 0 && si.State.Msgs == 1
+	})
+	if _, err := bus.EnsureDeadLetterStream(ctx(t), s.js, s.cfg.NATS); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the poison order dead-lettered", func() bool {
+		st, why, ok := s.order(poison.ID)
+		return ok && st == "failed" && why == ReasonDeadLetter
+	})
+	eventually(t, 30*time.Second, "the orders stream empty", func() bool {
+		si, err := orders.Info(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return si.State.Msgs == 0
+	})
+	if dl := s.deadLetters(); len(dl) != 1 {
+		t.Fatalf("%d dead letters", len(dl))
+	}
+}
