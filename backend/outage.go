@@ -236,10 +236,10 @@ func (r *waitRoom) wait(sale string, w *waitingSale) {
 			continue
 		}
 		es := r.take(w)
-		r.touchAll(es)
 		size := max(ig.cfg.Backend.BatchSize, 1)
 		for i := 0; i < len(es); i += size {
 			part := es[i:min(i+size, len(es))]
+			r.touchAll(part) // its ack wait starts now: the parts before it may have been slow
 			ig.writeSale(sale, part)
 			r.mu.Lock()
 			again, cause := len(w.held) > 0, w.cause
