@@ -289,12 +289,26 @@ func (w *orderWriter) write(ctx context.Context, sale string, orders []flashgate
 	if err != nil {
 		return nil, err
 	}
-	res, ok, err := w.fastPath(ctx, sale, shape, orders)
-	if err != nil || ok {
-		return res, err
+	for again := true; ; again = false {
+		res, ok, err := w.fastPath(ctx, sale, shape, orders)
+		if err != nil || ok {
+			return res, err
+		}
+		res, err = w.fallback(ctx, sale, shape, orders, again)
+		if !errors.Is(err, errShapeMoved) {
+			return res, err
+		}
+		// A PATCH changed the sale's limits since the shape was read: the
+		// batch tries the fast path once more, with the shape MySQL has now.
+		if shape, err = w.shape(ctx, w.db, sale); err != nil {
+			return nil, err
+		}
 	}
-	return w.fallback(ctx, sale, shape, orders)
 }
+
+// errShapeMoved is the fallback's answer when the cached shape's limits are
+// not the sale row's: it rebuilt the shape and wrote nothing.
+var errShapeMoved = errors.New("the sale's limits changed since its shape was cached")
 
 func beginRC(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 	return mysql.Begin(ctx, db)
@@ -525,7 +539,10 @@ func (w *orderWriter) chargeBatch(ctx context.Context, tx *sql.Tx, sale string, 
 // savepoint and inserted failed with the reason. The guards use the limits
 // the row holds under that lock: a shape built before a PATCH changed them
 // is built again.
-func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order) (map[uint64]settlement, error) {
+//
+// retry: a shape found out of date is answered with errShapeMoved (once
+// rebuilt and cached), so that the caller tries the fast path again with it.
+func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order, retry bool) (map[uint64]settlement, error) {
 	tx, err := beginRC(ctx, w.db)
 	if err != nil {
 		return nil, fmt.Errorf("batch of %s: %w", sale, err)
@@ -539,8 +556,12 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 	if known && (shape == nil || !shape.current(lim)) {
 		// Created since the fast path looked, or its limits changed since
 		// the shape was read.
+		moved := shape != nil
 		if shape, err = w.loadShape(ctx, tx, sale); err != nil {
 			return nil, err
+		}
+		if moved && retry {
+			return nil, errShapeMoved
 		}
 	}
 	res, err := existing(ctx, tx, orders)
