@@ -41,7 +41,7 @@ const (
 	// unlimitedLastTry is the delivery a poison message is dead-lettered on when
 	// backend.max_deliver is unlimited (≤ 0).
 	unlimitedLastTry = 10
-	// deadLetterTimeout bounds dead-lettering (or recycling) one message.
+	// deadLetterTimeout bounds dead-lettering one message.
 	deadLetterTimeout = 10 * time.Second
 	// probeTimeout bounds the dependency probe after a failed batch.
 	probeTimeout = 2 * time.Second
