@@ -167,6 +167,7 @@ func (b *Backend) build(ctx context.Context) error {
 		cfg: ingestConfig{NATS: opts.NATS, Backend: opts.Backend}, log: b.log, db: b.db, rc: b.rc, nc: b.nc, js: b.js,
 		cons: b.cons, scripts: b.scripts, writer: b.writer, metrics: b.metrics, ops: b.ops, procCtx: b.procCtx,
 	}
+	b.ingest.room = newWaitRoom(b.ingest)
 	b.admin = &adminAPI{
 		token: opts.AdminToken, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
 		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader, live: b.live,
@@ -232,6 +233,9 @@ func (b *Backend) abandon() {
 	}
 	if b.warmer != nil {
 		b.warmer.stop(context.Background())
+	}
+	if b.ingest != nil && b.loopDone == nil {
+		b.ingest.room.close() // the consumer loop, which closes it, never ran
 	}
 	b.procCancel()
 }

@@ -457,28 +457,17 @@ func TestShutdownIdempotentAndRun(t *testing.T) {
 	}
 }
 
-func TestBackOff(t *testing.T) {
-	for _, tc := range []struct {
-		ackWait    time.Duration
-		maxDeliver int
-		want       []time.Duration
-	}{
-		{30 * time.Second, 10, []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 10 * time.Minute}},
-		{time.Second, 3, []time.Duration{time.Second, 2 * time.Second}},
-		{time.Second, 1, nil},
-		{time.Second, -1, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second}},
-		{20 * time.Minute, 3, []time.Duration{20 * time.Minute, 20 * time.Minute}},
-	} {
-		got := backOff(tc.ackWait, tc.maxDeliver)
-		if len(got) != len(tc.want) {
-			t.Errorf("backOff(%v, %d) = %v, want %v", tc.ackWait, tc.maxDeliver, got, tc.want)
-			continue
-		}
-		for i := range got {
-			if got[i] != tc.want[i] {
-				t.Errorf("backOff(%v, %d) = %v, want %v", tc.ackWait, tc.maxDeliver, got, tc.want)
-				break
-			}
+// The server neither gives up on a message nor backs off on its own: the
+// backend alone decides (backend.max_deliver, nakDelay), whatever the
+// configuration, so no message ever runs out of deliveries and stays in the
+// work-queue stream, and no server back-off stacks on a nak's delay.
+func TestConsumerConfig(t *testing.T) {
+	for _, md := range []int{-1, 0, 1, 3, 10} {
+		var o config.BackendOptions
+		o.Backend.MaxDeliver, o.Backend.AckWait = md, 7*time.Second
+		c := consumerConfig(o)
+		if c.MaxDeliver != -1 || len(c.BackOff) != 0 || c.AckWait != 7*time.Second {
+			t.Errorf("max_deliver %d: MaxDeliver %d, BackOff %v, AckWait %v", md, c.MaxDeliver, c.BackOff, c.AckWait)
 		}
 	}
 }

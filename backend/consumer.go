@@ -28,19 +28,25 @@ const (
 	// releaseWait bounds the wait for the messages still on their way when a
 	// pull is released.
 	releaseWait = 2 * time.Second
-	// maxBackOff caps the consumer's redelivery back-off.
-	maxBackOff = 10 * time.Minute
-	// maxBackOffSteps is the length of the back-off schedule (the last step repeats).
-	maxBackOffSteps = 6
-	// nakBase is the first redelivery delay of a batch that failed; it doubles per delivery.
+	// nakBase is the first redelivery delay of a poison suspect; it doubles per delivery.
 	nakBase = 250 * time.Millisecond
+	// nakMax caps it.
+	nakMax = 10 * time.Second
 	// loopPauseMax caps the loop's pause after consecutive failed batches.
 	loopPauseMax = 5 * time.Second
 	// lagPoll is how often the consumer's lag is read for the metrics.
 	lagPoll = 2 * time.Second
 )
 
-// consumerConfig is the durable pull consumer every backend shares.
+// consumerConfig is the durable pull consumer every backend shares. The
+// server never gives up on a message (MaxDeliver unlimited) and has no
+// back-off of its own: the backend alone decides when a message is poison
+// (backend.max_deliver, retryLater) and how long a failed one waits
+// (nakDelay), and an outage spends no delivery at all (outage.go). A server
+// limit would leave a message that ran out of deliveries in the work-queue
+// stream for good, and a server back-off stacks on the nak's delay (nats-server
+// counts a nak's delay from the delivery's ack wait: with BackOff the
+// deliveries came at 0, 0.3 s, 31 s, 122 s …).
 func consumerConfig(cfg config.BackendOptions) jetstream.ConsumerConfig {
 	ackWait := cfg.Backend.AckWait
 	if ackWait <= 0 {
@@ -53,26 +59,9 @@ func consumerConfig(cfg config.BackendOptions) jetstream.ConsumerConfig {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		FilterSubject: cfg.NATS.OrderSubject + ".>",
 		MaxAckPending: cfg.Backend.MaxAckPending,
-		MaxDeliver:    cfg.Backend.MaxDeliver,
+		MaxDeliver:    -1,
 		AckWait:       ackWait,
-		BackOff:       backOff(ackWait, cfg.Backend.MaxDeliver),
 	}
-}
-
-// backOff is the redelivery schedule of messages whose backend vanished before
-// acking: AckWait, then doubling. The server wants fewer steps than MaxDeliver,
-// and uses the first step as the ack wait.
-func backOff(ackWait time.Duration, maxDeliver int) []time.Duration {
-	n := maxBackOffSteps
-	if maxDeliver > 0 {
-		n = min(n, maxDeliver-1)
-	}
-	var out []time.Duration
-	for i, d := 0, ackWait; i < n; i++ {
-		out = append(out, d)
-		d = min(2*d, max(maxBackOff, ackWait))
-	}
-	return out
 }
 
 // ingest turns admitted orders from JetStream into MySQL rows: the consumer
@@ -91,6 +80,7 @@ type ingest struct {
 	metrics *metrics.Backend
 	ops     *opsMetrics
 	caps    stallCaps // sales whose writes stalled lately
+	room    *waitRoom // sales whose orders wait for a dependency (outage.go)
 	// procCtx carries the batch in hand's work: cancelled only when Shutdown
 	// runs out of time.
 	procCtx context.Context
@@ -118,6 +108,9 @@ func (ig *ingest) consume(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
 	var it jetstream.MessagesContext
 	defer func() {
+		// The orders waiting for a dependency go back to the server for
+		// another backend, and so do those fetched and not taken.
+		ig.room.close()
 		if it != nil {
 			ig.release(it)
 		}
@@ -226,8 +219,9 @@ type entry struct {
 }
 
 // handle writes one fetched batch, each sale's orders as one transaction (sales
-// in parallel: their rows do not meet), and acks or naks every message. It
-// reports whether every group succeeded.
+// in parallel: their rows do not meet), and acks, naks or holds every message
+// (the orders of a sale that waits for a dependency join it untried). It
+// reports whether every group succeeded or waits.
 func (ig *ingest) handle(msgs []jetstream.Msg) bool {
 	groups := map[string][]entry{}
 	for _, m := range msgs {
@@ -245,6 +239,9 @@ func (ig *ingest) handle(msgs []jetstream.Msg) bool {
 	var wg sync.WaitGroup
 	var failed atomic.Bool
 	for sale, es := range groups {
+		if ig.room.join(sale, es) {
+			continue // the sale waits for a dependency: so do these
+		}
 		wg.Go(func() {
 			if !ig.writeSale(sale, es) {
 				failed.Store(true)
@@ -288,9 +285,7 @@ func (ig *ingest) writeSale(sale string, es []entry) bool {
 		ok = false
 		if stalled {
 			ig.caps.stalled(sale, len(part))
-			for _, e := range es[i+len(part):] {
-				ig.retryLater(e, true, errSaleStalled, ig.ackWait())
-			}
+			ig.room.hold(sale, es[i+len(part):], errSaleStalled)
 			return false
 		}
 	}
@@ -340,10 +335,12 @@ func (c *stallCaps) wrote(sale string, batch int) {
 	c.m[sale] = n
 }
 
-// handleSale processes one sale's group and acks it; on any error it naks every
-// message of the group, so nothing uncommitted (or not written back to Redis) is
-// ever acked. A redelivery of a committed order only writes it back again. It
-// reports whether the group was written and, if not, whether MySQL stalled.
+// handleSale processes one sale's group and acks it; on any error nothing of
+// the group is acked, so nothing uncommitted (or not written back to Redis) is
+// ever acked: an outage holds the group until its dependencies write (no
+// delivery spent), anything else naks it as poison suspects. A redelivery of a
+// committed order only writes it back again. It reports whether the group was
+// written and, if not, whether MySQL stalled.
 func (ig *ingest) handleSale(sale string, es []entry) (done, stalledErr bool) {
 	timeout := ig.ackWait()
 	ctx, cancel := context.WithTimeout(ig.procCtx, timeout)
@@ -358,10 +355,24 @@ func (ig *ingest) handleSale(sale string, es []entry) (done, stalledErr bool) {
 		ig.metrics.BatchFailed()
 		// A write MySQL could not make for now (a lock held elsewhere, a
 		// deadline, no connection left, read-only) is an outage of this sale,
-		// however fast the probe answers: the order waits, it is not poison.
+		// however fast the probe answers: the order waits, it is not poison;
+		// so is a Redis that refuses the write (MISCONF, OOM, NOPERM, …), and
+		// any failure while a probe finds a dependency refusing writes.
 		stalledErr = stalled(err)
-		outage := stalledErr || ig.outage(sale)
-		if !outage && len(es) > 1 {
+		outage := stalledErr || unavailable(err)
+		if !outage {
+			if perr := ig.writable(sale); perr != nil {
+				ig.log.Warn("a dependency of the sale refuses writes: the failed batch is an outage", "sale", sale,
+					"err", err, "probe", perr)
+				outage = true
+			}
+		}
+		if outage {
+			ig.log.Warn("order batch failed in an outage: it waits", "sale", sale, "orders", len(es), "err", err)
+			ig.room.hold(sale, es, err)
+			return false, stalledErr
+		}
+		if len(es) > 1 {
 			// Not an outage: maybe an order is poison. The halves are tried
 			// now, and theirs, so the others do not wait for it: a poison order
 			// among n costs 2·log2(n) transactions (deadletter.go).
@@ -371,11 +382,10 @@ func (ig *ingest) handleSale(sale string, es []entry) (done, stalledErr bool) {
 			right, rs := ig.handleSale(sale, es[half:])
 			return left && right, ls || rs
 		}
-		ig.log.Error("order batch failed; nak'ed for redelivery", "sale", sale, "orders", len(es), "outage", outage, "err", err)
-		for _, e := range es {
-			ig.retryLater(e, outage, err, timeout)
-		}
-		return false, stalledErr
+		ig.log.Error("order failed with its dependencies answering; nak'ed for redelivery", "sale", sale,
+			"order", es[0].order.ID, "err", err)
+		ig.retryLater(es[0], err, timeout)
+		return false, false
 	}
 	var confirmed, failedN, dropped, existed int
 	logged := make([]orderLogged, len(es))
@@ -419,14 +429,9 @@ type orderLogged struct {
 	RequestID   string                `json:"request_id,omitempty"`
 }
 
-// nakDelay grows with the message's tries (its deliveries, and those of the
-// copies it was recycled from), up to limit.
+// nakDelay grows with the message's deliveries, up to limit and nakMax.
 func nakDelay(m jetstream.Msg, limit time.Duration) time.Duration {
-	n := uint64(1)
-	if md, err := m.Metadata(); err == nil && md.NumDelivered > 0 {
-		n = md.NumDelivered
-	}
-	return retryDelay(n+priorTries(m.Headers()), limit)
+	return retryDelay(deliveries(m), min(limit, nakMax))
 }
 
 // retryDelay is the delay before try n+1: nakBase, doubling, at most limit.

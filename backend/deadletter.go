@@ -17,24 +17,22 @@ import (
 	"github.com/flashgate/flashgate/mysql"
 )
 
-// Dead letters (docs/design.md §7). The consumer decides on the message's last
-// delivery, in the loop that failed it, rather than listening to the server's
-// MAX_DELIVERIES advisory: the advisory is core NATS (at most once, lost when
-// no backend listens at that moment), and on nats-server 2.9 a work-queue
-// message that ran out of deliveries stays in the stream, never delivered
-// again, so a lost advisory would strand its order for good. Deciding while the
-// message is in hand, and acting before it is terminated, loses nothing: every
-// step below is idempotent and a backend that dies half-way gets the message
-// once more (lastTry keeps one delivery spare).
+// Dead letters (docs/design.md §7). The consumer decides on the message's
+// last delivery, in the loop that failed it, rather than listening to the
+// server's MAX_DELIVERIES advisory: the advisory is core NATS (at most once,
+// lost when no backend listens at that moment), and a work-queue message that
+// ran out of deliveries stays in the stream, never delivered again. So the
+// server never runs a message out of deliveries (consumerConfig: MaxDeliver
+// unlimited): the backend counts them (backend.max_deliver) and, on the last,
+// dead-letters the message while it is in hand; if that fails, the message is
+// nak'ed and comes back to try again. Every step below is idempotent.
 //
-// Not every failure is the message's fault. When MySQL, the sale's Redis or
-// NATS does not answer, or MySQL answers but cannot make the write for now (a
-// row locked elsewhere, a deadlock, a statement past its deadline, no
-// connection left, read-only: stalled), that is an outage and the order waits:
-// it is nak'ed, and on its last try re-enqueued as a fresh message (recycle)
-// instead of dead-lettered. Only an order that fails on its own while its
-// dependencies answer is poison. A batch that fails is retried at once in
-// halves, and those in halves, so one poison order holds back nobody else's.
+// Not every failure is the message's fault. When MySQL, a Redis of the sale
+// or NATS cannot write now (outage.go), that is an outage and the order waits
+// in the waiting room without spending deliveries. Only an order that fails
+// on its own while its dependencies answer writes is poison. A batch that
+// fails is retried at once in halves, and those in halves, so one poison order
+// holds back nobody else's.
 
 // ReasonDeadLetter is the reason of an order whose message was dead-lettered.
 const ReasonDeadLetter = flashgate.ReasonDeadLetter
@@ -43,7 +41,7 @@ const (
 	// unlimitedLastTry is the delivery a poison message is dead-lettered on when
 	// backend.max_deliver is unlimited (≤ 0).
 	unlimitedLastTry = 10
-	// deadLetterTimeout bounds dead-lettering (or recycling) one message.
+	// deadLetterTimeout bounds dead-lettering one message.
 	deadLetterTimeout = 10 * time.Second
 	// probeTimeout bounds the dependency probe after a failed batch.
 	probeTimeout = 2 * time.Second
@@ -51,14 +49,15 @@ const (
 	maxLoggedBody = 512
 )
 
-// lastTry is the delivery on which a failing message is given up: one before
-// MaxDeliver, so that a backend dying while dead-lettering it leaves the server
-// one more delivery to finish the job.
+// lastTry is the delivery on which a failing message is given up:
+// backend.max_deliver (the server itself never gives up on a message, so a
+// backend dying while dead-lettering it leaves the next delivery to finish
+// the job).
 func lastTry(maxDeliver int) uint64 {
 	if maxDeliver <= 0 {
 		return unlimitedLastTry
 	}
-	return uint64(max(1, maxDeliver-1))
+	return uint64(maxDeliver)
 }
 
 // deliveries is how often the server has delivered m (1 if unknown).
@@ -76,39 +75,19 @@ func streamSeq(m jetstream.Msg) uint64 {
 	return 0
 }
 
-// outage reports whether a dependency of sale's orders is away: NATS, MySQL
-// (its tables, not only the connection: a missing table fails every order),
-// or the Redis shard of the sale. A failure then is not the orders' fault.
-func (ig *ingest) outage(sale string) bool {
-	if !ig.nc.IsConnected() {
-		return true
-	}
-	ctx, cancel := context.WithTimeout(ig.procCtx, probeTimeout)
-	defer cancel()
-	if err := mysql.Probe(ctx, ig.db, sale); err != nil {
-		ig.log.Warn("MySQL probe failed: treating the failed batch as an outage", "sale", sale, "err", err)
-		return true
-	}
-	k := lua.KeysFor(sale, nil)
-	if err := ig.rc.Do(ctx, ig.rc.B().Exists().Key(k.Meta).Build()).Error(); err != nil {
-		ig.log.Warn("Redis probe failed: treating the failed batch as an outage", "sale", sale, "err", err)
-		return true
-	}
-	return false
-}
-
 // stalled reports whether err says MySQL (or the way to it) cannot write now
 // rather than that the orders are wrong (mysql.Stalled). Such a batch is an
 // outage of its sale (docs/ingest.md): retried, never dead-lettered.
 func stalled(err error) bool { return mysql.Stalled(err) }
 
-// retryLater handles a message whose processing failed with cause: nak'ed
-// with a delay before its last try; on it, dead-lettered (poison) or
-// re-enqueued fresh (outage).
-func (ig *ingest) retryLater(e entry, outage bool, cause error, limit time.Duration) {
+// retryLater handles a message whose processing failed with cause while its
+// dependencies answered writes (a poison suspect): nak'ed with a delay before
+// its last try; on it, dead-lettered. If dead-lettering fails, it is nak'ed
+// and dead-lettered on its next delivery.
+func (ig *ingest) retryLater(e entry, cause error, limit time.Duration) {
 	n := deliveries(e.msg)
 	sale, id := e.order.SaleID, e.order.ID
-	if n < lastTry(ig.cfg.Backend.MaxDeliver) || (outage && ig.cfg.Backend.MaxDeliver <= 0) {
+	if n < lastTry(ig.cfg.Backend.MaxDeliver) {
 		if err := e.msg.NakWithDelay(nakDelay(e.msg, limit)); err != nil {
 			ig.log.Warn("nak", "sale", sale, "order", id, "err", err)
 		}
@@ -116,26 +95,15 @@ func (ig *ingest) retryLater(e entry, outage bool, cause error, limit time.Durat
 	}
 	ctx, cancel := context.WithTimeout(ig.procCtx, deadLetterTimeout)
 	defer cancel()
-	var err error
-	if outage {
-		if err = ig.recycle(ctx, e); err == nil {
-			ig.ops.recycled.Inc()
-			ig.log.Warn("order outlived its deliveries in an outage: re-enqueued fresh", "sale", sale, "order", id,
-				"deliveries", n, "err", cause)
-			return
-		}
-	} else {
-		if err = ig.deadLetter(ctx, e, cause); err == nil {
-			ig.ops.deadLetters.WithLabelValues(bus.DeadPoison).Inc()
-			ig.log.Error("poison order dead-lettered: it ends failed and its units went back", "sale", sale, "order", id,
-				"deliveries", n, "reason", ReasonDeadLetter, "err", cause)
-			return
-		}
+	err := ig.deadLetter(ctx, e, cause)
+	if err == nil {
+		ig.ops.deadLetters.WithLabelValues(bus.DeadPoison).Inc()
+		ig.log.Error("poison order dead-lettered: it ends failed and its units went back", "sale", sale, "order", id,
+			"deliveries", n, "reason", ReasonDeadLetter, "err", cause)
+		return
 	}
-	// Redelivered if the server has deliveries left (lastTry keeps one); if
-	// not, the order's reservation is republished by reconcile.
-	ig.log.Error("giving up on an order failed; nak'ed", "sale", sale, "order", id, "deliveries", n,
-		"outage", outage, "err", err, "cause", cause)
+	ig.log.Error("dead-lettering an order failed; nak'ed", "sale", sale, "order", id, "deliveries", n,
+		"err", err, "cause", cause)
 	if err := e.msg.NakWithDelay(nakDelay(e.msg, limit)); err != nil {
 		ig.log.Warn("nak", "sale", sale, "order", id, "err", err)
 	}
@@ -265,39 +233,6 @@ func failOrderRow(ctx context.Context, db *sql.DB, o flashgate.Order, reason str
 		return settlement{}, false, fmt.Errorf("failed row: %w", err)
 	}
 	return settlement{status: st.Status, reason: st.Reason, existed: !inserted}, inserted, nil
-}
-
-// hdrOutageTries is the header of a recycled message: how often its order was
-// tried before this copy.
-const hdrOutageTries = "Flashgate-Outage-Tries"
-
-// priorTries reads hdrOutageTries (0 if absent or unreadable).
-func priorTries(h nats.Header) uint64 {
-	n, _ := strconv.ParseUint(h.Get(hdrOutageTries), 10, 32)
-	return n
-}
-
-// recycle re-enqueues a message that ran out of deliveries in an outage: a
-// fresh copy (its own delivery count) under a message id of its own (the
-// order's may still be in the duplicate window), then the original goes. A
-// crash in between republishes the same id: deduplicated.
-func (ig *ingest) recycle(ctx context.Context, e entry) error {
-	msgID := strconv.FormatUint(e.order.ID, 10) + "-r" + strconv.FormatUint(streamSeq(e.msg), 10)
-	fresh := &nats.Msg{Subject: e.msg.Subject(), Data: e.msg.Data(), Header: nats.Header{}}
-	// The copy's back-off goes on from where the original's ended, rather
-	// than start again at its first step: a long outage is retried every
-	// ack wait or so, not in a burst per recycle.
-	fresh.Header.Set(hdrOutageTries, strconv.FormatUint(priorTries(e.msg.Headers())+deliveries(e.msg), 10))
-	if rid := e.msg.Headers().Get(bus.HeaderRequestID); rid != "" {
-		fresh.Header.Set(bus.HeaderRequestID, rid) // the copy names the buyer's request too
-	}
-	if _, err := ig.js.PublishMsg(ctx, fresh, jetstream.WithMsgID(msgID)); err != nil {
-		return fmt.Errorf("recycle %s/%d: %w", e.order.SaleID, e.order.ID, err)
-	}
-	if err := e.msg.Term(); err != nil {
-		return fmt.Errorf("recycle %s/%d: term: %w", e.order.SaleID, e.order.ID, err)
-	}
-	return nil
 }
 
 // unparseable handles a message that can never be decoded: it must not block

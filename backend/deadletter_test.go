@@ -44,7 +44,7 @@ func TestLastTry(t *testing.T) {
 	for _, c := range []struct {
 		maxDeliver int
 		want       uint64
-	}{{-1, unlimitedLastTry}, {0, unlimitedLastTry}, {1, 1}, {2, 1}, {3, 2}, {10, 9}} {
+	}{{-1, unlimitedLastTry}, {0, unlimitedLastTry}, {1, 1}, {2, 2}, {3, 3}, {10, 10}} {
 		if got := lastTry(c.maxDeliver); got != c.want {
 			t.Errorf("lastTry(%d) = %d, want %d", c.maxDeliver, got, c.want)
 		}
@@ -107,7 +107,7 @@ func TestPoisonOrderDeadLettered(t *testing.T) {
 	if m.Subject != bus.DeadLetterSubject(s.cfg.NATS, bus.DeadPoison, sale.ID) ||
 		m.Header.Get(bus.HdrDeadKind) != bus.DeadPoison ||
 		m.Header.Get(bus.HdrDeadOrder) != strconv.FormatUint(poison.ID, 10) ||
-		m.Header.Get(bus.HdrDeadDeliveries) != "2" || m.Header.Get(bus.HdrDeadError) == "" ||
+		m.Header.Get(bus.HdrDeadDeliveries) != "3" || m.Header.Get(bus.HdrDeadError) == "" ||
 		m.Header.Get(bus.HdrDeadSubject) != bus.OrderSubject(s.cfg.NATS, sale.ID) {
 		t.Fatalf("dead letter %s %v", m.Subject, m.Header)
 	}
@@ -161,8 +161,9 @@ func TestUnparseableDeadLettered(t *testing.T) {
 	}
 }
 
-// An order that outlives its deliveries while MySQL is away is no poison: it
-// is re-enqueued fresh, not dead-lettered, and written when MySQL is back.
+// An order tried more often than its deliveries while MySQL is away is no
+// poison: it waits in the backend, not dead-lettered, and is written when
+// MySQL is back.
 func TestOutageIsNotPoison(t *testing.T) {
 	t.Parallel()
 	s := start(t, testenv.RedisAddrs(), fewDeliveries)
@@ -173,8 +174,12 @@ func TestOutageIsNotPoison(t *testing.T) {
 	}
 	m := admit(t, s.rc, k, "u1", 1, "")
 	s.publish(m)
-	eventually(t, 20*time.Second, "re-enqueued in the outage", func() bool {
-		return metric(s.scrape(), "flashgate_backend_recycled_total") >= 1
+	// It waits through more probes than its 3 deliveries would have lasted
+	// (the probes' pauses add up to 0.25 + 0.5 + 1 + 2 s, the deliveries to
+	// 3 × 1 s of ack wait).
+	eventually(t, 20*time.Second, "waiting through the outage", func() bool {
+		fs := s.scrape()
+		return metric(fs, "flashgate_backend_outage_probes_total") >= 4 && metric(fs, "flashgate_backend_orders_waiting") == 1
 	})
 	if _, err := s.db.ExecContext(ctx(t), `RENAME TABLE orders_away TO orders`); err != nil {
 		t.Fatal(err)
@@ -189,5 +194,66 @@ func TestOutageIsNotPoison(t *testing.T) {
 	}
 	if r := check(t, s.env, sale.ID, []uint64{m.ID}); !r.OK() {
 		t.Fatalf("audit: %v", r)
+	}
+}
+
+// A poison order whose dead-lettering fails on its last delivery (the
+// dead-letter stream is gone for a while) is not left in the orders stream.
+// Before, the server gave up on it after max_deliver deliveries: never
+// delivered again, it stayed in the work-queue stream for good (reconcile
+// counts it waiting, repair and retention wait on it). Now the server never
+// gives up, and a later delivery dead-letters it.
+func TestPoisonOutlivingItsDeliveriesLeavesTheStream(t *testing.T) {
+	t.Parallel()
+	s := start(t, testenv.RedisAddrs(), fewDeliveries)
+	sale := spec(10, 5, nil)
+	k := s.createSale(sale)
+	dlq := bus.DeadLetterStream(s.cfg.NATS)
+	if err := s.js.DeleteStream(ctx(t), dlq); err != nil {
+		t.Fatal(err)
+	}
+	poison := admit(t, s.rc, k, "p", 1, "")
+	poison.ExpiresAt = ms(time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()) // fits no DATETIME
+	s.publish(poison)
+	orders, err := s.js.Stream(ctx(t), s.cfg.NATS.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Delivered more often than max_deliver, or given up on by the server
+	// (nothing pending or unacked, the message still in the stream).
+	eventually(t, 30*time.Second, "deliveries past max_deliver", func() bool {
+		if s.deliveries() > 3 {
+			return true
+		}
+		c, err := s.js.Consumer(ctx(t), s.cfg.NATS.Stream, s.cfg.NATS.Consumer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ci, err := c.Info(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		si, err := orders.Info(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.deliveries() == 3 && ci.NumAckPending == 0 && ci.NumPending == 0 && si.State.Msgs == 1
+	})
+	if _, err := bus.EnsureDeadLetterStream(ctx(t), s.js, s.cfg.NATS); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the poison order dead-lettered", func() bool {
+		st, why, ok := s.order(poison.ID)
+		return ok && st == "failed" && why == ReasonDeadLetter
+	})
+	eventually(t, 30*time.Second, "the orders stream empty", func() bool {
+		si, err := orders.Info(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return si.State.Msgs == 0
+	})
+	if dl := s.deadLetters(); len(dl) != 1 {
+		t.Fatalf("%d dead letters", len(dl))
 	}
 }

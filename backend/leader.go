@@ -61,7 +61,9 @@ type opsMetrics struct {
 	leader       prometheus.Gauge
 	elected      prometheus.Counter
 	deadLetters  *prometheus.CounterVec
-	recycled     prometheus.Counter
+	waiting      prometheus.Gauge
+	held         prometheus.Counter
+	probes       prometheus.Counter
 	reconciles   *prometheus.CounterVec
 	republished  prometheus.Counter
 	stockRepairs prometheus.Counter
@@ -76,8 +78,12 @@ func newOpsMetrics(reg prometheus.Registerer) *opsMetrics {
 			Help: "Times this backend took the leader lock."}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "dead_letters_total",
 			Help: "Order messages moved to the dead-letter stream, by kind (poison: failed every delivery; unparseable)."}, []string{"kind"}),
-		recycled: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "recycled_total",
-			Help: "Order messages that ran out of deliveries during an outage and were re-enqueued fresh."}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "orders_waiting",
+			Help: "Order messages this backend holds until a dependency of their sale (MySQL, its Redis tags, NATS) answers writes again."}),
+		held: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "outage_holds_total",
+			Help: "Order messages put on hold because a dependency of their sale could not write (no delivery spent)."}),
+		probes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "outage_probes_total",
+			Help: "Write probes of the dependencies of sales whose orders wait (every 0.25 s doubling to 2 s per waiting sale)."}),
 		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "reconciles_total",
 			Help: "Sale reconciliations, by result (ok, error)."}, []string{"result"}),
 		republished: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "republished_total",
@@ -89,7 +95,7 @@ func newOpsMetrics(reg prometheus.Registerer) *opsMetrics {
 	m.deadLetters.WithLabelValues(bus.DeadUnparseable)
 	m.reconciles.WithLabelValues("ok")
 	m.reconciles.WithLabelValues("error")
-	reg.MustRegister(m.leader, m.elected, m.deadLetters, m.recycled, m.reconciles, m.republished, m.stockRepairs)
+	reg.MustRegister(m.leader, m.elected, m.deadLetters, m.waiting, m.held, m.probes, m.reconciles, m.republished, m.stockRepairs)
 	return m
 }
 

@@ -127,12 +127,14 @@ func TestMetricsDuringMySQLOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.publish(admit(t, s.rc, k, "u1", 1, ""))
-	eventually(t, 10*time.Second, "failures, lag and a redelivery in the metrics", func() bool {
+	// The order waits in the backend (no redelivery: the outage spends no
+	// delivery of it).
+	eventually(t, 10*time.Second, "failures, lag and a waiting order in the metrics", func() bool {
 		fs := s.scrape()
 		return metric(fs, "flashgate_backend_mysql_errors_total") >= 1 &&
 			metric(fs, "flashgate_backend_batches_failed_total") >= 1 &&
 			metric(fs, "flashgate_backend_consumer_num_pending")+metric(fs, "flashgate_backend_consumer_num_ack_pending") >= 1 &&
-			metric(fs, "flashgate_backend_redeliveries_total") >= 1
+			metric(fs, "flashgate_backend_orders_waiting") == 1 && metric(fs, "flashgate_backend_outage_probes_total") >= 1
 	})
 	if _, err := s.db.ExecContext(ctx(t), `RENAME TABLE orders_away TO orders`); err != nil {
 		t.Fatal(err)
@@ -142,7 +144,8 @@ func TestMetricsDuringMySQLOutage(t *testing.T) {
 		fs := s.scrape()
 		return metric(fs, "flashgate_backend_orders_total", "status", "confirmed") == 1 &&
 			metric(fs, "flashgate_backend_consumer_num_pending") == 0 &&
-			metric(fs, "flashgate_backend_consumer_num_ack_pending") == 0
+			metric(fs, "flashgate_backend_consumer_num_ack_pending") == 0 &&
+			metric(fs, "flashgate_backend_orders_waiting") == 0 && metric(fs, "flashgate_backend_redeliveries_total") == 0
 	})
 }
 

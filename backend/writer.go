@@ -76,16 +76,29 @@ func newOrderWriter(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *sl
 	return &orderWriter{db: db, rc: rc, scripts: scripts, log: log, metrics: m, now: time.Now, shapes: map[string]*saleShape{}}
 }
 
-// saleShape is the part of a sale that never changes after creation, cached so
-// the fast path spends no round trip on it.
+// saleShape is what the writer's guards need of a sale, cached so the fast
+// path spends no round trip on it: its regions and time zone never change
+// after creation; its per-user limit and its limits' maxima change by PATCH
+// (adminAPI.updateSale, on any backend), so the batch guard holds only while
+// the sale row still has the limits the shape was built from
+// (mysql.GuardSoldAt), and the order-by-order fallback reads them under the
+// row lock and builds the shape again when they moved.
 type saleShape struct {
 	limit   int64
 	regions map[string]bool // empty for a sale without regions
 	limits  []flashgate.Limit
+	// limitsText is the limits column the shape was built from, as
+	// GuardSoldAt compares it.
+	limitsText string
 	// spec and loc work an order's charges out (flashgate.Sale.Charges) from
 	// the limits and time zone MySQL holds.
 	spec *flashgate.Sale
 	loc  *time.Location
+}
+
+// current reports whether the shape was built from the limits l.
+func (s *saleShape) current(l mysql.SaleLimits) bool {
+	return s.limit == l.PerUser && s.limitsText == l.Text
 }
 
 // usageKey is one row of limit_usage of a sale.
@@ -126,6 +139,12 @@ func (w *orderWriter) shape(ctx context.Context, q queryer, sale string) (*saleS
 	if s != nil {
 		return s, nil
 	}
+	return w.loadShape(ctx, q, sale)
+}
+
+// loadShape reads the sale's shape from MySQL (on q: under the row lock when
+// q is a transaction that holds it) and caches it, replacing what was cached.
+func (w *orderWriter) loadShape(ctx context.Context, q queryer, sale string) (*saleShape, error) {
 	row, err := loadSale(ctx, q, sale)
 	if errors.Is(err, errSaleNotFound) {
 		return nil, nil
@@ -138,8 +157,8 @@ func (w *orderWriter) shape(ctx context.Context, q queryer, sale string) (*saleS
 		return nil, fmt.Errorf("sale %s: time zone: %w", sale, err)
 	}
 	spec := row.Sale
-	s = &saleShape{limit: row.PerUserLimit, regions: make(map[string]bool, len(row.Regions)), limits: row.Limits,
-		spec: &spec, loc: loc}
+	s := &saleShape{limit: row.PerUserLimit, regions: make(map[string]bool, len(row.Regions)), limits: row.Limits,
+		limitsText: row.LimitsText, spec: &spec, loc: loc}
 	for r := range row.Regions {
 		s.regions[r] = true
 	}
@@ -270,12 +289,26 @@ func (w *orderWriter) write(ctx context.Context, sale string, orders []flashgate
 	if err != nil {
 		return nil, err
 	}
-	res, ok, err := w.fastPath(ctx, sale, shape, orders)
-	if err != nil || ok {
-		return res, err
+	for again := true; ; again = false {
+		res, ok, err := w.fastPath(ctx, sale, shape, orders)
+		if err != nil || ok {
+			return res, err
+		}
+		res, err = w.fallback(ctx, sale, shape, orders, again)
+		if !errors.Is(err, errShapeMoved) {
+			return res, err
+		}
+		// A PATCH changed the sale's limits since the shape was read: the
+		// batch tries the fast path once more, with the shape MySQL has now.
+		if shape, err = w.shape(ctx, w.db, sale); err != nil {
+			return nil, err
+		}
 	}
-	return w.fallback(ctx, sale, shape, orders)
 }
+
+// errShapeMoved is the fallback's answer when the cached shape's limits are
+// not the sale row's: it rebuilt the shape and wrote nothing.
+var errShapeMoved = errors.New("the sale's limits changed since its shape was cached")
 
 func beginRC(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 	return mysql.Begin(ctx, db)
@@ -441,10 +474,10 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 
 // guardBatch runs the batch's guards in the lock order every writer keeps:
 // the sale row (which serialises every batch of this sale across all
-// backends), its regions, its buyers, its limit counters. false when one
-// refuses.
+// backends, and refuses a shape whose limits the row no longer has), its
+// regions, its buyers, its limit counters. false when one refuses.
 func (w *orderWriter) guardBatch(ctx context.Context, tx *sql.Tx, sale string, shape *saleShape, t batchTotals, now time.Time) (bool, error) {
-	if ok, err := mysql.GuardSold(ctx, tx, sale, t.units, now, true); !ok || err != nil {
+	if ok, err := mysql.GuardSoldAt(ctx, tx, sale, t.units, now, shape.limit, shape.limitsText); !ok || err != nil {
 		return false, err
 	}
 	for _, region := range sortedKeys(t.regions) {
@@ -503,21 +536,32 @@ func (w *orderWriter) chargeBatch(ctx context.Context, tx *sql.Tx, sale string, 
 
 // fallback decides order by order, oldest first, under the sale row lock: each
 // order passes the user, region and sale guards or is rolled back to its
-// savepoint and inserted failed with the reason.
-func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order) (map[uint64]settlement, error) {
+// savepoint and inserted failed with the reason. The guards use the limits
+// the row holds under that lock: a shape built before a PATCH changed them
+// is built again.
+//
+// retry: a shape found out of date is answered with errShapeMoved (once
+// rebuilt and cached), so that the caller tries the fast path again with it.
+func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order, retry bool) (map[uint64]settlement, error) {
 	tx, err := beginRC(ctx, w.db)
 	if err != nil {
 		return nil, fmt.Errorf("batch of %s: %w", sale, err)
 	}
 	defer tx.Rollback()
-	limit, closedAt, known, err := mysql.LockSaleLimit(ctx, tx, sale)
+	lim, known, err := mysql.LockSaleLimits(ctx, tx, sale)
 	if err != nil {
 		return nil, fmt.Errorf("batch of %s: lock sale: %w", sale, err)
 	}
-	if known && shape == nil {
-		// Created since the fast path looked.
-		if shape, err = w.shape(ctx, tx, sale); err != nil {
+	limit, closedAt := lim.PerUser, lim.ClosedAt
+	if known && (shape == nil || !shape.current(lim)) {
+		// Created since the fast path looked, or its limits changed since
+		// the shape was read.
+		moved := shape != nil
+		if shape, err = w.loadShape(ctx, tx, sale); err != nil {
 			return nil, err
+		}
+		if moved && retry {
+			return nil, errShapeMoved
 		}
 	}
 	res, err := existing(ctx, tx, orders)

@@ -164,6 +164,7 @@ type Backend struct {
 	// MaxAckPending bounds the messages the durable consumer has delivered and not yet acked.
 	MaxAckPending int `yaml:"max_ack_pending"`
 	// MaxDeliver deliveries of a message that keeps failing send it to the dead-letter stream.
+	// The backend counts them (the server never gives up on a message), and an outage spends none.
 	MaxDeliver int `yaml:"max_deliver"`
 	// AckWait: a message not acked this long after delivery is delivered again.
 	AckWait time.Duration `yaml:"ack_wait"`

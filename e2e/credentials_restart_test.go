@@ -56,8 +56,7 @@ func TestRedisRestartLoadsScriptEffects(t *testing.T) {
 }
 
 // TestBackendRepublishesOrders: a backend's NATS login may put an order back
-// on the orders stream (reconcile republishes a stale reservation's order; an
-// order that outlives its deliveries in an outage is re-enqueued fresh).
+// on the orders stream (reconcile republishes a stale reservation's order).
 func TestBackendRepublishesOrders(t *testing.T) {
 	st := testenv.StartAuthStack(t)
 	cfg := st.Config(config.Default(), st.Backend).NATS

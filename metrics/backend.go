@@ -93,7 +93,7 @@ func NewBackend() *Backend {
 	})
 	m.batchFailed = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: sub, Name: "batches_failed_total",
-		Help: "Sale batches that failed (MySQL or Redis) and were nak'ed for redelivery.",
+		Help: "Sale batches that failed (MySQL or Redis): held while a dependency of the sale cannot write, else nak'ed for redelivery.",
 	})
 	m.ordersVec = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: sub, Name: "orders_total",
@@ -161,7 +161,7 @@ func (m *Backend) Batch(size int, d time.Duration) {
 	m.batchTime.Observe(seconds(d))
 }
 
-// BatchFailed counts one sale batch nak'ed for redelivery.
+// BatchFailed counts one sale batch that failed (held in an outage, else nak'ed).
 func (m *Backend) BatchFailed() { m.batchFailed.Inc() }
 
 // Outcome counts one order decided. A status or reason outside the known sets

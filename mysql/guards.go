@@ -29,6 +29,18 @@ func GuardSold(ctx context.Context, tx Querier, sale string, n int64, now time.T
 		WHERE id = ? AND sold + ? <= total`, n, now, sale, n))
 }
 
+// GuardSoldAt is GuardSold of an open sale (the batch guard) that also
+// requires the sale row to hold the limits the caller's guards will use:
+// perUser and limitsText as the caller read them (SaleRow.PerUserLimit and
+// LimitsText). A PATCH changes them under the row lock this statement takes,
+// so a caller whose copy is stale is refused here (and reads them again under
+// the lock) rather than judging the batch by limits MySQL no longer has.
+func GuardSoldAt(ctx context.Context, tx Querier, sale string, n int64, now time.Time, perUser int64, limitsText string) (bool, error) {
+	return changed(tx.ExecContext(ctx, `UPDATE sales SET sold = sold + ?, updated_at = ?
+		WHERE id = ? AND closed = 0 AND sold + ? <= total AND per_user_limit = ? AND COALESCE(limits, '') = BINARY ?`,
+		n, now, sale, n, perUser, limitsText))
+}
+
 // GuardRegion adds n units to a region's sold count if they fit its total.
 func GuardRegion(ctx context.Context, tx Querier, sale, region string, n int64) (bool, error) {
 	return changed(tx.ExecContext(ctx, `UPDATE sale_regions SET sold = sold + ?

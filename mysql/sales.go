@@ -30,6 +30,10 @@ type SaleRow struct {
 	// Epoch is the epoch of the sale's books in Redis: raised by every
 	// rebuild (BumpEpoch), carried by every write-back (docs/recovery.md).
 	Epoch int64
+	// LimitsText is the limits column as MySQL holds it ("" for none): what
+	// a writer that cached the limits hands back to GuardSoldAt, so that its
+	// batch guard holds only while the row still has the limits it read.
+	LimitsText string
 }
 
 // Remaining is what Redis should hold when nothing is in flight: per region
@@ -111,6 +115,7 @@ func loadSale(ctx context.Context, q Querier, id, lock string) (*SaleRow, error)
 		s.Degrade = "" // the spec's default, as the admin API takes it
 	}
 	if limits.Valid && limits.String != "" {
+		s.LimitsText = limits.String
 		if err := json.Unmarshal([]byte(limits.String), &s.Limits); err != nil {
 			return nil, fmt.Errorf("load sale %s limits: %w", id, err)
 		}
@@ -228,6 +233,41 @@ func LockSaleLimit(ctx context.Context, tx Querier, id string) (limit int64, clo
 		closedAt = time.Unix(0, 0)
 	}
 	return limit, closedAt, err == nil, err
+}
+
+// SaleLimits is what LockSaleLimits reads under the sale row lock.
+type SaleLimits struct {
+	// PerUser is per_user_limit; Text the limits column ("" for none), as
+	// SaleRow.LimitsText has it.
+	PerUser int64
+	Text    string
+	// ClosedAt is when a closed sale closed (as LockSaleLimit).
+	ClosedAt time.Time
+}
+
+// LockSaleLimits takes the sale row lock and reads the limits every guard
+// of the sale must use now (a PATCH changes them under the same lock), and
+// when a closed sale closed; false when MySQL has no such sale.
+func LockSaleLimits(ctx context.Context, tx Querier, id string) (SaleLimits, bool, error) {
+	var l SaleLimits
+	var closed bool
+	var at sql.NullTime
+	err := tx.QueryRowContext(ctx, `SELECT per_user_limit, COALESCE(limits, ''), closed, closed_at FROM sales
+		WHERE id = ? FOR UPDATE`, id).Scan(&l.PerUser, &l.Text, &closed, &at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return SaleLimits{}, false, nil
+	}
+	if err != nil {
+		return SaleLimits{}, false, err
+	}
+	switch {
+	case !closed:
+	case at.Valid:
+		l.ClosedAt = at.Time
+	default:
+		l.ClosedAt = time.Unix(0, 0)
+	}
+	return l, true, nil
 }
 
 // OpenSaleIDs lists the sales still selling or about to: not closed, not ended.

@@ -219,3 +219,57 @@ func mustLedger(t *testing.T, db *sql.DB, sale string) *Ledger {
 	}
 	return l
 }
+
+// The batch guard holds only while the sale row has the limits the caller
+// read: after UpdateSale changed them, the old ones are refused (and sell
+// nothing), LockSaleLimits reads the new ones, and those pass.
+func TestGuardSoldAtLimits(t *testing.T) {
+	t.Parallel()
+	db, s := migrated(t)
+	c := ctx(t)
+	must := mustFor(t)
+	row, err := LoadSale(c, db, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.LimitsText != "" {
+		t.Fatalf("limits text of a sale without limits: %q", row.LimitsText)
+	}
+	now := time.Now().UTC()
+	if !must(GuardSoldAt(c, db, s.ID, 1, now, row.PerUserLimit, row.LimitsText)) {
+		t.Fatal("the current limits refused")
+	}
+	s.PerUserLimit, s.PerOrderMax = 1, 1
+	s.Limits = []flashgate.Limit{{Dimension: flashgate.DimPhone, Max: 3, Per: flashgate.PerDay}}
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := UpdateSale(c, db, s, now); err != nil {
+		t.Fatal(err)
+	}
+	if must(GuardSoldAt(c, db, s.ID, 1, now, row.PerUserLimit, row.LimitsText)) {
+		t.Error("limits MySQL no longer has passed the guard")
+	}
+	tx, err := Begin(c, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	l, found, err := LockSaleLimits(c, tx, s.ID)
+	if err != nil || !found || l.PerUser != 1 || l.Text == "" || !l.ClosedAt.IsZero() {
+		t.Fatalf("LockSaleLimits = %+v %t %v", l, found, err)
+	}
+	if !must(GuardSoldAt(c, tx, s.ID, 1, now, l.PerUser, l.Text)) {
+		t.Fatal("the new limits refused")
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	row, err = LoadSale(c, db, s.ID)
+	if err != nil || row.Sold != 2 || row.LimitsText != l.Text || len(row.Limits) != 1 || row.Limits[0].Max != 3 {
+		t.Fatalf("after: %+v %v", row, err)
+	}
+	if _, found, err := LockSaleLimits(c, db, "nope"); found || err != nil {
+		t.Errorf("LockSaleLimits of an unknown sale: %t %v", found, err)
+	}
+}
