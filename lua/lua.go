@@ -279,7 +279,9 @@ const (
 	// ReleaseAlready: the order was settled or released before (its status
 	// comes with it).
 	ReleaseAlready
-	// ReleaseUnknown: Redis has no record of the order.
+	// ReleaseUnknown: Redis has no record of the order. In gateway mode the
+	// release has left a tombstone in its place (release.lua), so an
+	// admission of that id still on its way answers DuplicateID.
 	ReleaseUnknown
 )
 
