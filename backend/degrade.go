@@ -390,7 +390,7 @@ func (b *Backend) pendingOrders(ctx context.Context, tx *sql.Tx, k *lua.Keys) ([
 	for id := range resv {
 		ids = append(ids, id)
 	}
-	rows, err := orderRows(ctx, tx, ids)
+	rows, err := orderRows(ctx, tx, k.Sale, ids)
 	if err != nil {
 		return nil, err
 	}

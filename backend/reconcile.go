@@ -576,7 +576,7 @@ func (re *reconciler) stockPlan(ctx context.Context, tx *sql.Tx, k *lua.Keys, ms
 			ids = append(ids, id)
 		}
 	}
-	rows, err := orderRows(ctx, tx, ids)
+	rows, err := orderRows(ctx, tx, k.Sale, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -665,7 +665,7 @@ func (re *reconciler) staleReservations(ctx context.Context, l *ledgerRead, stal
 		return nil
 	}
 	slices.Sort(stale)
-	rows, err := orderRows(ctx, re.db, stale)
+	rows, err := orderRows(ctx, re.db, sale, stale)
 	if err != nil {
 		return err
 	}
@@ -737,14 +737,19 @@ func (re *reconciler) republish(ctx context.Context, l *ledgerRead, missing []ui
 	return nil
 }
 
-// orderRows reads the status and reason of those of ids MySQL has.
-func orderRows(ctx context.Context, q queryer, ids []uint64) (map[uint64]settlement, error) {
-	states, err := mysql.OrderStates(ctx, q, ids)
+// orderRows reads the status and reason of those of ids MySQL has as orders
+// of sale. A row of another sale under one of the ids is not that order's
+// (the id was used twice): it is left out, as if MySQL lacked the order.
+func orderRows(ctx context.Context, q queryer, sale string, ids []uint64) (map[uint64]settlement, error) {
+	states, err := mysql.OrderStates(ctx, q, sale, ids)
 	if err != nil {
 		return nil, fmt.Errorf("order rows: %w", err)
 	}
 	res := make(map[uint64]settlement, len(states))
 	for id, st := range states {
+		if st.OtherSale {
+			continue
+		}
 		res[id] = settlement{status: st.Status, reason: st.Reason, existed: true}
 	}
 	return res, nil
@@ -807,7 +812,7 @@ func (re *reconciler) inFlightSnapshot(ctx context.Context, id string, k *lua.Ke
 	for id := range msgs {
 		ids = append(ids, id)
 	}
-	rows, err := orderRows(ctx, tx, ids)
+	rows, err := orderRows(ctx, tx, id, ids)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -281,18 +281,25 @@ func beginRC(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 	return mysql.Begin(ctx, db)
 }
 
-// existing reads which orders MySQL has already: their status and reason.
-func existing(ctx context.Context, tx *sql.Tx, orders []flashgate.Order) (map[uint64]settlement, error) {
+// existing reads which orders of sale MySQL has already: their status and
+// reason. An order whose id MySQL holds for an order of another sale (the
+// id was made twice) can have no row (the id is the primary key): it fails,
+// ReasonIDTaken, with no row written, and its units go back to Redis.
+func existing(ctx context.Context, tx *sql.Tx, sale string, orders []flashgate.Order) (map[uint64]settlement, error) {
 	ids := make([]uint64, len(orders))
 	for i, o := range orders {
 		ids[i] = o.ID
 	}
-	states, err := mysql.OrderStates(ctx, tx, ids)
+	states, err := mysql.OrderStates(ctx, tx, sale, ids)
 	if err != nil {
 		return nil, fmt.Errorf("existing orders: %w", err)
 	}
 	res := make(map[uint64]settlement, len(orders))
 	for id, st := range states {
+		if st.OtherSale {
+			res[id] = settlement{status: flashgate.OrderFailed, reason: flashgate.ReasonIDTaken}
+			continue
+		}
 		res[id] = settlement{status: st.Status, reason: st.Reason, existed: true}
 	}
 	return res, nil
@@ -403,7 +410,7 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	// Read before the sale row lock: a concurrent redelivery committing these ids
 	// after this read makes the order insert fail with a duplicate key, and the
 	// retry finds them here.
-	res, err := existing(ctx, tx, orders)
+	res, err := existing(ctx, tx, sale, orders)
 	if err != nil {
 		return nil, false, err
 	}
@@ -520,7 +527,7 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 			return nil, err
 		}
 	}
-	res, err := existing(ctx, tx, orders)
+	res, err := existing(ctx, tx, sale, orders)
 	if err != nil {
 		return nil, err
 	}

@@ -493,7 +493,24 @@ func (g *Gateway) undoAdmit(s *sale, user string, id uint64, region, charges str
 func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order) {
 	start := time.Now()
 	rid := requestID(ctx)
-	_, err := g.breakers.nats.Execute(func() (struct{}, error) { return struct{}{}, g.send(s, m, rid) })
+	// A duplicate is no fault of NATS: it is kept from the breaker.
+	var dup error
+	_, err := g.breakers.nats.Execute(func() (struct{}, error) {
+		err := g.send(s, m, rid, true)
+		if errors.Is(err, bus.ErrDuplicate) {
+			dup = err
+			return struct{}{}, nil
+		}
+		return struct{}{}, err
+	})
+	if err == nil && dup != nil {
+		// The stream holds another order under this id (two generators on
+		// one node id): this order is not in it, so no 202. The release
+		// below answers 503 (or 202 if a replay of this very order stored
+		// and claimed it meanwhile).
+		slog.Error("order id already in the stream: the id source is broken", "sale", s.spec.ID, "order", m.ID)
+		err = dup
+	}
 	if err == nil {
 		g.metrics.PublishLatency(time.Since(start))
 		accepted(ctx, m.ID, flashgate.OrderPending)
@@ -543,8 +560,11 @@ func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.Relea
 // a message when the publish returns, so a buffer serves the next order.
 var orderBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
-// send publishes m, with the id of the request it came from (rid).
-func (g *Gateway) send(s *sale, m *flashgate.Order, rid string) error {
+// send publishes m, with the id of the request it came from (rid). first is
+// the order's first publish (right after its admission), for which the
+// stream's "duplicate" means the id belongs to another order
+// (bus.ErrDuplicate); a replay's duplicate is its own earlier copy.
+func (g *Gateway) send(s *sale, m *flashgate.Order, rid string, first bool) error {
 	subject := s.subject.Load()
 	if subject == nil {
 		v := bus.OrderSubject(g.cfg.NATS, s.spec.ID)
@@ -554,7 +574,11 @@ func (g *Gateway) send(s *sale, m *flashgate.Order, rid string) error {
 	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
 	defer cancel()
 	buf := orderBufs.Get().(*[]byte)
-	err := bus.SendOrder(pctx, g.nc, *subject, m, *buf, rid)
+	send := bus.SendOrder
+	if first {
+		send = bus.SendNewOrder
+	}
+	err := send(pctx, g.nc, *subject, m, *buf, rid)
 	orderBufs.Put(buf)
 	return err
 }
@@ -578,7 +602,7 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, user string, id uint
 	case lua.StatusPending:
 		m := rec
 		m.FactsFromCharges(s.spec.Limits)
-		if err := g.send(s, &m, requestID(ctx)); err != nil {
+		if err := g.send(s, &m, requestID(ctx), false); err != nil {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}

@@ -41,6 +41,7 @@ var reasons = []string{
 	flashgate.ReasonExpired,
 	flashgate.ReasonBadCharges,
 	flashgate.ReasonDuplicate,
+	flashgate.ReasonIDTaken,
 }
 
 type outcomeKey struct {

@@ -184,12 +184,12 @@ func inFlightOf(ctx context.Context, tx *sql.Tx, row *SaleRow, user string, orde
 	for i, m := range orders {
 		ids[i] = m.ID
 	}
-	rows, err := OrderStates(ctx, tx, ids)
+	rows, err := OrderStates(ctx, tx, row.ID, ids)
 	if err != nil {
 		return t, fmt.Errorf("lane %s: orders in flight: %w", row.ID, err)
 	}
 	for _, m := range orders {
-		if _, written := rows[m.ID]; written || m.SaleID != row.ID {
+		if st, written := rows[m.ID]; (written && !st.OtherSale) || m.SaleID != row.ID {
 			continue
 		}
 		t.units += m.Quantity
