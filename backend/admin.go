@@ -42,6 +42,10 @@ type adminAPI struct {
 	isLeader  func() bool
 	// live reads the live view's numbers (live.go, ui.go).
 	live *live
+	// waitReplicas, waitTimeout: redis.wait_replicas, redis.wait_timeout (a
+	// PATCH lowering a split sale lands transfers only once confirmed).
+	waitReplicas int
+	waitTimeout  time.Duration
 }
 
 // maxAdminBody bounds an admin request body.

@@ -99,7 +99,7 @@ type Backend struct {
 // clients stay the caller's to close.
 func Start(ctx context.Context, deps Deps, opts config.BackendOptions) (*Backend, error) {
 	b := &Backend{
-		opts: opts, log: slog.Default().With("component", "backend"), scripts: lua.Load(), metrics: metrics.NewBackend(),
+		opts: opts, log: slog.Default().With("component", "backend"), scripts: lua.LoadWait(opts.WaitReplicas, opts.WaitTimeout), metrics: metrics.NewBackend(),
 		db: deps.DB, rc: deps.Redis, nc: deps.NATS, js: deps.JetStream, locker: deps.Locker,
 	}
 	b.procCtx, b.procCancel = context.WithCancel(context.Background())
@@ -169,6 +169,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	b.admin = &adminAPI{
 		token: opts.AdminToken, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
+		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout,
 		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader, live: b.live,
 	}
 	return nil

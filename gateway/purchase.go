@@ -595,10 +595,23 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, user string, id uint
 		unavailable(ctx, "order state unavailable")
 		return
 	}
-	switch rec.Status {
-	case lua.StatusReleased:
+	if rec.Status == lua.StatusReleased {
 		unavailable(ctx, "order queue unavailable")
 		return
+	}
+	// Under redis.wait_replicas a replay promises the key's order only once
+	// the replicas have it, as its admission would have: the first request
+	// may have been told 503 for want of them (lua.ErrNotReplicated).
+	if g.cfg.WaitReplicas > 0 {
+		wctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout+g.cfg.WaitTimeout)
+		acked, err := lua.WaitRecord(wctx, g.rc, s.keys.Home(user), id, g.cfg.WaitReplicas, g.cfg.WaitTimeout)
+		cancel()
+		if err != nil || !acked {
+			unavailable(ctx, "order not replicated")
+			return
+		}
+	}
+	switch rec.Status {
 	case lua.StatusPending:
 		m := rec
 		m.FactsFromCharges(s.spec.Limits)

@@ -520,25 +520,34 @@ func FinishTransfersWait(ctx context.Context, c rueidis.Client, k *Keys, replica
 }
 
 func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Time, w replication) (int, error) {
+	n, _, err := finishTransfersLeft(ctx, c, k, now, w)
+	return n, err
+}
+
+// finishTransfersLeft is finishTransfers that also answers the transfers it
+// left unlanded: those whose take the replicas did not confirm.
+func finishTransfersLeft(ctx context.Context, c rueidis.Client, k *Keys, now time.Time, w replication) (int, []Transfer, error) {
 	ts, err := PendingTransfers(ctx, c, k)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	n := 0
 	nowMS := now.UnixMilli()
 	inLedger := map[string]bool{}
+	var left []Transfer
 	for _, t := range ts {
 		ok, err := confirmTaken(ctx, c, k, t, w)
 		if err != nil {
-			return n, err
+			return n, left, err
 		}
 		if !ok {
 			inLedger[t.ID] = true
+			left = append(left, t)
 			continue
 		}
 		given, acked, err := land(ctx, c, k, t, nowMS, w)
 		if err != nil {
-			return n, err
+			return n, left, err
 		}
 		if given {
 			n++
@@ -554,7 +563,7 @@ func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Ti
 			continue
 		}
 		if err := c.Do(ctx, c.B().Hdel().Key(k.buckets[t.From].xout).Field(t.ID).Build()).Error(); err != nil {
-			return n, fmt.Errorf("transfer %s of %s: clear ledger: %w", t.ID, k.Sale, err)
+			return n, left, fmt.Errorf("transfer %s of %s: clear ledger: %w", t.ID, k.Sale, err)
 		}
 	}
 	// A received id goes long after its ledger entry, and never while one
@@ -562,7 +571,7 @@ func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Ti
 	for _, b := range k.buckets {
 		m, err := c.Do(ctx, c.B().Hgetall().Key(b.xin).Build()).AsStrMap()
 		if err != nil {
-			return n, fmt.Errorf("transfers into %s bucket %d: %w", k.Sale, b.index, err)
+			return n, left, fmt.Errorf("transfers into %s bucket %d: %w", k.Sale, b.index, err)
 		}
 		var old []string
 		for id, at := range m {
@@ -573,11 +582,11 @@ func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Ti
 		}
 		if len(old) > 0 {
 			if err := c.Do(ctx, c.B().Hdel().Key(b.xin).Field(old...).Build()).Error(); err != nil {
-				return n, fmt.Errorf("transfers into %s bucket %d: %w", k.Sale, b.index, err)
+				return n, left, fmt.Errorf("transfers into %s bucket %d: %w", k.Sale, b.index, err)
 			}
 		}
 	}
-	return n, nil
+	return n, left, nil
 }
 
 // remainingBucketed is Remaining for a split sale: each bucket's stock and
@@ -697,8 +706,16 @@ func ByHome(k *Keys, n int, user func(int) string, fn func(b *Keys, at []int) er
 // onlyMissing sets only absent stock keys, to 0: a bucket that lost its
 // stock gets its units back from the full repair, which sees the sale short.
 func (s *Scripts) resetBucketed(ctx context.Context, c rueidis.Client, k *Keys, onlyMissing bool, plans []StockPlan) ([]StockChange, error) {
-	if _, err := FinishTransfers(ctx, c, k); err != nil {
+	// A transfer is landed only once its take is confirmed (s.wait, as
+	// reconcile lands them); the units of those left in their givers'
+	// ledgers land later, so the buckets' stocks are set without them.
+	_, left, err := finishTransfersLeft(ctx, c, k, time.Now(), s.wait)
+	if err != nil {
 		return nil, err
+	}
+	moving := map[string]int64{}
+	for _, t := range left {
+		moving[t.Region] += t.Units
 	}
 	n := len(k.buckets)
 	reserved := make([]map[string]int64, n)
@@ -727,7 +744,7 @@ func (s *Scripts) resetBucketed(ctx context.Context, c rueidis.Client, k *Keys, 
 			return nil, fmt.Errorf("reset stock %s: region %q: %w (expected %d reserved, found %d)",
 				k.Sale, p.Region, ErrReservationsChanged, p.Reserved, resvAll)
 		}
-		free := max(0, p.Avail-p.Extra-resvAll)
+		free := max(0, p.Avail-p.Extra-resvAll-moving[p.Region])
 		for i := range n {
 			share := SplitUnits(free, n, i)
 			if onlyMissing {

@@ -19,7 +19,7 @@ func FinishHoldsAt(ctx context.Context, c rueidis.Client, k *Keys, now time.Time
 // its home, and nothing else: a gateway that died after them.
 func (s *Scripts) HoldOnly(ctx context.Context, c rueidis.Client, k *Keys, a AdmitArgs) (Outcome, error) {
 	for b, cs := range k.Home(a.User).away(a.Charges) {
-		adm, err := s.hold(ctx, c, k.buckets[b], a, cs)
+		adm, _, err := s.hold(ctx, c, k.buckets[b], a, cs, replication{})
 		if err != nil || adm.Outcome != 0 {
 			return adm.Outcome, err
 		}

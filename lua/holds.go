@@ -39,7 +39,7 @@ var (
 	//go:embed holdcheck.lua
 	holdCheckSrc string
 
-	holdScript      = rueidis.NewLuaScript(holdSrc)
+	holdSHA         = shaOf(holdSrc)
 	unholdScript    = rueidis.NewLuaScript(unholdSrc)
 	holdCheckScript = rueidis.NewLuaScript(holdCheckSrc)
 )
@@ -169,11 +169,20 @@ func (s *Scripts) AdmitHeld(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 		_ = s.decideHolds(ctx, c, k, unholdGive, a.OrderID, bs, away)
 	}
 	for _, b := range order {
-		adm, err := s.hold(ctx, c, k.buckets[b], a, away[b])
+		adm, acked, err := s.hold(ctx, c, k.buckets[b], a, away[b], replication{replicas: replicas, timeout: timeout})
 		if err != nil {
 			// It may have held (an answer lost): give that back too.
 			giveUp(append(held, b))
 			return Admission{}, err
+		}
+		if adm.Outcome == 0 && !acked {
+			// Held, but fewer replicas than asked for have the hold: a
+			// failover could lose the count, and the limit with it. Like an
+			// admission that is not replicated, it is given back and the
+			// purchase is not promised (the caller undoes it: its release
+			// tombstones the id, so no admission of it can follow).
+			giveUp(append(held, b))
+			return Admission{}, fmt.Errorf("hold %s bucket %d: %w: fewer than %d replicas within %v", k.Sale, b, ErrNotReplicated, replicas, timeout)
 		}
 		if adm.Outcome != 0 {
 			giveUp(held)
@@ -215,8 +224,10 @@ func (s *Scripts) AdmitHeld(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 }
 
 // hold runs hold.lua on bucket b for the charges of a counted there. It
-// answers Outcome 0 when it held them, else what refused them.
-func (s *Scripts) hold(ctx context.Context, c rueidis.Client, b *Keys, a AdmitArgs, cs []flashgate.Charge) (Admission, error) {
+// answers Outcome 0 when it held them, else what refused them, and whether
+// w.replicas replicas of b's master had the hold within the wait (WAIT on
+// the script's connection, as AdmitWait; always true without a wait).
+func (s *Scripts) hold(ctx context.Context, c rueidis.Client, b *Keys, a AdmitArgs, cs []flashgate.Charge, w replication) (Admission, bool, error) {
 	keys := []string{b.Meta, b.holds}
 	args := []string{strconv.FormatUint(a.OrderID, 10), strconv.FormatInt(a.Now.UnixMilli(), 10), a.User,
 		strconv.FormatInt(a.Quantity, 10), a.Region, flashgate.EncodeCharges(cs)}
@@ -224,21 +235,25 @@ func (s *Scripts) hold(ctx context.Context, c rueidis.Client, b *Keys, a AdmitAr
 		keys = append(keys, b.Limit(ch.Window))
 		args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.TTL(a.Now).Milliseconds(), 10))
 	}
-	res, err := holdScript.Exec(ctx, c, keys, args).ToArray()
+	r, acked, err := execWait(ctx, c, holdSrc, holdSHA, keys, args, w)
 	if err != nil {
-		return Admission{}, fmt.Errorf("hold %s bucket %d: %w", b.Sale, b.index, err)
+		return Admission{}, false, fmt.Errorf("hold %s bucket %d: %w", b.Sale, b.index, err)
 	}
-	if w, _ := res[0].ToString(); holdReply(w) == holdHeld {
-		return Admission{}, nil
+	res, err := r.ToArray()
+	if err != nil {
+		return Admission{}, false, fmt.Errorf("hold %s bucket %d: %w", b.Sale, b.index, err)
+	}
+	if word, _ := res[0].ToString(); holdReply(word) == holdHeld {
+		return Admission{}, acked, nil
 	}
 	adm, err := parseAdmission(res)
 	if err != nil {
-		return adm, fmt.Errorf("hold %s: %w", b.Sale, err)
+		return adm, true, fmt.Errorf("hold %s: %w", b.Sale, err)
 	}
 	if adm.Outcome == LimitReached {
 		adm.Limit++ // hold.lua answers the limit's index, not a charge's position
 	}
-	return adm, nil
+	return adm, true, nil
 }
 
 // replayOf reads the order an idempotency key of user holds in home bucket h.

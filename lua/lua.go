@@ -40,6 +40,18 @@ var (
 // back to EVAL on NOSCRIPT (a restarted or new shard).
 type Scripts struct {
 	admit, release, claim, confirm, warm *rueidis.Lua
+	// wait is redis.wait_replicas for the repairs that land transfers
+	// between buckets (resetBucketed): none for Load.
+	wait replication
+}
+
+// LoadWait is Load for a process under redis.wait_replicas: the stock repair
+// of a split sale lands a transfer only once replicas replicas of its
+// giver's master have the take (as FinishTransfersWait).
+func LoadWait(replicas int, timeout time.Duration) *Scripts {
+	s := Load()
+	s.wait = replication{replicas: replicas, timeout: timeout}
+	return s
 }
 
 // Load prepares the scripts; it does no I/O.
@@ -184,6 +196,34 @@ func (s *Scripts) AdmitWait(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 }
 
 var admitSHA = AdmitSHA()
+
+// WaitRecord tells whether replicas replicas of the master holding order id's
+// record (in home bucket h) have it, and everything written there before it:
+// it writes the record again, unchanged (touchSrc: a write that follows the
+// admission in the master's replication stream), and WAITs for that write
+// on the same connection, in one round trip. false when the record is gone
+// or fewer replicas had it within timeout.
+//
+// A replay of an idempotency key answers 202 with the key's first order: if
+// that order's admission came back ErrNotReplicated (its buyer was told 503,
+// and its undo may not have run yet), a failover could still lose it, so a
+// replay must not promise it before the replicas have it, exactly as the
+// admission would not have.
+func WaitRecord(ctx context.Context, c rueidis.Client, h *Keys, id uint64, replicas int, timeout time.Duration) (bool, error) {
+	if replicas <= 0 {
+		return true, nil
+	}
+	r, acked, err := execWait(ctx, c, touchSrc, touchSHA, []string{h.Orders}, []string{strconv.FormatUint(id, 10)},
+		replication{replicas: replicas, timeout: timeout})
+	if err != nil {
+		return false, fmt.Errorf("wait for order %s/%d: %w", h.Sale, id, err)
+	}
+	n, err := r.AsInt64()
+	if err != nil {
+		return false, fmt.Errorf("wait for order %s/%d: %w", h.Sale, id, err)
+	}
+	return n == 1 && acked, nil
+}
 
 // admitCall is the admission script's keys and arguments for a.
 func admitCall(k *Keys, a AdmitArgs) (keys, args []string, err error) {
