@@ -286,9 +286,10 @@ func (a *adminAPI) saleOr404(w http.ResponseWriter, r *http.Request, id string) 
 }
 
 // closeSale stops selling now: Redis first (the admit script answers ended
-// from then on), then MySQL (the sale leaves the open list; an order stamped
-// later than the close plus closeGrace fails sale_closed), then the gateways'
-// caches. In this order every order already in the stream was admitted before
+// from then on), then MySQL (the sale leaves the open list; closed_at is the
+// close by Redis's clock, lua.CloseAt, and an order whose created time, which
+// Redis stamped at its admission, is later than that plus closeGrace fails
+// sale_closed), then the gateways' caches. In this order every order already in the stream was admitted before
 // the close, and the writer honours it: a 202 given stays an order. A close
 // that fails half-way answers 503 and is safe to repeat.
 func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
@@ -304,14 +305,15 @@ func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 	}
 	// Every bucket of a split sale is closed, then the sale's meta.
 	k, err := keysOf(r.Context(), a.db, id)
+	var closedAt time.Time
 	if err == nil {
-		err = lua.Close(r.Context(), a.rc, k)
+		closedAt, err = lua.CloseAt(r.Context(), a.rc, k)
 	}
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 		return
 	}
-	if err := closeSaleRow(r.Context(), a.db, id, time.Now().UTC()); err != nil {
+	if err := closeSaleRow(r.Context(), a.db, id, closedAt); err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
 		return
 	}

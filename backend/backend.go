@@ -211,6 +211,9 @@ func (b *Backend) startConsuming() {
 	lagCtx, stopLag := context.WithCancel(context.Background())
 	b.stopLag = stopLag
 	b.wg.Go(func() { b.ingest.pollLag(lagCtx) })
+	// This process's clock against Redis's, for the gauge and its alert
+	// (no decision of the backend reads its own clock against another's).
+	b.wg.Go(func() { lua.WatchSkew(lagCtx, b.rc, time.Now, b.metrics.SetRedisSkew) })
 }
 
 // abandon stops what a failed Start had started.

@@ -581,10 +581,14 @@ func (re *reconciler) stockPlan(ctx context.Context, tx *sql.Tx, k *lua.Keys, ms
 		return nil, err
 	}
 	p := &stockPlan{reserved: map[string]int64{}, extra: map[string]int64{}}
-	cutoff := time.Now().Add(-staleAfter).UnixMilli()
+	// Ages on Redis's clock, which stamped the reservations (invariant 8).
+	old, err := lua.Older(ctx, re.rc, k, resv, staleAfter)
+	if err != nil {
+		return nil, err
+	}
 	for id, rec := range resv {
 		p.reserved[rec.Region] += rec.Quantity
-		if rec.CreatedAt.UnixMilli() > cutoff {
+		if !old[id] {
 			p.young++
 		}
 		if st, ok := rows[id]; ok {
@@ -653,10 +657,15 @@ func ptrString(p *int64) string {
 // lacks and writes back MySQL's decision on those it has.
 func (re *reconciler) staleReservations(ctx context.Context, l *ledgerRead, staleAfter time.Duration, rep *ReconcileReport) error {
 	sale := l.row.ID
-	cutoff := time.Now().Add(-staleAfter).UnixMilli()
+	// A reservation's age is judged by the clock of the Redis master that
+	// stamped it (admit.lua), never a gateway's against this backend's.
+	old, err := lua.Older(ctx, re.rc, lua.KeysOf(&l.row.Sale), l.resv, staleAfter)
+	if err != nil {
+		return err
+	}
 	var stale []uint64
-	for id, rec := range l.resv {
-		if rec.CreatedAt.UnixMilli() <= cutoff {
+	for id := range l.resv {
+		if old[id] {
 			stale = append(stale, id)
 		}
 	}

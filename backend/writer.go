@@ -562,10 +562,13 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 }
 
 // closeGrace is how much later than the sale's close an order may have been
-// admitted and still be honoured: the close reaches Redis before MySQL
-// (adminAPI.closeSale), so an order admitted by Redis carries an admission
-// time before closed_at but for the skew between the gateway's clock and the
-// closing backend's.
+// admitted and still be honoured. Both times are Redis's: closed_at is when
+// Redis closed the sale (lua.CloseAt), and an order's created time is its
+// admission's, stamped by admit.lua with the TIME of the master that ran it.
+// On a sale of one tag that is one master's clock, so an order Redis
+// admitted is never later than the close; the grace covers a split sale,
+// whose buckets' masters each have their own (NTP-kept) clock. A gateway's
+// clock plays no part.
 const closeGrace = 5 * time.Second
 
 // refusal is why an order fails before any guard runs ("" if it may try). An

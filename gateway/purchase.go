@@ -145,7 +145,12 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	if !g.allowIP(ctx, now) {
 		return
 	}
-	if g.soldOutEarly(ctx, s, now) {
+	// The sale's window and its limits' windows are Redis's clock's
+	// (invariant 8): the gateway reads it through its measured skew, and
+	// answers from memory only clear of the window's edges (saleOpen);
+	// admit.lua decides by TIME.
+	rnow := g.redisNow(now)
+	if g.soldOutEarly(ctx, s, rnow) {
 		return
 	}
 	claims, ok := g.user(ctx, now)
@@ -168,7 +173,7 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	var charges []flashgate.Charge
 	sub := flashgate.Subjects{User: claims.Subject}
 	if len(s.spec.Limits) > 0 {
-		if charges, err = g.charges(ctx, s, &sub, claims, body, now); err != nil {
+		if charges, err = g.charges(ctx, s, &sub, claims, body, rnow); err != nil {
 			fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
 			return
 		}
@@ -181,7 +186,7 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 		g.limited(ctx, metrics.LimitUser, "too many requests from your account", wait)
 		return
 	}
-	if !g.saleOpen(ctx, s, region, claims.Subject, idem, now) {
+	if !g.saleOpen(ctx, s, region, claims.Subject, idem, rnow) {
 		return
 	}
 	if ok, wait := g.allowSale(s, now); !ok {
@@ -195,7 +200,20 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	defer g.limits.Leave()
 	g.metrics.InflightAdd(1)
 	defer g.metrics.InflightAdd(-1)
-	g.admit(ctx, s, &sub, body.Quantity, region, idem, now, charges)
+	g.admit(ctx, s, &sub, body.Quantity, region, idem, rnow, charges)
+}
+
+// windowMargin is how far inside the window's edges (by Redis's clock, as the
+// gateway reads it) the gateway answers not_started or ended from memory;
+// closer to an edge the admission asks Redis, whose clock decides. It covers
+// a skew not yet sampled up to the alert's threshold
+// (flashgate_redis_clock_skew_seconds > 1s).
+const windowMargin = time.Second
+
+// redisNow is now, the gateway's clock, read as Redis's: less the skew last
+// measured (lua.WatchSkew).
+func (g *Gateway) redisNow(now time.Time) time.Time {
+	return now.Add(-time.Duration(g.skew.Load()))
 }
 
 // allowIP applies the per-IP limit to the client's address.
@@ -341,13 +359,18 @@ func idempotencyKey(ctx *fasthttp.RequestCtx) (string, bool) {
 // saleOpen answers from the cached sale what the admission would: ended,
 // not started, sold out (a replay of an earlier Idempotency-Key still goes
 // on, to be answered its first order). On false it has answered.
+//
+// now is Redis's clock as the gateway reads it (redisNow): the window is
+// answered from memory only windowMargin clear of its edges, and decided by
+// admit.lua, on Redis's own clock, nearer to them.
 func (g *Gateway) saleOpen(ctx *fasthttp.RequestCtx, s *sale, region, user, idem string, now time.Time) bool {
 	nowMS := now.UnixMilli()
+	margin := windowMargin.Milliseconds()
 	switch {
-	case s.closed.Load() || nowMS >= s.endsMS:
+	case s.closed.Load() || nowMS >= s.endsMS+margin:
 		fail(ctx, fasthttp.StatusGone, flashgate.CodeEnded, "the sale has ended")
 		return false
-	case nowMS < s.startsMS:
+	case nowMS < s.startsMS-margin:
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
 		return false
 	case s.soldOutFlag(region).Load() && !g.maybeReplay(s, user, idem):
@@ -438,9 +461,17 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 			// sold-out answer, which has asked every bucket.)
 			g.markSoldOut(s, a.Region)
 		}
+		// The order's created time is Redis's, as its record has it (the
+		// gateway's clock decides nothing: invariant 8).
+		created, expires := adm.At, a.PayBy
+		if created.IsZero() {
+			created = a.Now
+		} else {
+			expires = created.Add(a.PayBy.Sub(a.Now))
+		}
 		g.publish(ctx, s, &flashgate.Order{
 			ID: a.OrderID, SaleID: s.spec.ID, UserID: a.User, Quantity: a.Quantity, Region: a.Region,
-			CreatedAt: a.Now, ExpiresAt: a.PayBy, IdemKey: a.IdemKey, Charges: a.EncodedCharges,
+			CreatedAt: created, ExpiresAt: expires, IdemKey: a.IdemKey, Charges: a.EncodedCharges,
 			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Address: sub.Address,
 		})
 	case lua.Replayed:

@@ -10,9 +10,10 @@ import (
 
 // Hooks for the external tests of purchase-limit holds (holds_test.go).
 
-// FinishHoldsAt is FinishHolds as if run at now.
+// FinishHoldsAt is FinishHolds as if run at now: each bucket's clock is read
+// ahead by now's distance from this process's clock.
 func FinishHoldsAt(ctx context.Context, c rueidis.Client, k *Keys, now time.Time) (HoldsReport, error) {
-	return finishHolds(ctx, c, k, now)
+	return finishHolds(ctx, c, k, time.Until(now))
 }
 
 // HoldOnly takes a's holds in the buckets that count its charges away from

@@ -47,7 +47,9 @@ var (
 // HoldGrace is how long a hold may stay undecided before reconcile decides
 // it: far longer than an admission takes (gateway.admit_timeout). Deciding
 // one early cannot break a limit (the tombstone makes the late admission
-// answer duplicate_id); it only refuses that purchase.
+// answer duplicate_id); it only refuses that purchase. A hold's age is judged
+// on one clock: hold.lua stamps it with its master's TIME, and reconcile
+// reads that master's TIME (ServerTime) to age it.
 const HoldGrace = 30 * time.Second
 
 // holdExpired is the reason of the tombstone FinishHolds writes for an order
@@ -233,7 +235,7 @@ func (s *Scripts) hold(ctx context.Context, c rueidis.Client, b *Keys, a AdmitAr
 		strconv.FormatInt(a.Quantity, 10), a.Region, flashgate.EncodeCharges(cs)}
 	for _, ch := range cs {
 		keys = append(keys, b.Limit(ch.Window))
-		args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.TTL(a.Now).Milliseconds(), 10))
+		args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.ExpiresAtMillis(), 10))
 	}
 	r, acked, err := execWait(ctx, c, holdSrc, holdSHA, keys, args, w)
 	if err != nil {
@@ -387,10 +389,12 @@ type HoldsReport struct {
 // admissions: a hold younger than HoldGrace is left alone, and an older one
 // whose admission comes late is refused by the tombstone.
 func FinishHolds(ctx context.Context, c rueidis.Client, k *Keys) (HoldsReport, error) {
-	return finishHolds(ctx, c, k, time.Now())
+	return finishHolds(ctx, c, k, 0)
 }
 
-func finishHolds(ctx context.Context, c rueidis.Client, k *Keys, now time.Time) (HoldsReport, error) {
+// finishHolds is FinishHolds with each bucket's clock read ahead by ahead (a
+// test's way to age holds).
+func finishHolds(ctx context.Context, c rueidis.Client, k *Keys, ahead time.Duration) (HoldsReport, error) {
 	var rep HoldsReport
 	n := len(k.buckets)
 	for _, h := range k.buckets {
@@ -407,6 +411,15 @@ func finishHolds(ctx context.Context, c rueidis.Client, k *Keys, now time.Time) 
 		if err != nil {
 			return rep, fmt.Errorf("holds of %s bucket %d: %w", k.Sale, b.index, err)
 		}
+		if len(m) == 0 {
+			continue
+		}
+		// The clock that stamped these holds (hold.lua), read after them.
+		now, err := ServerTime(ctx, c, b.holds)
+		if err != nil {
+			return rep, fmt.Errorf("holds of %s bucket %d: %w", k.Sale, b.index, err)
+		}
+		now = now.Add(ahead)
 		type entry struct{ id, tomb string }
 		byHome := map[int][]entry{}
 		windows := map[string][]string{}

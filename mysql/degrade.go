@@ -83,6 +83,17 @@ func DecideDegraded(ctx context.Context, db *sql.DB, p LanePurchase, now time.Ti
 	if o.ID == 0 {
 		o.ID = p.NextID()
 	}
+	// The lane decides on MySQL's clock, read inside its transaction
+	// (invariant 8): the sale's window, the limits' windows and the order's
+	// time are judged by it, never by the gateway's now. The payment
+	// deadline keeps the gateway's distance from the order's time.
+	var dbNow time.Time
+	if err := tx.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(3)`).Scan(&dbNow); err != nil {
+		return LaneResult{}, fmt.Errorf("lane %s: clock: %w", row.ID, err)
+	}
+	pay := o.ExpiresAt.Sub(o.CreatedAt)
+	o.CreatedAt = dbNow.UTC()
+	o.ExpiresAt = o.CreatedAt.Add(pay)
 	res, charges, err := laneChecks(ctx, tx, row, &o, p.InFlight)
 	if err != nil || res.Outcome != flashgate.LaneAdmitted {
 		return res, err
