@@ -6,7 +6,8 @@
 -- KEYS: 1 the giver's stock key (the region's, or the sale's), 2 the giver's
 --       transfers out (Keys.TransfersOut)
 -- ARGV: 1 transfer id, 2 units wanted, 3 receiver's bucket index, 4 region
---       ('' = none), 5 now (ms)
+--       ('' = none), 5 the caller's now (ms; unused: the entry is stamped with
+--       this server's TIME, the clock reconcile ages it by)
 -- It takes what it has, up to the units wanted.
 -- Returns {'took', units, left} | {'empty'}
 local have = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -15,5 +16,7 @@ if have <= 0 then
 end
 local n = math.min(have, tonumber(ARGV[2]))
 local left = redis.call('DECRBY', KEYS[1], n)
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. '|' .. ARGV[4] .. '|' .. n .. '|' .. ARGV[5])
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. '|' .. ARGV[4] .. '|' .. n .. '|' .. now)
 return {'took', tostring(n), tostring(left)}

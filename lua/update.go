@@ -341,7 +341,7 @@ func updateBucketed(ctx context.Context, c rueidis.Client, s *flashgate.Sale, de
 // failover could lose would be counted twice. The units of a take not
 // confirmed stay in their ledger, counted by Remaining and by no stock here.
 func lowerBuckets(ctx context.Context, c rueidis.Client, k *Keys, region string, want int64, taken []int64, w replication) error {
-	if _, err := finishTransfers(ctx, c, k, time.Now(), w); err != nil {
+	if _, err := finishTransfers(ctx, c, k, 0, w); err != nil {
 		return err
 	}
 	var free int64 // what the buckets held at the last read, less what was taken since
