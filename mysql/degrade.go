@@ -119,7 +119,7 @@ func laneChecks(ctx context.Context, tx *sql.Tx, row *SaleRow, o *flashgate.Orde
 			return LaneResult{}, nil, fmt.Errorf("lane %s: idempotency key: %w", row.ID, err)
 		}
 		if first, ok := holders[IdemKey{User: o.UserID, Idem: o.IdemKey}]; ok {
-			st, err := OrderStateOf(ctx, tx, first)
+			st, err := OrderStateOf(ctx, tx, row.ID, first)
 			if err != nil {
 				return LaneResult{}, nil, fmt.Errorf("lane %s: order %d: %w", row.ID, first, err)
 			}

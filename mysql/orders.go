@@ -279,14 +279,18 @@ func InsertFailed(ctx context.Context, db Querier, o flashgate.Order, now time.T
 	return n == 1, nil
 }
 
-// OrderStateOf reads one order's status and reason; ErrNoOrder when MySQL has
-// no row of it.
-func OrderStateOf(ctx context.Context, db Querier, id uint64) (OrderState, error) {
+// OrderStateOf reads the status and reason of sale's order id; ErrNoOrder
+// when MySQL has no row of it. A row of another sale under that id answers
+// OrderState{OtherSale: true} (as OrderStates): it is not this order's.
+func OrderStateOf(ctx context.Context, db Querier, sale string, id uint64) (OrderState, error) {
 	var st OrderState
-	var status string
-	err := db.QueryRowContext(ctx, `SELECT status, reason FROM orders WHERE id = ?`, id).Scan(&status, &st.Reason)
+	var of, status string
+	err := db.QueryRowContext(ctx, `SELECT sale_id, status, reason FROM orders WHERE id = ?`, id).Scan(&of, &status, &st.Reason)
 	if errors.Is(err, sql.ErrNoRows) {
 		return st, ErrNoOrder
+	}
+	if err == nil && of != sale {
+		return OrderState{OtherSale: true}, nil
 	}
 	st.Status = flashgate.OrderStatus(status)
 	return st, err

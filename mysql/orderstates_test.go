@@ -35,4 +35,10 @@ func TestOrderStatesOfOneSale(t *testing.T) {
 	if st, ok := other[4242]; !ok || !st.OtherSale || st.Status != "" {
 		t.Fatalf("another sale asking for the id: %+v %v, want OtherSale and no status", st, ok)
 	}
+	if st, err := OrderStateOf(ctx(t), db, s.ID, 4242); err != nil || st.OtherSale || st.Status != flashgate.OrderFailed {
+		t.Fatalf("OrderStateOf, own sale: %+v %v", st, err)
+	}
+	if st, err := OrderStateOf(ctx(t), db, "another-sale", 4242); err != nil || !st.OtherSale || st.Status != "" {
+		t.Fatalf("OrderStateOf, another sale: %+v %v, want OtherSale", st, err)
+	}
 }
