@@ -269,6 +269,17 @@ func (c Charge) TTL(now time.Time) time.Duration {
 	return c.Ends.Sub(now) + time.Duration(windowGraceMillis)*time.Millisecond
 }
 
+// ExpiresAtMillis is when the counter of the charge's window may go, in Unix
+// milliseconds: the window's end plus a grace (0 for the whole sale: never).
+// Redis expires it by its own clock (PEXPIREAT), so no caller's clock sets
+// how long a window's counts live.
+func (c Charge) ExpiresAtMillis() int64 {
+	if c.Ends.IsZero() {
+		return 0
+	}
+	return c.Ends.UnixMilli() + windowGraceMillis
+}
+
 // Field is the charge's field in its window's counter hash: "<limit>/<subject>".
 func (c Charge) Field() string { return strconv.Itoa(c.Limit) + "/" + c.Subject }
 

@@ -181,6 +181,9 @@ const (
 	ReasonExpired       = "expired"     // unpaid at expires_at
 	ReasonUnknownSale   = "unknown_sale"
 	ReasonBadCharges    = "bad_charges" // the order's limit charges do not fit the sale's limits
+	// ReasonIDTaken: MySQL holds the order's id for an order of another sale
+	// (two id generators on one node id); the order has no row.
+	ReasonIDTaken = "order_id_taken"
 	// ReasonDuplicate: another order of the same sale, user and Idempotency-Key
 	// reached MySQL first (a retry admitted again after Redis lost its data).
 	ReasonDuplicate = "duplicate_idempotency_key"

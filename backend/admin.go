@@ -42,6 +42,10 @@ type adminAPI struct {
 	isLeader  func() bool
 	// live reads the live view's numbers (live.go, ui.go).
 	live *live
+	// waitReplicas, waitTimeout: redis.wait_replicas, redis.wait_timeout (a
+	// PATCH lowering a split sale lands transfers only once confirmed).
+	waitReplicas int
+	waitTimeout  time.Duration
 }
 
 // maxAdminBody bounds an admin request body.
@@ -296,19 +300,26 @@ func (a *adminAPI) closeLocked(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "MySQL", err
 	}
-	if err := lua.Close(ctx, a.rc, k); err != nil {
+	// closed_at is the close by Redis's clock (lua.CloseAt): what an order's
+	// created time, which Redis stamped at its admission, is compared with.
+	closedAt, err := lua.CloseAt(ctx, a.rc, k)
+	if err != nil {
 		return "Redis", err
 	}
-	if err := mysql.CloseSale(ctx, tx, id, time.Now().UTC()); err != nil {
+	if closedAt.IsZero() {
+		closedAt = time.Now().UTC() // no tag is warm: nothing admits meanwhile
+	}
+	if err := mysql.CloseSale(ctx, tx, id, closedAt); err != nil {
 		return "MySQL", err
 	}
 	return "MySQL", tx.Commit()
 }
 
 // closeSale stops selling now: Redis first (the admit script answers ended
-// from then on), then MySQL (the sale leaves the open list; an order stamped
-// later than the close plus closeGrace fails sale_closed), then the gateways'
-// caches. In this order every order already in the stream was admitted before
+// from then on), then MySQL (the sale leaves the open list; closed_at is the
+// close by Redis's clock, lua.CloseAt, and an order whose created time, which
+// Redis stamped at its admission, is later than that plus closeGrace fails
+// sale_closed), then the gateways' caches. In this order every order already in the stream was admitted before
 // the close, and the writer honours it: a 202 given stays an order. A close
 // that fails half-way answers 503 and is safe to repeat.
 func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {

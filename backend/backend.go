@@ -99,7 +99,7 @@ type Backend struct {
 // clients stay the caller's to close.
 func Start(ctx context.Context, deps Deps, opts config.BackendOptions) (*Backend, error) {
 	b := &Backend{
-		opts: opts, log: slog.Default().With("component", "backend"), scripts: lua.Load(), metrics: metrics.NewBackend(),
+		opts: opts, log: slog.Default().With("component", "backend"), scripts: lua.LoadWait(opts.WaitReplicas, opts.WaitTimeout), metrics: metrics.NewBackend(),
 		db: deps.DB, rc: deps.Redis, nc: deps.NATS, js: deps.JetStream, locker: deps.Locker,
 	}
 	b.procCtx, b.procCancel = context.WithCancel(context.Background())
@@ -170,6 +170,7 @@ func (b *Backend) build(ctx context.Context) error {
 	b.ingest.room = newWaitRoom(b.ingest)
 	b.admin = &adminAPI{
 		token: opts.AdminToken, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
+		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout,
 		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader, live: b.live,
 	}
 	return nil
@@ -211,6 +212,9 @@ func (b *Backend) startConsuming() {
 	lagCtx, stopLag := context.WithCancel(context.Background())
 	b.stopLag = stopLag
 	b.wg.Go(func() { b.ingest.pollLag(lagCtx) })
+	// This process's clock against Redis's, for the gauge and its alert
+	// (no decision of the backend reads its own clock against another's).
+	b.wg.Go(func() { lua.WatchSkew(lagCtx, b.rc, time.Now, b.metrics.SetRedisSkew) })
 }
 
 // abandon stops what a failed Start had started.

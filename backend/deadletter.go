@@ -222,7 +222,12 @@ func failOrderRow(ctx context.Context, db *sql.DB, o flashgate.Order, reason str
 	if err != nil {
 		return settlement{}, false, fmt.Errorf("failed row: %w", err)
 	}
-	st, err := mysql.OrderStateOf(ctx, db, o.ID)
+	st, err := mysql.OrderStateOf(ctx, db, o.SaleID, o.ID)
+	if err == nil && st.OtherSale {
+		// The id is another sale's order's (made twice): this one can have
+		// no row. It fails, and its units go back.
+		return settlement{status: flashgate.OrderFailed, reason: flashgate.ReasonIDTaken}, false, nil
+	}
 	if errors.Is(err, mysql.ErrNoOrder) && o.IdemKey != "" {
 		// Another order holds the Idempotency-Key (orders_sale_user_idem): this
 		// one's row goes without it.

@@ -127,8 +127,9 @@ func admit(t testing.TB, rc rueidis.Client, k *lua.Keys, user string, qty int64,
 	if got.Outcome != lua.Admitted {
 		t.Fatalf("admit %s x%d: %v", user, qty, got.Outcome)
 	}
+	// The message carries Redis's time of the admission, as the gateway's does.
 	return flashgate.Order{ID: got.OrderID, SaleID: k.Sale, UserID: user, Quantity: qty, Region: region, Status: flashgate.OrderPending,
-		CreatedAt: ms(now.UnixMilli()), ExpiresAt: ms(a.PayBy.UnixMilli())}
+		CreatedAt: ms(got.At.UnixMilli()), ExpiresAt: ms(got.At.Add(a.PayBy.Sub(now)).UnixMilli())}
 }
 
 func ids(msgs []flashgate.Order) []uint64 {

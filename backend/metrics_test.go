@@ -87,6 +87,10 @@ func TestMetrics(t *testing.T) {
 	if _, ok := fs["go_goroutines"]; !ok {
 		t.Error("no go_goroutines")
 	}
+	// Its clock against Redis's (the stack's processes share one host clock).
+	if v, ok := fs.Value("flashgate_redis_clock_skew_seconds"); !ok || v > 1 || v < -1 {
+		t.Errorf("flashgate_redis_clock_skew_seconds = %v (%v), want a measure within 1 s", v, ok)
+	}
 
 	get := func(path, token string) int {
 		req, _ := http.NewRequestWithContext(ctx(t), "GET", "http://"+s.b.AdminAddr()+path, nil)
@@ -154,7 +158,8 @@ func TestMetricsDuringMySQLOutage(t *testing.T) {
 func TestReasonsKnownToMetrics(t *testing.T) {
 	m := metrics.NewBackend()
 	reasons := []string{reasonUnknownRegion, flashgate.ReasonSoldOut, flashgate.ReasonLimitReached,
-		flashgate.ReasonSaleClosed, flashgate.ReasonUnknownSale, flashgate.ReasonDeadLetter, flashgate.ReasonCanceled, flashgate.ReasonExpired}
+		flashgate.ReasonSaleClosed, flashgate.ReasonUnknownSale, flashgate.ReasonDeadLetter, flashgate.ReasonCanceled, flashgate.ReasonExpired,
+		flashgate.ReasonIDTaken}
 	for _, r := range reasons {
 		m.Outcome(flashgate.OrderFailed, r)
 	}

@@ -250,7 +250,7 @@ func (w *warmer) project(ctx context.Context, tx *sql.Tx, row *saleRow, k *lua.K
 	for id := range candidates {
 		ids = append(ids, id)
 	}
-	written, err := orderRows(ctx, tx, ids)
+	written, err := orderRows(ctx, tx, row.ID, ids)
 	if err != nil {
 		return nil, err
 	}

@@ -442,10 +442,15 @@ const (
 // lacks and writes back MySQL's decision on those it has.
 func (re *reconciler) staleReservations(ctx context.Context, l *ledgerRead, staleAfter time.Duration, rep *ReconcileReport) error {
 	sale := l.row.ID
-	cutoff := time.Now().Add(-staleAfter).UnixMilli()
+	// A reservation's age is judged by the clock of the Redis master that
+	// stamped it (admit.lua), never a gateway's against this backend's.
+	old, err := lua.Older(ctx, re.rc, lua.KeysOf(&l.row.Sale), l.resv, staleAfter)
+	if err != nil {
+		return err
+	}
 	var stale []uint64
-	for id, rec := range l.resv {
-		if rec.CreatedAt.UnixMilli() <= cutoff {
+	for id := range l.resv {
+		if old[id] {
 			stale = append(stale, id)
 		}
 	}
@@ -454,7 +459,7 @@ func (re *reconciler) staleReservations(ctx context.Context, l *ledgerRead, stal
 		return nil
 	}
 	slices.Sort(stale)
-	rows, err := orderRows(ctx, re.db, stale)
+	rows, err := orderRows(ctx, re.db, sale, stale)
 	if err != nil {
 		return err
 	}
@@ -526,14 +531,19 @@ func (re *reconciler) republish(ctx context.Context, l *ledgerRead, missing []ui
 	return nil
 }
 
-// orderRows reads the status and reason of those of ids MySQL has.
-func orderRows(ctx context.Context, q queryer, ids []uint64) (map[uint64]settlement, error) {
-	states, err := mysql.OrderStates(ctx, q, ids)
+// orderRows reads the status and reason of those of ids MySQL has as orders
+// of sale. A row of another sale under one of the ids is not that order's
+// (the id was used twice): it is left out, as if MySQL lacked the order.
+func orderRows(ctx context.Context, q queryer, sale string, ids []uint64) (map[uint64]settlement, error) {
+	states, err := mysql.OrderStates(ctx, q, sale, ids)
 	if err != nil {
 		return nil, fmt.Errorf("order rows: %w", err)
 	}
 	res := make(map[uint64]settlement, len(states))
 	for id, st := range states {
+		if st.OtherSale {
+			continue
+		}
 		res[id] = settlement{status: st.Status, reason: st.Reason, existed: true}
 	}
 	return res, nil

@@ -170,12 +170,25 @@ func TestReconcileStaleReservations(t *testing.T) {
 	sale := spec(10, 2, nil)
 	k := s.createSale(sale)
 	old := time.Now().Add(-time.Minute)
+	// admitAt admits as if Redis's clock had read at: admit.lua stamps the
+	// reservation with Redis's TIME (the clock its age is judged by), so an
+	// old one is the reservation with its created time set back.
 	admitAt := func(user string, at time.Time) flashgate.Order {
 		a := lua.AdmitArgs{User: user, Quantity: 1, OrderID: nextID.Add(1), Now: at, PayBy: at.Add(15 * time.Minute)}
 		if got, err := s.scripts.Admit(ctx(t), s.rc, k, a); err != nil || got.Outcome != lua.Admitted {
 			t.Fatalf("admit: %v %v", got, err)
 		}
-		return flashgate.Order{ID: a.OrderID, SaleID: sale.ID, UserID: user, Quantity: 1, CreatedAt: ms(at.UnixMilli()), ExpiresAt: ms(a.PayBy.UnixMilli())}
+		o := flashgate.Order{ID: a.OrderID, SaleID: sale.ID, UserID: user, Quantity: 1, Status: flashgate.OrderPending,
+			CreatedAt: ms(at.UnixMilli()), ExpiresAt: ms(a.PayBy.UnixMilli())}
+		sid := strconv.FormatUint(o.ID, 10)
+		if err := s.rc.Do(ctx(t), s.rc.B().Hset().Key(k.Resv).FieldValue().FieldValue(sid, lua.EncodeResv(&o)).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.rc.Do(ctx(t), s.rc.B().Hset().Key(k.Orders).FieldValue().FieldValue(sid, lua.EncodeRecord(&o)).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		o.Status = ""
+		return o
 	}
 	orphan := admitAt("orphan", old)   // its gateway died before publishing
 	decided := admitAt("decided", old) // written, not written back

@@ -237,7 +237,7 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 	// Redis holds what MySQL has not settled yet (reservations): its script
 	// refuses what they would break, atomically with the change (bucket by
 	// bucket on a split sale, each refusal undone: docs/buckets.md).
-	err = lua.Update(ctx, a.rc, &s, deltas, lowered)
+	err = lua.UpdateWait(ctx, a.rc, &s, deltas, lowered, a.waitReplicas, a.waitTimeout)
 	switch {
 	case errors.Is(err, lua.ErrOverLimit):
 		return nil, refuse("per_user_limit %d: %v", s.PerUserLimit, err)
@@ -256,7 +256,7 @@ func (a *adminAPI) applyPatch(r *http.Request, id string, p *salePatch) (*flashg
 		for r, d := range deltas {
 			back[r] = -d
 		}
-		if uerr := lua.Update(ctx, a.rc, &old, back, nil); uerr != nil && !errors.Is(uerr, lua.ErrNotWarmed) {
+		if uerr := lua.UpdateWait(ctx, a.rc, &old, back, nil, a.waitReplicas, a.waitTimeout); uerr != nil && !errors.Is(uerr, lua.ErrNotWarmed) {
 			a.log.Error("update sale: MySQL did not commit and Redis keeps the new spec; reconcile repairs the stock", "sale", id, "err", uerr)
 		}
 		return nil, fmt.Errorf("MySQL: %w", err)

@@ -314,18 +314,25 @@ func beginRC(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 	return mysql.Begin(ctx, db)
 }
 
-// existing reads which orders MySQL has already: their status and reason.
-func existing(ctx context.Context, tx *sql.Tx, orders []flashgate.Order) (map[uint64]settlement, error) {
+// existing reads which orders of sale MySQL has already: their status and
+// reason. An order whose id MySQL holds for an order of another sale (the
+// id was made twice) can have no row (the id is the primary key): it fails,
+// ReasonIDTaken, with no row written, and its units go back to Redis.
+func existing(ctx context.Context, tx *sql.Tx, sale string, orders []flashgate.Order) (map[uint64]settlement, error) {
 	ids := make([]uint64, len(orders))
 	for i, o := range orders {
 		ids[i] = o.ID
 	}
-	states, err := mysql.OrderStates(ctx, tx, ids)
+	states, err := mysql.OrderStates(ctx, tx, sale, ids)
 	if err != nil {
 		return nil, fmt.Errorf("existing orders: %w", err)
 	}
 	res := make(map[uint64]settlement, len(orders))
 	for id, st := range states {
+		if st.OtherSale {
+			res[id] = settlement{status: flashgate.OrderFailed, reason: flashgate.ReasonIDTaken}
+			continue
+		}
 		res[id] = settlement{status: st.Status, reason: st.Reason, existed: true}
 	}
 	return res, nil
@@ -436,7 +443,7 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	// Read before the sale row lock: a concurrent redelivery committing these ids
 	// after this read makes the order insert fail with a duplicate key, and the
 	// retry finds them here.
-	res, err := existing(ctx, tx, orders)
+	res, err := existing(ctx, tx, sale, orders)
 	if err != nil {
 		return nil, false, err
 	}
@@ -564,7 +571,7 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 			return nil, errShapeMoved
 		}
 	}
-	res, err := existing(ctx, tx, orders)
+	res, err := existing(ctx, tx, sale, orders)
 	if err != nil {
 		return nil, err
 	}
@@ -599,10 +606,13 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 }
 
 // closeGrace is how much later than the sale's close an order may have been
-// admitted and still be honoured: the close reaches Redis before MySQL
-// (adminAPI.closeSale), so an order admitted by Redis carries an admission
-// time before closed_at but for the skew between the gateway's clock and the
-// closing backend's.
+// admitted and still be honoured. Both times are Redis's: closed_at is when
+// Redis closed the sale (lua.CloseAt), and an order's created time is its
+// admission's, stamped by admit.lua with the TIME of the master that ran it.
+// On a sale of one tag that is one master's clock, so an order Redis
+// admitted is never later than the close; the grace covers a split sale,
+// whose buckets' masters each have their own (NTP-kept) clock. A gateway's
+// clock plays no part.
 const closeGrace = 5 * time.Second
 
 // refusal is why an order fails before any guard runs ("" if it may try). An

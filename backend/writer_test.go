@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/internal/testenv"
@@ -314,6 +315,39 @@ func TestUnknownAndClosed(t *testing.T) {
 		}
 		if got := remaining(t, e.rc, k, ""); got != 10 {
 			t.Errorf("redis remaining = %d, want 10 (released)", got)
+		}
+	})
+
+	t.Run("id of another sale's order", func(t *testing.T) {
+		// Two id generators on one node made one id for orders of two
+		// sales; the first is in MySQL. The second is not that row: it
+		// fails (order_id_taken, no row of its own) and its units go back,
+		// never confirmed with the other order's status.
+		sa, sb := spec(10, 2, nil), spec(10, 2, nil)
+		ka, kb := e.createSale(sa), e.createSale(sb)
+		first := admit(t, e.rc, ka, "u1", 1, "")
+		if out := e.process(sa.ID, []flashgate.Order{first}); out[0].Status != flashgate.OrderConfirmed {
+			t.Fatalf("the first order: %+v", out[0])
+		}
+		now := time.Now()
+		a := lua.AdmitArgs{User: "u2", Quantity: 2, OrderID: first.ID, Now: now, PayBy: now.Add(time.Minute)}
+		if adm, err := lua.Load().Admit(ctx(t), e.rc, kb, a); err != nil || adm.Outcome != lua.Admitted {
+			t.Fatalf("admit the second: %+v %v", adm, err)
+		}
+		second := flashgate.Order{ID: first.ID, SaleID: sb.ID, UserID: "u2", Quantity: 2, Status: flashgate.OrderPending,
+			CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
+		out := e.process(sb.ID, []flashgate.Order{second})
+		if out[0].Status != flashgate.OrderFailed || out[0].Reason != flashgate.ReasonIDTaken {
+			t.Fatalf("the second order: %+v, want failed %s", out[0], flashgate.ReasonIDTaken)
+		}
+		if e.sold(sb.ID) != 0 || e.sold(sa.ID) != 1 {
+			t.Errorf("sold: %s %d, %s %d; want 0, 1", sb.ID, e.sold(sb.ID), sa.ID, e.sold(sa.ID))
+		}
+		if got := remaining(t, e.rc, kb, ""); got != 10 {
+			t.Errorf("redis remaining of the second sale = %d, want 10 (released)", got)
+		}
+		if st, _, ok := e.order(first.ID); !ok || st != "confirmed" {
+			t.Errorf("the first order's row: %s %v, want confirmed", st, ok)
 		}
 	})
 

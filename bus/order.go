@@ -68,6 +68,25 @@ const HeaderRequestID = "X-Request-Id"
 // whole PubAck was seven of a purchase's allocations. Returns nil once the
 // stream has stored the order (or already had it: a duplicate).
 func SendOrder(ctx context.Context, nc *nats.Conn, subject string, o *flashgate.Order, buf []byte, requestID string) error {
+	return sendOrder(ctx, nc, subject, o, buf, requestID, false)
+}
+
+// ErrDuplicate is SendNewOrder's answer when the stream already held a
+// message with the order's id (Nats-Msg-Id) within its dedup window: the id
+// was used by another order (two generators on one node id: a broken id
+// source), and this order is NOT in the stream.
+var ErrDuplicate = errors.New("order id already in the stream")
+
+// SendNewOrder is SendOrder for an order's first publish (the gateway's,
+// right after its admission): a duplicate answer cannot be this order's own
+// earlier copy, so it is ErrDuplicate, not success. (A replay and a republish
+// send an order again: for them a duplicate is the copy already stored, and
+// they use SendOrder.)
+func SendNewOrder(ctx context.Context, nc *nats.Conn, subject string, o *flashgate.Order, buf []byte, requestID string) error {
+	return sendOrder(ctx, nc, subject, o, buf, requestID, true)
+}
+
+func sendOrder(ctx context.Context, nc *nats.Conn, subject string, o *flashgate.Order, buf []byte, requestID string, first bool) error {
 	var idb [20]byte
 	h := nats.Header{jetstream.MsgIDHeader: []string{string(strconv.AppendUint(idb[:0], o.ID, 10))}}
 	if requestID != "" {
@@ -77,14 +96,22 @@ func SendOrder(ctx context.Context, nc *nats.Conn, subject string, o *flashgate.
 	for {
 		resp, err := nc.RequestMsgWithContext(ctx, &m)
 		if err == nil {
-			return pubAckError(resp.Data)
+			if err := pubAckError(resp.Data); err != nil {
+				return err
+			}
+			if first && isDuplicate(resp.Data) {
+				return fmt.Errorf("publish %s: order %d: %w", subject, o.ID, ErrDuplicate)
+			}
+			return nil
 		}
 		if !errors.Is(err, nats.ErrNoResponders) {
 			return fmt.Errorf("publish %s: %w", subject, err)
 		}
 		// No stream answered: in a cluster, its leader may be moving. Ask
 		// again while the budget lasts, as the jetstream client does (the
-		// same Nats-Msg-Id makes a second store a duplicate).
+		// same Nats-Msg-Id makes a second store a duplicate; for a first
+		// publish that would be ErrDuplicate, a refusal: the safe side, as
+		// no stream answers only when none took the message).
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("publish %s: %w", subject, jetstream.ErrNoStreamResponse)
@@ -96,6 +123,13 @@ func SendOrder(ctx context.Context, nc *nats.Conn, subject string, o *flashgate.
 // noStreamRetry is the pause before a publish that no stream answered is sent
 // again.
 const noStreamRetry = 50 * time.Millisecond
+
+// isDuplicate reports whether a JetStream publish ack says the stream had the
+// message's id already ({"stream":…,"seq":…,"duplicate":true}).
+// (nats-server writes `"duplicate": true`, with a space; either is read.)
+func isDuplicate(b []byte) bool {
+	return bytes.Contains(b, []byte(`"duplicate": true`)) || bytes.Contains(b, []byte(`"duplicate":true`))
+}
 
 // pubAckError is the error a JetStream publish answer carries, nil for an ack.
 func pubAckError(b []byte) error {

@@ -40,6 +40,8 @@ type Deps struct {
 	Redis     rueidis.Client
 	NATS      *nats.Conn
 	JetStream jetstream.JetStream
+	// Now is the gateway's clock (nil: time.Now); a test sets a skewed one.
+	Now func() time.Time
 }
 
 // settings are the configuration values a running gateway reads; the rest of
@@ -93,6 +95,10 @@ type Gateway struct {
 	shutdown sync.Once
 	err      error
 	now      func() time.Time
+	// skew is the gateway's clock less Redis's, in nanoseconds, as last
+	// sampled (lua.WatchSkew): the local window checks read Redis's clock
+	// through it (redisNow).
+	skew atomic.Int64
 }
 
 // Start leases an order-id node, loads the sales, and serves the public and
@@ -129,9 +135,12 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 		cfg: settings{Gateway: opts.Gateway, NATS: opts.NATS, PaymentTimeout: opts.PaymentTimeout,
 			WaitReplicas: opts.WaitReplicas, WaitTimeout: opts.WaitTimeout, AdminToken: opts.AdminToken, File: opts.File},
 		rc: deps.Redis, nc: deps.NATS, js: deps.JetStream,
-		scripts: lua.Load(), sales: newSales(opts.LiveGrace), now: time.Now, metrics: metrics.NewGateway(),
+		scripts: lua.Load(), sales: newSales(opts.LiveGrace), now: deps.Now, metrics: metrics.NewGateway(),
 		releases: newReleases(opts.Gateway.ReleaseQueue), marks: newEdgeMarks(opts.Gateway.EdgeMarksDir),
 		id: newRequestID()[:16], accessSample: opts.Gateway.AccessLogSample,
+	}
+	if g.now == nil {
+		g.now = time.Now
 	}
 	v, err := auth.NewVerifier(opts.Auth)
 	if err != nil {
@@ -197,6 +206,12 @@ func (g *Gateway) runBackground() {
 	g.goBG(func() { g.leaseLoop(bgctx) })
 	g.goBG(func() { g.watchConfig(bgctx) })
 	g.goBG(func() { g.statsLoop(bgctx) })
+	g.goBG(func() {
+		lua.WatchSkew(bgctx, g.rc, g.now, func(d time.Duration) {
+			g.skew.Store(int64(d))
+			g.metrics.SetRedisSkew(d)
+		})
+	})
 	if g.marks != nil {
 		g.goBG(func() { g.edgeMarkLoop(bgctx) })
 	}

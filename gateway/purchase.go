@@ -145,7 +145,12 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	if !g.allowIP(ctx, now) {
 		return
 	}
-	if g.soldOutEarly(ctx, s, now) {
+	// The sale's window and its limits' windows are Redis's clock's
+	// (invariant 8): the gateway reads it through its measured skew, and
+	// answers from memory only clear of the window's edges (saleOpen);
+	// admit.lua decides by TIME.
+	rnow := g.redisNow(now)
+	if g.soldOutEarly(ctx, s, rnow) {
 		return
 	}
 	claims, ok := g.user(ctx, now)
@@ -168,7 +173,7 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	var charges []flashgate.Charge
 	sub := flashgate.Subjects{User: claims.Subject}
 	if len(s.spec.Limits) > 0 {
-		if charges, err = g.charges(ctx, s, &sub, claims, body, now); err != nil {
+		if charges, err = g.charges(ctx, s, &sub, claims, body, rnow); err != nil {
 			fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
 			return
 		}
@@ -181,7 +186,7 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 		g.limited(ctx, metrics.LimitUser, "too many requests from your account", wait)
 		return
 	}
-	if !g.saleOpen(ctx, s, region, claims.Subject, idem, now) {
+	if !g.saleOpen(ctx, s, region, claims.Subject, idem, rnow) {
 		return
 	}
 	if ok, wait := g.allowSale(s, now); !ok {
@@ -195,7 +200,20 @@ func (g *Gateway) purchase(ctx *fasthttp.RequestCtx, s *sale) {
 	defer g.limits.Leave()
 	g.metrics.InflightAdd(1)
 	defer g.metrics.InflightAdd(-1)
-	g.admit(ctx, s, &sub, body.Quantity, region, idem, now, charges)
+	g.admit(ctx, s, &sub, body.Quantity, region, idem, rnow, charges)
+}
+
+// windowMargin is how far inside the window's edges (by Redis's clock, as the
+// gateway reads it) the gateway answers not_started or ended from memory;
+// closer to an edge the admission asks Redis, whose clock decides. It covers
+// a skew not yet sampled up to the alert's threshold
+// (flashgate_redis_clock_skew_seconds > 1s).
+const windowMargin = time.Second
+
+// redisNow is now, the gateway's clock, read as Redis's: less the skew last
+// measured (lua.WatchSkew).
+func (g *Gateway) redisNow(now time.Time) time.Time {
+	return now.Add(-time.Duration(g.skew.Load()))
 }
 
 // allowIP applies the per-IP limit to the client's address.
@@ -341,13 +359,18 @@ func idempotencyKey(ctx *fasthttp.RequestCtx) (string, bool) {
 // saleOpen answers from the cached sale what the admission would: ended,
 // not started, sold out (a replay of an earlier Idempotency-Key still goes
 // on, to be answered its first order). On false it has answered.
+//
+// now is Redis's clock as the gateway reads it (redisNow): the window is
+// answered from memory only windowMargin clear of its edges, and decided by
+// admit.lua, on Redis's own clock, nearer to them.
 func (g *Gateway) saleOpen(ctx *fasthttp.RequestCtx, s *sale, region, user, idem string, now time.Time) bool {
 	nowMS := now.UnixMilli()
+	margin := windowMargin.Milliseconds()
 	switch {
-	case s.closed.Load() || nowMS >= s.endsMS:
+	case s.closed.Load() || nowMS >= s.endsMS+margin:
 		fail(ctx, fasthttp.StatusGone, flashgate.CodeEnded, "the sale has ended")
 		return false
-	case nowMS < s.startsMS:
+	case nowMS < s.startsMS-margin:
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
 		return false
 	case s.soldOutFlag(region).Load() && !g.maybeReplay(s, user, idem):
@@ -438,9 +461,17 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 			// sold-out answer, which has asked every bucket.)
 			g.markSoldOut(s, a.Region)
 		}
+		// The order's created time is Redis's, as its record has it (the
+		// gateway's clock decides nothing: invariant 8).
+		created, expires := adm.At, a.PayBy
+		if created.IsZero() {
+			created = a.Now
+		} else {
+			expires = created.Add(a.PayBy.Sub(a.Now))
+		}
 		g.publish(ctx, s, &flashgate.Order{
 			ID: a.OrderID, SaleID: s.spec.ID, UserID: a.User, Quantity: a.Quantity, Region: a.Region,
-			CreatedAt: a.Now, ExpiresAt: a.PayBy, IdemKey: a.IdemKey, Charges: a.EncodedCharges,
+			CreatedAt: created, ExpiresAt: expires, IdemKey: a.IdemKey, Charges: a.EncodedCharges,
 			Phone: sub.Phone, Device: sub.Device, IP: sub.IP, Address: sub.Address,
 		})
 	case lua.Replayed:
@@ -493,7 +524,24 @@ func (g *Gateway) undoAdmit(s *sale, user string, id uint64, region, charges str
 func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order) {
 	start := time.Now()
 	rid := requestID(ctx)
-	_, err := g.breakers.nats.Execute(func() (struct{}, error) { return struct{}{}, g.send(s, m, rid) })
+	// A duplicate is no fault of NATS: it is kept from the breaker.
+	var dup error
+	_, err := g.breakers.nats.Execute(func() (struct{}, error) {
+		err := g.send(s, m, rid, true)
+		if errors.Is(err, bus.ErrDuplicate) {
+			dup = err
+			return struct{}{}, nil
+		}
+		return struct{}{}, err
+	})
+	if err == nil && dup != nil {
+		// The stream holds another order under this id (two generators on
+		// one node id): this order is not in it, so no 202. The release
+		// below answers 503 (or 202 if a replay of this very order stored
+		// and claimed it meanwhile).
+		slog.Error("order id already in the stream: the id source is broken", "sale", s.spec.ID, "order", m.ID)
+		err = dup
+	}
 	if err == nil {
 		g.metrics.PublishLatency(time.Since(start))
 		accepted(ctx, m.ID, flashgate.OrderPending)
@@ -543,8 +591,11 @@ func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.Relea
 // a message when the publish returns, so a buffer serves the next order.
 var orderBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
-// send publishes m, with the id of the request it came from (rid).
-func (g *Gateway) send(s *sale, m *flashgate.Order, rid string) error {
+// send publishes m, with the id of the request it came from (rid). first is
+// the order's first publish (right after its admission), for which the
+// stream's "duplicate" means the id belongs to another order
+// (bus.ErrDuplicate); a replay's duplicate is its own earlier copy.
+func (g *Gateway) send(s *sale, m *flashgate.Order, rid string, first bool) error {
 	subject := s.subject.Load()
 	if subject == nil {
 		v := bus.OrderSubject(g.cfg.NATS, s.spec.ID)
@@ -554,7 +605,11 @@ func (g *Gateway) send(s *sale, m *flashgate.Order, rid string) error {
 	pctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
 	defer cancel()
 	buf := orderBufs.Get().(*[]byte)
-	err := bus.SendOrder(pctx, g.nc, *subject, m, *buf, rid)
+	send := bus.SendOrder
+	if first {
+		send = bus.SendNewOrder
+	}
+	err := send(pctx, g.nc, *subject, m, *buf, rid)
 	orderBufs.Put(buf)
 	return err
 }
@@ -571,14 +626,27 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, user string, id uint
 		unavailable(ctx, "order state unavailable")
 		return
 	}
-	switch rec.Status {
-	case lua.StatusReleased:
+	if rec.Status == lua.StatusReleased {
 		unavailable(ctx, "order queue unavailable")
 		return
+	}
+	// Under redis.wait_replicas a replay promises the key's order only once
+	// the replicas have it, as its admission would have: the first request
+	// may have been told 503 for want of them (lua.ErrNotReplicated).
+	if g.cfg.WaitReplicas > 0 {
+		wctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout+g.cfg.WaitTimeout)
+		acked, err := lua.WaitRecord(wctx, g.rc, s.keys.Home(user), id, g.cfg.WaitReplicas, g.cfg.WaitTimeout)
+		cancel()
+		if err != nil || !acked {
+			unavailable(ctx, "order not replicated")
+			return
+		}
+	}
+	switch rec.Status {
 	case lua.StatusPending:
 		m := rec
 		m.FactsFromCharges(s.spec.Limits)
-		if err := g.send(s, &m, requestID(ctx)); err != nil {
+		if err := g.send(s, &m, requestID(ctx), false); err != nil {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}

@@ -2,11 +2,16 @@
 -- KEYS: 1 meta, 2 stock (the region's, or the sale's), 3 users, 4 resv, 5 orders, 6 idem,
 --       then 6+j: the counter hash of charge j's window (Keys.Limit)
 --       (all under the sale's hash tag: keys.go).
--- ARGV: 1 user, 2 quantity, 3 order id, 4 now (ms), 5 idempotency key ('' = none),
---       6 region ('' = none), 7 payment deadline (ms),
+-- ARGV: 1 user, 2 quantity, 3 order id, 4 the gateway's now (ms; no decision reads it),
+--       5 idempotency key ('' = none), 6 region ('' = none), 7 payment deadline (ms, by
+--       the gateway's clock: the record's is as far from the admission by this server's),
 --       8 the order's charges as flashgate.EncodeCharges wrote them ('' or absent = none),
 --       then for each charge j, 3 values: field ('<limit>/<subject>'), increment,
---       ttl ms of the window's counter (0: the whole sale, no expiry).
+--       when the window's counter expires (Unix ms; 0: the whole sale, no expiry).
+-- Time is this server's (TIME): the sale window is judged by it, counters
+-- expire by it (PEXPIREAT), and it is the order's created time in its record
+-- and reservation, so that every age of a reservation is judged on this one
+-- clock (invariant 8). A gateway's clock decides nothing here.
 -- Each limit's maximum is the sale's own, from meta ('lmax': the maxima in limit order,
 -- written at warm; a meta warmed before 'lmax' existed has them in 'limits'), never
 -- the caller's: a caller that could name a maximum could lift any limit. The charges
@@ -14,8 +19,9 @@
 -- already in another bucket (hold.lua: docs/buckets.md), which is neither checked nor
 -- counted here (the record keeps its real increment, from ARGV[8]).
 -- Returns {outcome, ...}:
---   {'ok', order_id, remaining}   reserved: stock deducted, user and every charge counted,
---                                 reservation recorded
+--   {'ok', order_id, remaining, now}  reserved: stock deducted, user and every charge counted,
+--                                 reservation recorded; now: this server's time (ms), the
+--                                 order's created time
 --   {'replay', order_id}          same user + idempotency key seen before: nothing changed
 --   {'not_warmed'}                no meta or no stock key: unknown, never "sold out"
 --   {'not_started', ms_left} | {'ended'} | {'bad_quantity'}
@@ -26,7 +32,10 @@ local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'limit', 'o
 if not meta[1] then
   return {'not_warmed'}
 end
-local user, qty, id, now, idem = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local user, qty, id, idem = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[5]
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local nowms = string.format('%d', now)
 local idemField = user .. '|' .. idem
 if idem ~= '' then
   local prev = redis.call('HGET', KEYS[6], idemField)
@@ -39,7 +48,7 @@ if meta[1] ~= 'open' then
 end
 local starts = tonumber(meta[2])
 if now < starts then
-  return {'not_started', tostring(starts - now)}
+  return {'not_started', string.format('%d', starts - now)}
 end
 if now >= tonumber(meta[3]) then
   return {'ended'}
@@ -139,7 +148,8 @@ end
 -- An order id is used once. Ids are unique by construction (package orderid); if
 -- two ever met, overwriting the first reservation would lose its unit: HSETNX
 -- writes the order's record only when the id is free.
-local rec = user .. '|' .. ARGV[2] .. '|' .. ARGV[6] .. '|' .. ARGV[4] .. '|' .. ARGV[7] .. '|' .. idem .. '|' .. charges
+local expires = string.format('%d', now + (tonumber(ARGV[7]) - tonumber(ARGV[4])))
+local rec = user .. '|' .. ARGV[2] .. '|' .. ARGV[6] .. '|' .. nowms .. '|' .. expires .. '|' .. idem .. '|' .. charges
 if redis.call('HSETNX', KEYS[5], id, 'pending||' .. rec) == 0 then
   local out = {'duplicate_id'}
   return refuse(out)
@@ -148,13 +158,14 @@ local left = redis.call('DECRBY', KEYS[2], qty)
 for j = 1, nc do
   local a = 8 + 3 * (j - 1)
   local inc = tonumber(ARGV[a + 2])
-  -- A window's counter expires by itself; its TTL is set by the first count in it.
+  -- A window's counter expires by itself, at its end by this server's clock;
+  -- the expiry is set by the first count in it.
   if inc > 0 and redis.call('HINCRBY', KEYS[6 + j], ARGV[a + 1], inc) == inc and ARGV[a + 3] ~= '0' then
-    redis.call('PEXPIRE', KEYS[6 + j], ARGV[a + 3])
+    redis.call('PEXPIREAT', KEYS[6 + j], ARGV[a + 3])
   end
 end
 redis.call('HSET', KEYS[4], id, rec)
 if idem ~= '' then
   redis.call('HSET', KEYS[6], idemField, id)
 end
-return {'ok', id, tostring(left)}
+return {'ok', id, tostring(left), nowms}

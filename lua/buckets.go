@@ -517,7 +517,7 @@ func PendingTransfers(ctx context.Context, c rueidis.Client, k *Keys) ([]Transfe
 // (ledgerKeep, receivedKeep). It is safe beside live transfers: give lands a
 // transfer once. It answers how many transfers' units it landed now.
 func FinishTransfers(ctx context.Context, c rueidis.Client, k *Keys) (int, error) {
-	return finishTransfers(ctx, c, k, time.Now(), replication{})
+	return finishTransfers(ctx, c, k, 0, replication{})
 }
 
 // FinishTransfersWait is FinishTransfers under redis.wait_replicas: a
@@ -525,29 +525,54 @@ func FinishTransfers(ctx context.Context, c rueidis.Client, k *Keys) (int, error
 // its take (confirmTaken), and its record is pruned only once as many of the
 // receiver's have its landing; the others are left for the next run.
 func FinishTransfersWait(ctx context.Context, c rueidis.Client, k *Keys, replicas int, timeout time.Duration) (int, error) {
-	return finishTransfers(ctx, c, k, time.Now(), replication{replicas: replicas, timeout: timeout})
+	return finishTransfers(ctx, c, k, 0, replication{replicas: replicas, timeout: timeout})
 }
 
-func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Time, w replication) (int, error) {
+// The ages of ledger entries and received ids are judged by the clock of the
+// master holding each (take.lua and give.lua stamp them with its TIME), read
+// ahead by ahead (a test's way to age them).
+func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, ahead time.Duration, w replication) (int, error) {
+	n, _, err := finishTransfersLeft(ctx, c, k, ahead, w)
+	return n, err
+}
+
+// finishTransfersLeft is finishTransfers that also answers the transfers it
+// left unlanded: those whose take the replicas did not confirm.
+func finishTransfersLeft(ctx context.Context, c rueidis.Client, k *Keys, ahead time.Duration, w replication) (int, []Transfer, error) {
 	ts, err := PendingTransfers(ctx, c, k)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
+	}
+	// clock is bucket b's master's TIME in ms, read once, after its entries.
+	clocks := map[int]int64{}
+	clock := func(b int) (int64, error) {
+		if ms, ok := clocks[b]; ok {
+			return ms, nil
+		}
+		t, err := ServerTime(ctx, c, k.buckets[b].xout)
+		if err != nil {
+			return 0, fmt.Errorf("transfers of %s bucket %d: %w", k.Sale, b, err)
+		}
+		clocks[b] = t.Add(ahead).UnixMilli()
+		return clocks[b], nil
 	}
 	n := 0
-	nowMS := now.UnixMilli()
+	nowMS := time.Now().UnixMilli() // for the scripts' ARGV only: they stamp with TIME
 	inLedger := map[string]bool{}
+	var left []Transfer
 	for _, t := range ts {
 		ok, err := confirmTaken(ctx, c, k, t, w)
 		if err != nil {
-			return n, err
+			return n, left, err
 		}
 		if !ok {
 			inLedger[t.ID] = true
+			left = append(left, t)
 			continue
 		}
 		given, acked, err := land(ctx, c, k, t, nowMS, w)
 		if err != nil {
-			return n, err
+			return n, left, err
 		}
 		if given {
 			n++
@@ -557,13 +582,17 @@ func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Ti
 			continue
 		}
 		// Landed now or before: the entry goes once it is old enough that no
-		// reader's sum can still be straddling it.
-		if nowMS-t.TakenMS < ledgerKeep.Milliseconds() {
+		// reader's sum can still be straddling it (by its giver's clock).
+		giverMS, err := clock(t.From)
+		if err != nil {
+			return n, left, err
+		}
+		if giverMS-t.TakenMS < ledgerKeep.Milliseconds() {
 			inLedger[t.ID] = true
 			continue
 		}
 		if err := c.Do(ctx, c.B().Hdel().Key(k.buckets[t.From].xout).Field(t.ID).Build()).Error(); err != nil {
-			return n, fmt.Errorf("transfer %s of %s: clear ledger: %w", t.ID, k.Sale, err)
+			return n, left, fmt.Errorf("transfer %s of %s: clear ledger: %w", t.ID, k.Sale, err)
 		}
 	}
 	// A received id goes long after its ledger entry, and never while one
@@ -571,22 +600,29 @@ func finishTransfers(ctx context.Context, c rueidis.Client, k *Keys, now time.Ti
 	for _, b := range k.buckets {
 		m, err := c.Do(ctx, c.B().Hgetall().Key(b.xin).Build()).AsStrMap()
 		if err != nil {
-			return n, fmt.Errorf("transfers into %s bucket %d: %w", k.Sale, b.index, err)
+			return n, left, fmt.Errorf("transfers into %s bucket %d: %w", k.Sale, b.index, err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		receiverMS, err := clock(b.index)
+		if err != nil {
+			return n, left, err
 		}
 		var old []string
 		for id, at := range m {
 			ms, _ := strconv.ParseInt(at, 10, 64)
-			if !inLedger[id] && nowMS-ms >= receivedKeep.Milliseconds() {
+			if !inLedger[id] && receiverMS-ms >= receivedKeep.Milliseconds() {
 				old = append(old, id)
 			}
 		}
 		if len(old) > 0 {
 			if err := c.Do(ctx, c.B().Hdel().Key(b.xin).Field(old...).Build()).Error(); err != nil {
-				return n, fmt.Errorf("transfers into %s bucket %d: %w", k.Sale, b.index, err)
+				return n, left, fmt.Errorf("transfers into %s bucket %d: %w", k.Sale, b.index, err)
 			}
 		}
 	}
-	return n, nil
+	return n, left, nil
 }
 
 // remainingBucketed is Remaining for a split sale: each bucket's stock and

@@ -72,7 +72,7 @@ func TestTransferCrashFinished(t *testing.T) {
 	if ts, err := PendingTransfers(ctx, c, k); err != nil || len(ts) != 2 {
 		t.Fatalf("young ledger: %v %v", ts, err)
 	}
-	if _, err := finishTransfers(ctx, c, k, now.Add(ledgerKeep+time.Second), replication{}); err != nil {
+	if _, err := finishTransfers(ctx, c, k, time.Until(now.Add(ledgerKeep+time.Second)), replication{}); err != nil {
 		t.Fatal(err)
 	}
 	if ts, err := PendingTransfers(ctx, c, k); err != nil || len(ts) != 0 {
@@ -81,7 +81,7 @@ func TestTransferCrashFinished(t *testing.T) {
 	if stock(0) != 5 || stock(1) != 3 || total() != 8 {
 		t.Fatalf("after clearing: %d %d, remaining %d", stock(0), stock(1), total())
 	}
-	if _, err := finishTransfers(ctx, c, k, now.Add(receivedKeep+time.Minute), replication{}); err != nil {
+	if _, err := finishTransfers(ctx, c, k, time.Until(now.Add(receivedKeep+time.Minute)), replication{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, b := range k.buckets {
@@ -111,4 +111,39 @@ func warmBucketed(ctx context.Context, t *testing.T, c rueidis.Client, id string
 		t.Fatalf("warm: %v %v", ok, err)
 	}
 	return KeysOf(spec)
+}
+
+// TestTransferAgedByRedisClock: a transfer's ledger entry and received id are
+// stamped with the TIME of the master that wrote them, whatever clock the
+// caller has: a gateway an hour slow does not make a transfer it just landed
+// look older than ledgerKeep, so reconcile keeps its entry (a reader's sum
+// may still straddle it) until it is old by Redis's clock.
+func TestTransferAgedByRedisClock(t *testing.T) {
+	c := testenv.Redis(t, testenv.ClusterAddrs())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	k := warmBucketed(ctx, t, c, "xclock", 8, 2, 2)
+	slow := time.Now().Add(-time.Hour).UnixMilli() // the caller's clock
+	got, _, _, err := take(ctx, c, k.buckets[0], 1, "t-slow", "", 1, slow, replication{})
+	if err != nil || got != 1 {
+		t.Fatalf("take: %d %v", got, err)
+	}
+	if _, _, err := land(ctx, c, k, Transfer{ID: "t-slow", From: 0, To: 1, Units: 1}, slow, replication{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := FinishTransfers(ctx, c, k); err != nil {
+		t.Fatal(err)
+	}
+	if ts, err := PendingTransfers(ctx, c, k); err != nil || len(ts) != 1 {
+		t.Fatalf("ledger after reconcile: %v %v, want the young entry kept", ts, err)
+	}
+	if _, err := finishTransfers(ctx, c, k, ledgerKeep+time.Second, replication{}); err != nil {
+		t.Fatal(err)
+	}
+	if ts, err := PendingTransfers(ctx, c, k); err != nil || len(ts) != 0 {
+		t.Fatalf("ledger past ledgerKeep by Redis's clock: %v %v, want it pruned", ts, err)
+	}
+	if rem, err := Remaining(ctx, c, k); err != nil || rem[""] != 8 {
+		t.Fatalf("Remaining %v %v, want 8", rem, err)
+	}
 }

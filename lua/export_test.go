@@ -10,16 +10,17 @@ import (
 
 // Hooks for the external tests of purchase-limit holds (holds_test.go).
 
-// FinishHoldsAt is FinishHolds as if run at now.
+// FinishHoldsAt is FinishHolds as if run at now: each bucket's clock is read
+// ahead by now's distance from this process's clock.
 func FinishHoldsAt(ctx context.Context, c rueidis.Client, k *Keys, now time.Time) (HoldsReport, error) {
-	return finishHolds(ctx, c, k, now)
+	return finishHolds(ctx, c, k, time.Until(now))
 }
 
 // HoldOnly takes a's holds in the buckets that count its charges away from
 // its home, and nothing else: a gateway that died after them.
 func (s *Scripts) HoldOnly(ctx context.Context, c rueidis.Client, k *Keys, a AdmitArgs) (Outcome, error) {
 	for b, cs := range k.Home(a.User).away(a.Charges) {
-		adm, err := s.hold(ctx, c, k.buckets[b], a, cs)
+		adm, _, err := s.hold(ctx, c, k.buckets[b], a, cs, replication{})
 		if err != nil || adm.Outcome != 0 {
 			return adm.Outcome, err
 		}

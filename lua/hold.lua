@@ -9,10 +9,14 @@
 -- A hold left undecided by a crash is reconcile's (lua.FinishHolds).
 -- KEYS: 1 meta (this bucket's copy), 2 holds (Keys.holds), then 2+j: the
 --       counter hash of charge j's window
--- ARGV: 1 order id, 2 now (ms), 3 user, 4 quantity, 5 region ('' = none),
+-- ARGV: 1 order id, 2 the gateway's now (ms; no decision reads it), 3 user,
+--       4 quantity, 5 region ('' = none),
 --       6 the charges held here, as flashgate.EncodeCharges wrote them,
 --       then for each charge j, 3 values: field ('<limit>/<subject>'),
---       increment, ttl ms of the window's counter (0: no expiry)
+--       increment, when the window's counter expires (Unix ms; 0: no expiry)
+-- As in admit.lua, time is this server's (TIME): the sale window, the
+-- counters' expiry, and the hold's time in its entry, which reconcile ages
+-- against this same clock (lua.HoldGrace).
 -- Returns {'held'} | {'not_warmed'} | {'ended'} | {'not_started', ms_left} |
 --   {'bad_quantity'} | {'limit_reached', held, limit index} | {'duplicate_id'}
 -- Every answer but 'held' leaves Redis as it was.
@@ -20,12 +24,14 @@ local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'omax', 'lm
 if not meta[1] then
   return {'not_warmed'}
 end
-local now, qty = tonumber(ARGV[2]), tonumber(ARGV[4])
+local qty = tonumber(ARGV[4])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 if meta[1] ~= 'open' or now >= tonumber(meta[3]) then
   return {'ended'}
 end
 if now < tonumber(meta[2]) then
-  return {'not_started', tostring(tonumber(meta[2]) - now)}
+  return {'not_started', string.format('%d', tonumber(meta[2]) - now)}
 end
 if not qty or qty < 1 or qty > tonumber(meta[4]) then
   return {'bad_quantity'}
@@ -50,14 +56,14 @@ for j = 1, nc do
     return {'limit_reached', tostring(cur), tostring(lim)}
   end
 end
-if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[4] .. '|' .. ARGV[5] .. '|' .. ARGV[6]) == 0 then
+if redis.call('HSETNX', KEYS[2], ARGV[1], string.format('%d', now) .. '|' .. ARGV[3] .. '|' .. ARGV[4] .. '|' .. ARGV[5] .. '|' .. ARGV[6]) == 0 then
   return {'duplicate_id'}
 end
 for j = 1, nc do
   local a = 6 + 3 * (j - 1)
   local inc = tonumber(ARGV[a + 2])
   if redis.call('HINCRBY', KEYS[2 + j], ARGV[a + 1], inc) == inc and ARGV[a + 3] ~= '0' then
-    redis.call('PEXPIRE', KEYS[2 + j], ARGV[a + 3])
+    redis.call('PEXPIREAT', KEYS[2 + j], ARGV[a + 3])
   end
 end
 return {'held'}

@@ -6,7 +6,8 @@
 --       'released' record whose reason is ARGV[2 + 2n], the tombstone reason)
 -- An id with no record gets the tombstone (HSETNX): admit.lua writes an
 -- order's record with HSETNX too, so a late admission of that id answers
--- duplicate_id and counts nothing.
+-- duplicate_id and counts nothing. A tombstone release.lua left (a gateway
+-- released the order before its admission ran) is read the same way.
 -- Returns one word per id:
 --   'admitted'  a real record is there: the order exists, its hold is its count
 --   'aborted'   no order, now or ever: its hold is to be given back
@@ -18,8 +19,10 @@ for j = 1, n do
   if redis.call('HSETNX', KEYS[1], id, tomb) == 1 then
     out[j] = 'aborted'
   else
-    local st, why = string.match(redis.call('HGET', KEYS[1], id), '^([^|]*)|([^|]*)|')
-    if st == 'released' and why == reason then
+    local st, why, qty = string.match(redis.call('HGET', KEYS[1], id), '^([^|]*)|([^|]*)|[^|]*|([^|]*)|')
+    -- Its own tombstone (the reason), or release.lua's for an order it did
+    -- not know (quantity 0: no order ever has it): no order, ever.
+    if st == 'released' and (why == reason or qty == '0') then
       out[j] = 'aborted'
     else
       out[j] = 'admitted'

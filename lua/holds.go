@@ -39,7 +39,7 @@ var (
 	//go:embed holdcheck.lua
 	holdCheckSrc string
 
-	holdScript      = rueidis.NewLuaScript(holdSrc)
+	holdSHA         = shaOf(holdSrc)
 	unholdScript    = rueidis.NewLuaScript(unholdSrc)
 	holdCheckScript = rueidis.NewLuaScript(holdCheckSrc)
 )
@@ -47,7 +47,9 @@ var (
 // HoldGrace is how long a hold may stay undecided before reconcile decides
 // it: far longer than an admission takes (gateway.admit_timeout). Deciding
 // one early cannot break a limit (the tombstone makes the late admission
-// answer duplicate_id); it only refuses that purchase.
+// answer duplicate_id); it only refuses that purchase. A hold's age is judged
+// on one clock: hold.lua stamps it with its master's TIME, and reconcile
+// reads that master's TIME (ServerTime) to age it.
 const HoldGrace = 30 * time.Second
 
 // holdExpired is the reason of the tombstone FinishHolds writes for an order
@@ -169,11 +171,20 @@ func (s *Scripts) AdmitHeld(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 		_ = s.decideHolds(ctx, c, k, unholdGive, a.OrderID, bs, away)
 	}
 	for _, b := range order {
-		adm, err := s.hold(ctx, c, k.buckets[b], a, away[b])
+		adm, acked, err := s.hold(ctx, c, k.buckets[b], a, away[b], replication{replicas: replicas, timeout: timeout})
 		if err != nil {
 			// It may have held (an answer lost): give that back too.
 			giveUp(append(held, b))
 			return Admission{}, err
+		}
+		if adm.Outcome == 0 && !acked {
+			// Held, but fewer replicas than asked for have the hold: a
+			// failover could lose the count, and the limit with it. Like an
+			// admission that is not replicated, it is given back and the
+			// purchase is not promised (the caller undoes it: its release
+			// tombstones the id, so no admission of it can follow).
+			giveUp(append(held, b))
+			return Admission{}, fmt.Errorf("hold %s bucket %d: %w: fewer than %d replicas within %v", k.Sale, b, ErrNotReplicated, replicas, timeout)
 		}
 		if adm.Outcome != 0 {
 			giveUp(held)
@@ -215,30 +226,36 @@ func (s *Scripts) AdmitHeld(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 }
 
 // hold runs hold.lua on bucket b for the charges of a counted there. It
-// answers Outcome 0 when it held them, else what refused them.
-func (s *Scripts) hold(ctx context.Context, c rueidis.Client, b *Keys, a AdmitArgs, cs []flashgate.Charge) (Admission, error) {
+// answers Outcome 0 when it held them, else what refused them, and whether
+// w.replicas replicas of b's master had the hold within the wait (WAIT on
+// the script's connection, as AdmitWait; always true without a wait).
+func (s *Scripts) hold(ctx context.Context, c rueidis.Client, b *Keys, a AdmitArgs, cs []flashgate.Charge, w replication) (Admission, bool, error) {
 	keys := []string{b.Meta, b.holds}
 	args := []string{strconv.FormatUint(a.OrderID, 10), strconv.FormatInt(a.Now.UnixMilli(), 10), a.User,
 		strconv.FormatInt(a.Quantity, 10), a.Region, flashgate.EncodeCharges(cs)}
 	for _, ch := range cs {
 		keys = append(keys, b.Limit(ch.Window))
-		args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.TTL(a.Now).Milliseconds(), 10))
+		args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.ExpiresAtMillis(), 10))
 	}
-	res, err := holdScript.Exec(ctx, c, keys, args).ToArray()
+	r, acked, err := execWait(ctx, c, holdSrc, holdSHA, keys, args, w)
 	if err != nil {
-		return Admission{}, fmt.Errorf("hold %s bucket %d: %w", b.Sale, b.index, err)
+		return Admission{}, false, fmt.Errorf("hold %s bucket %d: %w", b.Sale, b.index, err)
 	}
-	if w, _ := res[0].ToString(); holdReply(w) == holdHeld {
-		return Admission{}, nil
+	res, err := r.ToArray()
+	if err != nil {
+		return Admission{}, false, fmt.Errorf("hold %s bucket %d: %w", b.Sale, b.index, err)
+	}
+	if word, _ := res[0].ToString(); holdReply(word) == holdHeld {
+		return Admission{}, acked, nil
 	}
 	adm, err := parseAdmission(res)
 	if err != nil {
-		return adm, fmt.Errorf("hold %s: %w", b.Sale, err)
+		return adm, true, fmt.Errorf("hold %s: %w", b.Sale, err)
 	}
 	if adm.Outcome == LimitReached {
 		adm.Limit++ // hold.lua answers the limit's index, not a charge's position
 	}
-	return adm, nil
+	return adm, true, nil
 }
 
 // replayOf reads the order an idempotency key of user holds in home bucket h.
@@ -372,10 +389,12 @@ type HoldsReport struct {
 // admissions: a hold younger than HoldGrace is left alone, and an older one
 // whose admission comes late is refused by the tombstone.
 func FinishHolds(ctx context.Context, c rueidis.Client, k *Keys) (HoldsReport, error) {
-	return finishHolds(ctx, c, k, time.Now())
+	return finishHolds(ctx, c, k, 0)
 }
 
-func finishHolds(ctx context.Context, c rueidis.Client, k *Keys, now time.Time) (HoldsReport, error) {
+// finishHolds is FinishHolds with each bucket's clock read ahead by ahead (a
+// test's way to age holds).
+func finishHolds(ctx context.Context, c rueidis.Client, k *Keys, ahead time.Duration) (HoldsReport, error) {
 	var rep HoldsReport
 	n := len(k.buckets)
 	for _, h := range k.buckets {
@@ -392,6 +411,15 @@ func finishHolds(ctx context.Context, c rueidis.Client, k *Keys, now time.Time) 
 		if err != nil {
 			return rep, fmt.Errorf("holds of %s bucket %d: %w", k.Sale, b.index, err)
 		}
+		if len(m) == 0 {
+			continue
+		}
+		// The clock that stamped these holds (hold.lua), read after them.
+		now, err := ServerTime(ctx, c, b.holds)
+		if err != nil {
+			return rep, fmt.Errorf("holds of %s bucket %d: %w", k.Sale, b.index, err)
+		}
+		now = now.Add(ahead)
 		type entry struct{ id, tomb string }
 		byHome := map[int][]entry{}
 		windows := map[string][]string{}

@@ -40,6 +40,18 @@ var (
 // back to EVAL on NOSCRIPT (a restarted or new shard).
 type Scripts struct {
 	admit, release, claim, confirm, warm *rueidis.Lua
+	// wait is redis.wait_replicas for the repairs that land transfers
+	// between buckets (resetBucketed): none for Load.
+	wait replication
+}
+
+// LoadWait is Load for a process under redis.wait_replicas: the stock repair
+// of a split sale lands a transfer only once replicas replicas of its
+// giver's master have the take (as FinishTransfersWait).
+func LoadWait(replicas int, timeout time.Duration) *Scripts {
+	s := Load()
+	s.wait = replication{replicas: replicas, timeout: timeout}
+	return s
 }
 
 // Load prepares the scripts; it does no I/O.
@@ -104,10 +116,12 @@ type AdmitArgs struct {
 	User     string
 	Quantity int64
 	OrderID  uint64 // used when admitted; a replay answers the earlier id
-	Now      time.Time
-	IdemKey  string // "" for none
-	Region   string // "" for a sale without regions
-	PayBy    time.Time
+	// Now is the caller's clock: it names the windows of the charges and
+	// sets PayBy, and decides nothing in Redis (the scripts read TIME).
+	Now     time.Time
+	IdemKey string // "" for none
+	Region  string // "" for a sale without regions
+	PayBy   time.Time
 	// Charges are what the order counts against the sale's Limits (see
 	// flashgate.Sale.Charges), one per limit in order; the script checks each
 	// against the maximum the sale's meta holds. Limits (the caller's copy of
@@ -123,9 +137,15 @@ type AdmitArgs struct {
 // Admission is the script's decision.
 type Admission struct {
 	Outcome   Outcome
-	OrderID   uint64        // Admitted, Replayed
-	Remaining int64         // Admitted, SoldOut: units left in the stock key
-	Wait      time.Duration // NotStarted: time until the start
+	OrderID   uint64 // Admitted, Replayed
+	Remaining int64  // Admitted, SoldOut: units left in the stock key
+	// At (Admitted) is the admission's time by the Redis master that decided
+	// it: the created time of the order's record and reservation, which
+	// every age of the reservation is judged against (invariant 8). The
+	// order's message carries it too; its payment deadline is PayBy's
+	// distance from Now, counted from At (as the record has it).
+	At   time.Time
+	Wait time.Duration // NotStarted: time until the start
 	// LimitReached: the limit that refused, an index into AdmitArgs.Limits, or
 	// -1 for per_user_limit; Held is what its subject held already.
 	Limit int
@@ -185,6 +205,34 @@ func (s *Scripts) AdmitWait(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 
 var admitSHA = AdmitSHA()
 
+// WaitRecord tells whether replicas replicas of the master holding order id's
+// record (in home bucket h) have it, and everything written there before it:
+// it writes the record again, unchanged (touchSrc: a write that follows the
+// admission in the master's replication stream), and WAITs for that write
+// on the same connection, in one round trip. false when the record is gone
+// or fewer replicas had it within timeout.
+//
+// A replay of an idempotency key answers 202 with the key's first order: if
+// that order's admission came back ErrNotReplicated (its buyer was told 503,
+// and its undo may not have run yet), a failover could still lose it, so a
+// replay must not promise it before the replicas have it, exactly as the
+// admission would not have.
+func WaitRecord(ctx context.Context, c rueidis.Client, h *Keys, id uint64, replicas int, timeout time.Duration) (bool, error) {
+	if replicas <= 0 {
+		return true, nil
+	}
+	r, acked, err := execWait(ctx, c, touchSrc, touchSHA, []string{h.Orders}, []string{strconv.FormatUint(id, 10)},
+		replication{replicas: replicas, timeout: timeout})
+	if err != nil {
+		return false, fmt.Errorf("wait for order %s/%d: %w", h.Sale, id, err)
+	}
+	n, err := r.AsInt64()
+	if err != nil {
+		return false, fmt.Errorf("wait for order %s/%d: %w", h.Sale, id, err)
+	}
+	return n == 1 && acked, nil
+}
+
 // admitCall is the admission script's keys and arguments for a.
 func admitCall(k *Keys, a AdmitArgs) (keys, args []string, err error) {
 	stock, ok := k.Stock(a.Region)
@@ -205,7 +253,7 @@ func admitCall(k *Keys, a AdmitArgs) (keys, args []string, err error) {
 				return nil, nil, fmt.Errorf("admit %s: charge of limit %d, the sale has %d", k.Sale, ch.Limit, len(a.Limits))
 			}
 			keys = append(keys, k.Limit(ch.Window))
-			args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.TTL(a.Now).Milliseconds(), 10))
+			args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.ExpiresAtMillis(), 10))
 		}
 	}
 	return keys, args, nil
@@ -247,6 +295,9 @@ func parseAdmission(res []rueidis.RedisMessage) (Admission, error) {
 	switch a.Outcome {
 	case Admitted:
 		a.OrderID, a.Remaining = uint64(arg(1)), arg(2)
+		if len(res) > 3 {
+			a.At = time.UnixMilli(arg(3)).UTC()
+		}
 	case Replayed:
 		a.OrderID = uint64(arg(1))
 	case NotStarted:
@@ -279,7 +330,9 @@ const (
 	// ReleaseAlready: the order was settled or released before (its status
 	// comes with it).
 	ReleaseAlready
-	// ReleaseUnknown: Redis has no record of the order.
+	// ReleaseUnknown: Redis has no record of the order. In gateway mode the
+	// release has left a tombstone in its place (release.lua), so an
+	// admission of that id still on its way answers DuplicateID.
 	ReleaseUnknown
 	// ReleaseFenced: backend mode from an older epoch than the tag's
 	// (Keys.AtEpoch): a rebuild counted MySQL's decision already; nothing
@@ -599,9 +652,13 @@ func LoadSale(ctx context.Context, c rueidis.Client, sale string) (*flashgate.Sa
 // closeScript marks a warm sale closed. A sale Redis does not know is left
 // alone: a bare HSET would create a meta with only a state, which every later
 // Warm would take for "warm already", so the sale could never be warmed again.
-var closeScript = rueidis.NewLuaScript(`if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+//
+// It answers {closed (0|1), TIME}: the moment, by this master's clock, from
+// which its admissions answer ended.
+var closeScript = rueidis.NewLuaScript(`local t = redis.call('TIME')
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, t[1], t[2]} end
 redis.call('HSET', KEYS[1], 'state', 'closed')
-return 1`)
+return {1, t[1], t[2]}`)
 
 // Close stops admissions for the sale at once: the script answers 'ended'. A
 // sale that is not warm is left as it is (admissions answer not_warmed; warming
@@ -610,12 +667,36 @@ return 1`)
 // A split sale is closed in each bucket (what admissions read) and then in
 // its own meta.
 func Close(ctx context.Context, c rueidis.Client, k *Keys) error {
+	_, err := CloseAt(ctx, c, k)
+	return err
+}
+
+// CloseAt is Close that also answers when the sale closed by Redis's clock:
+// the latest TIME of the masters it closed (each bucket's, then the sale
+// meta's). Every admission of the sale ran before it (on its master's
+// clock), so an order's created time, which admit.lua stamps with that same
+// clock, tells whether it was admitted before the close (invariant 8: the
+// backend compares the two, never its own clock with a gateway's).
+func CloseAt(ctx context.Context, c rueidis.Client, k *Keys) (time.Time, error) {
+	var at time.Time
 	for _, b := range append(slices.Clone(k.buckets), k) {
-		if err := closeScript.Exec(ctx, c, []string{b.Meta}, nil).Error(); err != nil {
-			return fmt.Errorf("close %s: %w", k.Sale, err)
+		v, err := closeScript.Exec(ctx, c, []string{b.Meta}, nil).AsStrSlice()
+		if err != nil {
+			return at, fmt.Errorf("close %s: %w", k.Sale, err)
+		}
+		if len(v) != 3 {
+			return at, fmt.Errorf("close %s: answer %q", k.Sale, v)
+		}
+		sec, err1 := strconv.ParseInt(v[1], 10, 64)
+		usec, err2 := strconv.ParseInt(v[2], 10, 64)
+		if err1 != nil || err2 != nil {
+			return at, fmt.Errorf("close %s: answer %q", k.Sale, v)
+		}
+		if t := time.Unix(sec, usec*1000).UTC(); t.After(at) {
+			at = t
 		}
 	}
-	return nil
+	return at, nil
 }
 
 // Remaining reads the units left per region ("" for a sale without regions).

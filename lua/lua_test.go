@@ -98,6 +98,12 @@ func (s *sale) admitErr(a lua.AdmitArgs) (lua.Admission, lua.AdmitArgs, error) {
 		a.Quantity = 1
 	}
 	res, err := scripts.Admit(ctx(s.t), s.c, s.k, a)
+	if err == nil && res.Outcome == lua.Admitted {
+		// The record's created time is Redis's clock at the admission, and
+		// its deadline as far from it as the caller's.
+		a.PayBy = res.At.Add(a.PayBy.Sub(a.Now))
+		a.Now = res.At
+	}
 	return res, a, err
 }
 
@@ -431,32 +437,41 @@ func TestNotWarmed(t *testing.T) {
 	})
 }
 
+// TestWindow: the sale window is judged by Redis's clock (TIME), whatever
+// the caller's now says: a sale starting in 10 minutes is not started, with
+// the wait to its start by Redis's clock, even for a caller whose clock says
+// it started; one that started is open even for a caller whose clock says it
+// has not; one that ended is ended. Refusals move no stock.
 func TestWindow(t *testing.T) {
 	eachTarget(t, func(t *testing.T, c rueidis.Client) {
 		base := time.Now().Truncate(time.Millisecond)
-		starts, ends := base.Add(10*time.Minute), base.Add(70*time.Minute)
-		s := newSale(t, c, func(s *flashgate.Sale) { s.StartsAt, s.EndsAt = starts, ends })
+		later := newSale(t, c, func(s *flashgate.Sale) { s.StartsAt, s.EndsAt = base.Add(10*time.Minute), base.Add(70*time.Minute) })
+		open := newSale(t, c, nil)
+		ended := newSale(t, c, func(s *flashgate.Sale) { s.StartsAt, s.EndsAt = base.Add(-time.Hour), base.Add(-time.Second) })
 		for _, tc := range []struct {
 			name string
-			now  time.Time
+			s    *sale
+			now  time.Time // the caller's clock: decides nothing
 			want lua.Outcome
-			wait time.Duration
 		}{
-			{"10m early", base, lua.NotStarted, 10 * time.Minute},
-			{"90s early", starts.Add(-90 * time.Second), lua.NotStarted, 90 * time.Second},
-			{"1ms early", starts.Add(-time.Millisecond), lua.NotStarted, time.Millisecond},
-			{"at start", starts, lua.Admitted, 0},
-			{"1ms before end", ends.Add(-time.Millisecond), lua.Admitted, 0},
-			{"at end", ends, lua.Ended, 0},
-			{"after end", ends.Add(time.Hour), lua.Ended, 0},
+			{"not started", later, base, lua.NotStarted},
+			{"not started, the caller's clock past the start", later, base.Add(11 * time.Minute), lua.NotStarted},
+			{"open", open, base, lua.Admitted},
+			{"open, the caller's clock before the start", open, base.Add(-2 * time.Minute), lua.Admitted},
+			{"open, the caller's clock past the end", open, base.Add(2 * time.Hour), lua.Admitted},
+			{"ended", ended, base, lua.Ended},
+			{"ended, the caller's clock inside the window", ended, base.Add(-time.Minute), lua.Ended},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				before := s.remaining("")
-				res, _ := s.admit(lua.AdmitArgs{User: testenv.ID("u"), Now: tc.now})
-				if res.Outcome != tc.want || res.Wait != tc.wait {
-					t.Fatalf("admit at %v = %+v, want %v wait %v", tc.now, res, tc.want, tc.wait)
+				before := tc.s.remaining("")
+				res, _ := tc.s.admit(lua.AdmitArgs{User: testenv.ID("u"), Now: tc.now})
+				if res.Outcome != tc.want {
+					t.Fatalf("admit with the caller's clock at %v = %+v, want %v", tc.now, res, tc.want)
 				}
-				if tc.want != lua.Admitted && s.remaining("") != before {
+				if tc.want == lua.NotStarted && (res.Wait <= 9*time.Minute || res.Wait > 10*time.Minute) {
+					t.Fatalf("wait %v, want the time to the start by Redis's clock (about 10m)", res.Wait)
+				}
+				if tc.want != lua.Admitted && tc.s.remaining("") != before {
 					t.Fatal("a refusal moved stock")
 				}
 			})

@@ -19,12 +19,24 @@
 -- mode 'backend' from an older epoch than the tag's (a rebuild counted MySQL's decision
 --   already): {'fenced'}, nothing written.
 -- Returns {'released', remaining} | {'claimed'} | {'already', status} | {'unknown'} | {'fenced'}
+-- An order Redis has no record of answers 'unknown'. In gateway mode it also
+-- leaves a tombstone in its place: a 'released' record of quantity 0 and no
+-- user (status|reason||0|region|now|0||). The gateway releases an order it
+-- answered 503 for; if the admission of that order is still on its way
+-- (delayed behind a stall on another connection), admit.lua writes records
+-- with HSETNX, so it meets the tombstone and answers duplicate_id: it reserves
+-- nothing and the 503 stays a refusal (invariant 6), by a fence, not a timing.
 local id, mode = ARGV[1], ARGV[2]
 if mode == 'backend' and ARGV[6] ~= '0' and (redis.call('GET', KEYS[7]) or '') ~= ARGV[6] then
   return {'fenced'}
 end
 local ord = redis.call('HGET', KEYS[4], id)
 if not ord then
+  if mode == 'gateway' then
+    local t = redis.call('TIME')
+    local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    redis.call('HSET', KEYS[4], id, 'released|' .. ARGV[3] .. '||0|' .. ARGV[4] .. '|' .. now .. '|0||')
+  end
   return {'unknown'}
 end
 local st = string.match(ord, '^([^|]*)')

@@ -6,7 +6,8 @@
 -- KEYS: 1 the giver's stock key (the region's, or the sale's), 2 the giver's
 --       transfers out (Keys.TransfersOut), 3 the giver's epoch (Keys.Epoch)
 -- ARGV: 1 transfer id, 2 units wanted, 3 receiver's bucket index, 4 region
---       ('' = none), 5 now (ms)
+--       ('' = none), 5 the caller's now (ms; unused: the entry is stamped with
+--       this server's TIME, the clock reconcile ages it by)
 -- It takes what it has, up to the units wanted. The entry records the giver's
 -- epoch: give.lua lands the units only in the same epoch (a rebuild in between
 -- set every bucket's stock from MySQL, these units included).
@@ -17,6 +18,8 @@ if have <= 0 then
 end
 local n = math.min(have, tonumber(ARGV[2]))
 local left = redis.call('DECRBY', KEYS[1], n)
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local epoch = redis.call('GET', KEYS[3]) or ''
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. '|' .. ARGV[4] .. '|' .. n .. '|' .. ARGV[5] .. '|' .. epoch)
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. '|' .. ARGV[4] .. '|' .. n .. '|' .. now .. '|' .. epoch)
 return {'took', tostring(n), tostring(left), epoch}

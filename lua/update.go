@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -96,8 +97,15 @@ type Lowered struct {
 //
 // On a sale split over buckets (s.BucketTags), see updateBucketed.
 func Update(ctx context.Context, c rueidis.Client, s *flashgate.Sale, deltas map[string]int64, lowered []Lowered) error {
+	return UpdateWait(ctx, c, s, deltas, lowered, 0, 0)
+}
+
+// UpdateWait is Update under redis.wait_replicas (replicas > 0): on a split
+// sale, a lowering lands the transfers under way only once replicas
+// replicas of each giver's master have the take (FinishTransfersWait).
+func UpdateWait(ctx context.Context, c rueidis.Client, s *flashgate.Sale, deltas map[string]int64, lowered []Lowered, replicas int, timeout time.Duration) error {
 	if len(s.BucketTags) > 1 {
-		if err := updateBucketed(ctx, c, s, deltas, lowered); err != nil {
+		if err := updateBucketed(ctx, c, s, deltas, lowered, replication{replicas: replicas, timeout: timeout}); err != nil {
 			return err
 		}
 	} else if err := updateOne(ctx, c, KeysOf(s), s, deltas, lowered); err != nil {
@@ -241,7 +249,7 @@ const lowerRounds = 3
 // its share. A process dying half way leaves MySQL unchanged (its transaction
 // commits after this) and Redis partly changed; the stock repair sets each
 // bucket from MySQL's figures, and the next PATCH writes the spec again.
-func updateBucketed(ctx context.Context, c rueidis.Client, s *flashgate.Sale, deltas map[string]int64, lowered []Lowered) error {
+func updateBucketed(ctx context.Context, c rueidis.Client, s *flashgate.Sale, deltas map[string]int64, lowered []Lowered, w replication) error {
 	k := KeysOf(s)
 	if n, err := c.Do(ctx, c.B().Exists().Key(k.Meta).Build()).AsInt64(); err != nil {
 		return fmt.Errorf("update %s: %w", s.ID, err)
@@ -280,7 +288,7 @@ func updateBucketed(ctx context.Context, c rueidis.Client, s *flashgate.Sale, de
 			continue
 		}
 		taken[r] = make([]int64, len(k.buckets))
-		if err := lowerBuckets(ctx, c, k, r, -deltas[r], taken[r]); err != nil {
+		if err := lowerBuckets(ctx, c, k, r, -deltas[r], taken[r], w); err != nil {
 			giveBack()
 			return err
 		}
@@ -326,9 +334,14 @@ func updateBucketed(ctx context.Context, c rueidis.Client, s *flashgate.Sale, de
 // lowerBuckets takes want units of region from the buckets' stocks (taken[i]:
 // what bucket i gave), or fails with ErrStockTaken when they do not hold that
 // many free units; the caller gives taken back.
-func lowerBuckets(ctx context.Context, c rueidis.Client, k *Keys, region string, want int64, taken []int64) error {
-	// Units on the move between buckets are in no stock: land them first.
-	if _, err := FinishTransfers(ctx, c, k); err != nil {
+//
+// Units on the move between buckets are in no stock: they are landed first,
+// each only once w.replicas replicas of its giver's master have the take
+// (finishTransfers, as reconcile lands them): one landed on a take a
+// failover could lose would be counted twice. The units of a take not
+// confirmed stay in their ledger, counted by Remaining and by no stock here.
+func lowerBuckets(ctx context.Context, c rueidis.Client, k *Keys, region string, want int64, taken []int64, w replication) error {
+	if _, err := finishTransfers(ctx, c, k, 0, w); err != nil {
 		return err
 	}
 	var free int64 // what the buckets held at the last read, less what was taken since

@@ -41,6 +41,7 @@ var reasons = []string{
 	flashgate.ReasonExpired,
 	flashgate.ReasonBadCharges,
 	flashgate.ReasonDuplicate,
+	flashgate.ReasonIDTaken,
 }
 
 type outcomeKey struct {
@@ -53,6 +54,8 @@ type outcomeKey struct {
 type Backend struct {
 	reg     *prometheus.Registry
 	handler http.Handler
+
+	skew prometheus.Gauge // flashgate_redis_clock_skew_seconds
 
 	batchSize   prometheus.Histogram
 	batchTime   prometheus.Histogram
@@ -143,8 +146,9 @@ func NewBackend() *Backend {
 		m.orders[k] = m.ordersVec.WithLabelValues(string(k.status), k.reason)
 	}
 
+	m.skew = newSkewGauge()
 	m.reg.MustRegister(m.batchSize, m.batchTime, m.batchFailed, m.ordersVec, m.existing,
-		m.pending, m.ackPending, m.redelivered, m.mysqlErrors, m.charges, m.expired)
+		m.pending, m.ackPending, m.redelivered, m.mysqlErrors, m.charges, m.expired, m.skew)
 	m.handler = handlerFor(m.reg)
 	return m
 }
@@ -203,3 +207,6 @@ func (m *Backend) ChargesRefused() { m.charges.Inc() }
 
 // Expired counts n orders expired unpaid.
 func (m *Backend) Expired(n int) { m.expired.Add(float64(n)) }
+
+// SetRedisSkew records this process's clock skew against Redis (lua.WatchSkew).
+func (m *Backend) SetRedisSkew(d time.Duration) { m.skew.Set(seconds(d)) }

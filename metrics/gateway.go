@@ -139,6 +139,8 @@ type Gateway struct {
 	reg     *prometheus.Registry
 	handler http.Handler
 
+	skew prometheus.Gauge // flashgate_redis_clock_skew_seconds
+
 	requests      [numRoutes][len(codes)]prometheus.Counter // [route][codeIdx]
 	refusals      [numLimits]prometheus.Counter
 	admit         prometheus.Histogram
@@ -218,8 +220,9 @@ func NewGateway() *Gateway {
 	}, []string{"result"})
 	m.reloads[0], m.reloads[1] = reloads.WithLabelValues("ok"), reloads.WithLabelValues("error")
 
+	m.skew = newSkewGauge()
 	m.reg.MustRegister(reloads, requests, refusals, m.admit, m.publish, m.inflight, m.breakers, m.soldOutMarks, m.soldOutMarked,
-		m.releaseDepth, m.releaseLost)
+		m.releaseDepth, m.releaseLost, m.skew)
 	m.handler = handlerFor(m.reg)
 	return m
 }
@@ -282,3 +285,6 @@ func (m *Gateway) Reloaded(ok bool) {
 		m.reloads[1].Inc()
 	}
 }
+
+// SetRedisSkew records this process's clock skew against Redis (lua.WatchSkew).
+func (m *Gateway) SetRedisSkew(d time.Duration) { m.skew.Set(seconds(d)) }

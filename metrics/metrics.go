@@ -59,6 +59,18 @@ func handlerFor(reg *prometheus.Registry) http.Handler {
 	}))
 }
 
+// newSkewGauge is flashgate_redis_clock_skew_seconds, which every process
+// exports (invariant 8): its clock less Redis's, sampled with TIME and half
+// the round trip (lua.WatchSkew), the node of the largest skew. The gateway
+// and the backend both export it under this one name (their job label tells
+// them apart), so one alert rule covers every process.
+func newSkewGauge() prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "redis_clock_skew_seconds",
+		Help: "This process's clock less Redis's (TIME, corrected by half the round trip; the node of the largest skew). Positive: this process is ahead. No correctness decision uses this process's clock; past 1s the FlashgateClockSkew alert fires.",
+	})
+}
+
 // seconds is d as Prometheus wants it.
 func seconds(d time.Duration) float64 { return d.Seconds() }
 

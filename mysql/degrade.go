@@ -83,6 +83,17 @@ func DecideDegraded(ctx context.Context, db *sql.DB, p LanePurchase, now time.Ti
 	if o.ID == 0 {
 		o.ID = p.NextID()
 	}
+	// The lane decides on MySQL's clock, read inside its transaction
+	// (invariant 8): the sale's window, the limits' windows and the order's
+	// time are judged by it, never by the gateway's now. The payment
+	// deadline keeps the gateway's distance from the order's time.
+	var dbNow time.Time
+	if err := tx.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(3)`).Scan(&dbNow); err != nil {
+		return LaneResult{}, fmt.Errorf("lane %s: clock: %w", row.ID, err)
+	}
+	pay := o.ExpiresAt.Sub(o.CreatedAt)
+	o.CreatedAt = dbNow.UTC()
+	o.ExpiresAt = o.CreatedAt.Add(pay)
 	res, charges, err := laneChecks(ctx, tx, row, &o, p.InFlight)
 	if err != nil || res.Outcome != flashgate.LaneAdmitted {
 		return res, err
@@ -108,7 +119,7 @@ func laneChecks(ctx context.Context, tx *sql.Tx, row *SaleRow, o *flashgate.Orde
 			return LaneResult{}, nil, fmt.Errorf("lane %s: idempotency key: %w", row.ID, err)
 		}
 		if first, ok := holders[IdemKey{User: o.UserID, Idem: o.IdemKey}]; ok {
-			st, err := OrderStateOf(ctx, tx, first)
+			st, err := OrderStateOf(ctx, tx, row.ID, first)
 			if err != nil {
 				return LaneResult{}, nil, fmt.Errorf("lane %s: order %d: %w", row.ID, first, err)
 			}
@@ -191,12 +202,12 @@ func inFlightOf(ctx context.Context, tx *sql.Tx, row *SaleRow, user string, orde
 	for i, m := range orders {
 		ids[i] = m.ID
 	}
-	rows, err := OrderStates(ctx, tx, ids)
+	rows, err := OrderStates(ctx, tx, row.ID, ids)
 	if err != nil {
 		return t, fmt.Errorf("lane %s: orders in flight: %w", row.ID, err)
 	}
 	for _, m := range orders {
-		if _, written := rows[m.ID]; written || m.SaleID != row.ID {
+		if st, written := rows[m.ID]; (written && !st.OtherSale) || m.SaleID != row.ID {
 			continue
 		}
 		t.units += m.Quantity

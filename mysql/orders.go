@@ -20,6 +20,10 @@ var ErrNoOrder = errors.New("no such order")
 type OrderState struct {
 	Status flashgate.OrderStatus
 	Reason string
+	// OtherSale: MySQL's row of this id is an order of another sale (OrderStates
+	// was asked about one sale); Status and Reason are empty. The id was used
+	// twice (a broken id source): the asking order is not that row.
+	OtherSale bool
 }
 
 const orderCols = `id, sale_id, user_id, quantity, region, status, reason, COALESCE(idem_key, ''), created_at, expires_at, charges`
@@ -168,23 +172,30 @@ func EachLimitUsage(ctx context.Context, db Querier, sale string, fn func(lim in
 	})
 }
 
-// OrderStates reads which of ids MySQL has: their status and reason.
-func OrderStates(ctx context.Context, q Querier, ids []uint64) (map[uint64]OrderState, error) {
+// OrderStates reads which of ids MySQL has as orders of sale: their status
+// and reason. An id whose row is an order of another sale answers
+// OrderState{OtherSale: true}: the row says nothing about sale's order of that
+// id (order ids are the table's primary key, so that order can have no row).
+func OrderStates(ctx context.Context, q Querier, sale string, ids []uint64) (map[uint64]OrderState, error) {
 	res := make(map[uint64]OrderState, len(ids))
 	for part := range slices.Chunk(ids, sqlChunk) {
 		args := make([]any, len(part))
 		for i, id := range part {
 			args[i] = id
 		}
-		rows, err := q.QueryContext(ctx, `SELECT id, status, reason FROM orders WHERE id IN (`+placeholders(len(part))+`)`, args...)
+		rows, err := q.QueryContext(ctx, `SELECT id, sale_id, status, reason FROM orders WHERE id IN (`+placeholders(len(part))+`)`, args...)
 		if err != nil {
 			return nil, err
 		}
 		err = scanRows(rows, func() error {
 			var id uint64
-			var st, reason string
-			err := rows.Scan(&id, &st, &reason)
-			res[id] = OrderState{Status: flashgate.OrderStatus(st), Reason: reason}
+			var of, st, reason string
+			err := rows.Scan(&id, &of, &st, &reason)
+			if of != sale {
+				res[id] = OrderState{OtherSale: true}
+			} else {
+				res[id] = OrderState{Status: flashgate.OrderStatus(st), Reason: reason}
+			}
 			return err
 		})
 		if err != nil {
@@ -268,14 +279,18 @@ func InsertFailed(ctx context.Context, db Querier, o flashgate.Order, now time.T
 	return n == 1, nil
 }
 
-// OrderStateOf reads one order's status and reason; ErrNoOrder when MySQL has
-// no row of it.
-func OrderStateOf(ctx context.Context, db Querier, id uint64) (OrderState, error) {
+// OrderStateOf reads the status and reason of sale's order id; ErrNoOrder
+// when MySQL has no row of it. A row of another sale under that id answers
+// OrderState{OtherSale: true} (as OrderStates): it is not this order's.
+func OrderStateOf(ctx context.Context, db Querier, sale string, id uint64) (OrderState, error) {
 	var st OrderState
-	var status string
-	err := db.QueryRowContext(ctx, `SELECT status, reason FROM orders WHERE id = ?`, id).Scan(&status, &st.Reason)
+	var of, status string
+	err := db.QueryRowContext(ctx, `SELECT sale_id, status, reason FROM orders WHERE id = ?`, id).Scan(&of, &status, &st.Reason)
 	if errors.Is(err, sql.ErrNoRows) {
 		return st, ErrNoOrder
+	}
+	if err == nil && of != sale {
+		return OrderState{OtherSale: true}, nil
 	}
 	st.Status = flashgate.OrderStatus(status)
 	return st, err

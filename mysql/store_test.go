@@ -124,7 +124,7 @@ func TestGuardsAndLedger(t *testing.T) {
 	if l.Sold != 1 || l.Regions["a"].Sold != 1 || l.Buyers["u1"].Counted != 0 || l.Buyers["u1"].Live != 0 {
 		t.Errorf("ledger after the cancel: sold %d, region a %+v, u1 %+v", l.Sold, *l.Regions["a"], *l.Buyers["u1"])
 	}
-	if st, err := OrderStateOf(c, db, 1); err != nil || st.Status != flashgate.OrderCanceled || st.Reason != flashgate.ReasonCanceled {
+	if st, err := OrderStateOf(c, db, s.ID, 1); err != nil || st.Status != flashgate.OrderCanceled || st.Reason != flashgate.ReasonCanceled {
 		t.Errorf("order 1: %+v, %v", st, err)
 	}
 }

@@ -35,6 +35,14 @@ func New(node int) *Generator {
 	return &Generator{node: uint64(node), now: time.Now}
 }
 
+// NewClock is New reading the time from now (a test's clock, or two
+// generators made to meet on one node id and one clock).
+func NewClock(node int, now func() time.Time) *Generator {
+	g := New(node)
+	g.now = now
+	return g
+}
+
 // Node is the generator's node id.
 func (g *Generator) Node() int { return int(g.node) }
 
