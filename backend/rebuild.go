@@ -180,18 +180,20 @@ func (w *warmer) project(ctx context.Context, tx *sql.Tx, row *saleRow, k *lua.K
 		return nil, err
 	}
 	now := time.Now()
-	ttl := func(window string) (time.Duration, bool) {
+	// expiry is when window's counter expires (zero: never), as an instant:
+	// the script sets it with PEXPIREAT, on Redis's clock.
+	expiry := func(window string) (time.Time, bool) {
 		end := flashgate.WindowEnd(window, loc)
 		if end.IsZero() {
-			return 0, true
+			return time.Time{}, true
 		}
 		if !end.After(now) {
-			return 0, false // the window is over: nothing counts in it
+			return time.Time{}, false // the window is over: nothing counts in it
 		}
-		return flashgate.Charge{Ends: end}.TTL(now), true
+		return now.Add(flashgate.Charge{Ends: end}.TTL(now)), true // its end and the grace
 	}
 	count := func(c flashgate.Charge) {
-		if d, ok := ttl(c.Window); ok {
+		if d, ok := expiry(c.Window); ok {
 			limitTag(c.Subject).Count(c.Window, c.Field(), c.Inc, d)
 		}
 	}
@@ -200,7 +202,7 @@ func (w *warmer) project(ctx context.Context, tx *sql.Tx, row *saleRow, k *lua.K
 	for _, b := range data {
 		for _, l := range row.Limits {
 			win, _ := flashgate.Window(l.Per, now, loc)
-			if d, ok := ttl(win); ok {
+			if d, ok := expiry(win); ok {
 				p.books[b].Count(win, "", 0, d)
 				delete(p.books[b].Limits[win], "")
 			}
@@ -353,7 +355,7 @@ func (w *warmer) project(ctx context.Context, tx *sql.Tx, row *saleRow, k *lua.K
 				return nil, err
 			}
 			for _, c := range cs {
-				if d, ok := ttl(c.Window); ok {
+				if d, ok := expiry(c.Window); ok {
 					b.Count(c.Window, c.Field(), c.Inc, d)
 				}
 			}

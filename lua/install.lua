@@ -8,7 +8,7 @@
 -- ARGV: 1 n (the rebuild's epoch), 2 c, 3 m, then m triples: index into KEYS
 --       of a hash, field, expected value ('-' absent, 'v' .. value present;
 --       '#' .. n: the hash holds n fields, whatever the field),
---       then one TTL (ms, 0: none) per pair
+--       then one expiry per pair (unix ms, on this server's clock: PEXPIREAT; 0: none)
 -- A live key whose staged one is absent is deleted (the rebuild found it empty).
 -- Returns {'ok'} | {'fenced', epoch key's value} | {'changed', field}
 local cur = redis.call('GET', KEYS[1])
@@ -33,12 +33,12 @@ end
 local t = 4 + 3 * m
 local p = 0
 for i = 2 + tonumber(ARGV[2]), #KEYS, 2 do
-  local ttl = tonumber(ARGV[t + p])
+  local at = tonumber(ARGV[t + p])
   p = p + 1
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('RENAME', KEYS[i], KEYS[i + 1])
-    if ttl > 0 then
-      redis.call('PEXPIRE', KEYS[i + 1], ttl)
+    if at > 0 then
+      redis.call('PEXPIREAT', KEYS[i + 1], at)
     else
       redis.call('PERSIST', KEYS[i + 1])
     end

@@ -59,7 +59,7 @@ type Books struct {
 	Idem      map[string]string           // "<user>|<key>" → order id
 	Restocked []string                    // ids of orders whose units came back
 	Limits    map[string]map[string]int64 // window → "<limit>/<subject>" → count
-	LimitTTL  map[string]time.Duration    // window → its counter's TTL (0: none)
+	LimitEnd  map[string]time.Time        // window → when its counter expires (zero: never)
 	Holds     map[string]string           // undecided holds (lhold)
 	Held      map[string]string           // kept holds (lheld)
 }
@@ -67,20 +67,21 @@ type Books struct {
 // NewBooks is an empty Books.
 func NewBooks() *Books {
 	return &Books{Stock: map[string]int64{}, Users: map[string]int64{}, Resv: map[string]string{}, Orders: map[string]string{},
-		Idem: map[string]string{}, Limits: map[string]map[string]int64{}, LimitTTL: map[string]time.Duration{},
+		Idem: map[string]string{}, Limits: map[string]map[string]int64{}, LimitEnd: map[string]time.Time{},
 		Holds: map[string]string{}, Held: map[string]string{}}
 }
 
-// Count adds n to field of window's counter.
-func (b *Books) Count(window, field string, n int64, ttl time.Duration) {
+// Count adds n to field of window's counter, which expires at end (zero:
+// never).
+func (b *Books) Count(window, field string, n int64, end time.Time) {
 	m := b.Limits[window]
 	if m == nil {
 		m = map[string]int64{}
 		b.Limits[window] = m
 	}
 	m[field] += n
-	if ttl > 0 || b.LimitTTL[window] == 0 {
-		b.LimitTTL[window] = ttl
+	if !end.IsZero() {
+		b.LimitEnd[window] = end
 	}
 }
 
@@ -139,7 +140,7 @@ func ReadLive(ctx context.Context, c rueidis.Client, t *Keys) (*Live, error) {
 // pair is one live key with the staged one that replaces it.
 type pair struct {
 	staged, live string
-	ttl          time.Duration
+	expireAt     time.Time // zero: never
 }
 
 // Install writes b under staged names and then installs it on tag t in one
@@ -197,7 +198,11 @@ func Install(ctx context.Context, c rueidis.Client, t *Keys, epoch int64, b *Boo
 		keys = append(keys, p.staged, p.live)
 	}
 	for _, p := range pairs {
-		args = append(args, strconv.FormatInt(p.ttl.Milliseconds(), 10))
+		at := int64(0)
+		if !p.expireAt.IsZero() {
+			at = p.expireAt.UnixMilli()
+		}
+		args = append(args, strconv.FormatInt(at, 10))
 	}
 	res, err := installScript.Exec(ctx, c, keys, args).AsStrSlice()
 	if err != nil {
@@ -234,9 +239,9 @@ func isTombstone(v string) bool {
 // deleted by install).
 func stage(ctx context.Context, c rueidis.Client, t *Keys, b *Books) ([]pair, error) {
 	var pairs []pair
-	add := func(live string, ttl time.Duration) string {
+	add := func(live string, at time.Time) string {
 		s := t.staged(live)
-		pairs = append(pairs, pair{staged: s, live: live, ttl: ttl})
+		pairs = append(pairs, pair{staged: s, live: live, expireAt: at})
 		return s
 	}
 	var cmds rueidis.Commands
@@ -246,7 +251,7 @@ func stage(ctx context.Context, c rueidis.Client, t *Keys, b *Books) ([]pair, er
 		return err
 	}
 	hash := func(live string, m map[string]string) error {
-		s := add(live, 0)
+		s := add(live, time.Time{})
 		cmds = append(cmds, c.B().Del().Key(s).Build())
 		for part := range slices.Chunk(sortedKeys(m), stageChunk) {
 			h := c.B().Hset().Key(s).FieldValue()
@@ -257,7 +262,7 @@ func stage(ctx context.Context, c rueidis.Client, t *Keys, b *Books) ([]pair, er
 		}
 		return flush()
 	}
-	counts := func(live string, m map[string]int64, ttl time.Duration) error {
+	counts := func(live string, m map[string]int64, at time.Time) error {
 		s := make(map[string]string, len(m))
 		for f, n := range m {
 			if n > 0 {
@@ -267,11 +272,11 @@ func stage(ctx context.Context, c rueidis.Client, t *Keys, b *Books) ([]pair, er
 		if err := hash(live, s); err != nil {
 			return err
 		}
-		pairs[len(pairs)-1].ttl = ttl
+		pairs[len(pairs)-1].expireAt = at
 		return nil
 	}
 	if len(t.buckets) == 0 || t.parent != nil {
-		if err := counts(t.Users, b.Users, 0); err != nil {
+		if err := counts(t.Users, b.Users, time.Time{}); err != nil {
 			return nil, err
 		}
 		for _, h := range []struct {
@@ -285,7 +290,7 @@ func stage(ctx context.Context, c rueidis.Client, t *Keys, b *Books) ([]pair, er
 				return nil, err
 			}
 		}
-		s := add(t.restocked, 0)
+		s := add(t.restocked, time.Time{})
 		cmds = append(cmds, c.B().Del().Key(s).Build())
 		for part := range slices.Chunk(b.Restocked, stageChunk) {
 			cmds = append(cmds, c.B().Sadd().Key(s).Member(part...).Build(), c.B().Pexpire().Key(s).Milliseconds(stagedTTL.Milliseconds()).Build())
@@ -295,23 +300,23 @@ func stage(ctx context.Context, c rueidis.Client, t *Keys, b *Books) ([]pair, er
 		for _, key := range []string{t.giveBack(), t.xout, t.xin} {
 			if key != "" {
 				cmds = append(cmds, c.B().Del().Key(t.staged(key)).Build())
-				add(key, 0)
+				add(key, time.Time{})
 			}
 		}
 		regions, stock := t.StockKeys()
 		for i, r := range regions {
-			s := add(stock[i], 0)
+			s := add(stock[i], time.Time{})
 			cmds = append(cmds, c.B().Set().Key(s).Value(strconv.FormatInt(b.Stock[r], 10)).Px(stagedTTL).Build())
 		}
 		for _, w := range sortedKeys(b.Limits) {
-			if err := counts(t.Limit(w), b.Limits[w], b.LimitTTL[w]); err != nil {
+			if err := counts(t.Limit(w), b.Limits[w], b.LimitEnd[w]); err != nil {
 				return nil, err
 			}
 		}
 	}
 	// meta last among the pairs: install renames it into place after the rest
 	// (within the one script, so the order only matters for reading).
-	s := add(t.Meta, 0)
+	s := add(t.Meta, time.Time{})
 	meta := c.B().Hset().Key(s).FieldValue()
 	for i := 0; i+1 < len(b.Meta); i += 2 {
 		meta = meta.FieldValue(b.Meta[i], b.Meta[i+1])
