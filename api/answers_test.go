@@ -333,3 +333,42 @@ func keys[K int | string, V any](m map[K]V) []K {
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
 }
+
+// docCode is an error code as the documents write it after its status:
+// 503 `unavailable`, `503 unavailable`.
+var docCode = regexp.MustCompile("\\b[45][0-9][0-9] `([a-z][a-z_]*)`|`[45][0-9][0-9] ([a-z][a-z_]*)`")
+
+// TestDocsNameOnlyDocumentedCodes: a code the README or docs/ gives with its
+// status is one the Error schema's enum holds (not, say, a service_unavailable
+// no answer carries).
+func TestDocsNameOnlyDocumentedCodes(t *testing.T) {
+	doc, err := openapi3.NewLoader().LoadFromData(YAML())
+	if err != nil {
+		t.Fatal(err)
+	}
+	enum := map[string]bool{}
+	for _, v := range doc.Components.Schemas["Error"].Value.Properties["code"].Value.Enum {
+		enum[v.(string)] = true
+	}
+	files, _ := filepath.Glob("../docs/*.md")
+	files = append(files, "../README.md")
+	n := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, m := range docCode.FindAllStringSubmatch(line, -1) {
+				code := m[1] + m[2]
+				n++
+				if !enum[code] {
+					t.Errorf("%s:%d names the code %q, which no answer carries (api/openapi.yaml's Error enum)", f, i+1, code)
+				}
+			}
+		}
+	}
+	if n < 20 {
+		t.Fatalf("found only %d status-and-code mentions in the docs: has the test stopped reading them?", n)
+	}
+}
