@@ -137,3 +137,35 @@ func diff(a, b map[string]bool) string {
 	sort.Strings(out)
 	return strings.Join(out, "; ")
 }
+
+// TestUpstreamIsRoundRobin: the gateways' upstream names no balancing method, so nginx spreads
+// requests round-robin and one client address reaches every gateway, as docs/gateway.md says
+// (each gateway's per-IP limit is its own; nginx's limit_req is the fleet's). A method that pins
+// clients (hash, ip_hash, sticky) would change what those limits mean: change the page with it.
+func TestUpstreamIsRoundRobin(t *testing.T) {
+	raw, err := os.ReadFile("nginx.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?s)\n\s*upstream flashgate_gateways \{(.*?)\n    \}`).FindStringSubmatch(string(raw))
+	if m == nil {
+		t.Fatal("nginx.conf: no upstream flashgate_gateways block")
+	}
+	for _, line := range strings.Split(m[1], "\n") {
+		f := strings.Fields(strings.TrimSpace(line))
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		switch strings.TrimSuffix(f[0], ";") {
+		case "hash", "ip_hash", "least_conn", "least_time", "random", "sticky":
+			t.Errorf("the upstream balances by %q, not round-robin: docs/gateway.md (Rate limits) says round-robin", line)
+		}
+	}
+	doc, err := os.ReadFile("../docs/gateway.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "round-robin") {
+		t.Error("docs/gateway.md does not say how nginx spreads requests over the gateways (round-robin)")
+	}
+}
