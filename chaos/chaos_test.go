@@ -29,6 +29,7 @@ import (
 	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/history"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/loadgen"
 	"github.com/flashgate/flashgate/mysql"
@@ -140,6 +141,11 @@ type stack struct {
 	// faultEnd is when the fault ended (the killed part back, the outage
 	// over); recovery is measured from it.
 	faultEnd time.Time
+	// hist is what the scenario's clients saw, and the specs of its sales
+	// over time, for the history checker (history_test.go); allow are the
+	// costs the scenario measures instead of failing on.
+	hist  recorder
+	allow history.Allow
 }
 
 func newStack(t *testing.T, gatewayEnv ...[]string) *stack {
@@ -302,6 +308,7 @@ func (st *stack) createLimited(total, perUser int64, k int, limits []flashgate.L
 	if code, b := st.admin("POST", "/admin/v1/sales", s); code != 201 {
 		st.t.Fatalf("create sale: %d %s", code, b)
 	}
+	st.hist.sale(s)
 	for _, g := range st.gateways {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
@@ -344,8 +351,10 @@ func (st *stack) floodPhones(sale string, users, requests, phones int, fault fun
 	perGateway := users / len(st.gateways)
 	for i, g := range st.gateways {
 		toks := make([][]byte, perGateway)
+		names := make([]string, perGateway)
 		for j := range toks {
 			user := "f" + strconv.Itoa(st.floods) + "g" + strconv.Itoa(i) + "u" + strconv.Itoa(j)
+			names[j] = user
 			var o auth.MintOptions
 			if phones > 0 {
 				o.Phone = fmt.Sprintf("+1555%02d%06d", st.floods, (i*perGateway+j)%phones)
@@ -365,12 +374,13 @@ func (st *stack) floodPhones(sale string, users, requests, phones int, fault fun
 			defer wg.Done()
 			res, err := loadgen.Run(context.Background(), loadgen.Config{
 				Target: "http://" + g.addr, Sale: sale, Tokens: toks, Concurrency: 32,
-				Requests: int64(requests / len(st.gateways)),
+				Requests: int64(requests / len(st.gateways)), Record: true,
 			})
 			if err != nil {
 				st.t.Errorf("%s flood: %v", g.name, err)
 				return
 			}
+			st.hist.calls(sale, names, 1, "", res.Calls)
 			mu.Lock()
 			accepted = append(accepted, res.Accepted...)
 			sent += res.Requests
@@ -415,6 +425,7 @@ func (st *stack) settle(sale string, accepted []uint64) (audit.Report, time.Dura
 				noteFailed(st.t, db, sale, accepted)
 				elapsed := time.Since(start)
 				st.noteConservation(sale)
+				st.checkHistory(db, rc, sale)
 				return rep, elapsed
 			}
 		}
@@ -422,6 +433,7 @@ func (st *stack) settle(sale string, accepted []uint64) (audit.Report, time.Dura
 			noteFailed(st.t, db, sale, accepted)
 			elapsed := time.Since(start)
 			st.noteConservation(sale)
+			st.checkHistory(db, rc, sale)
 			return rep, elapsed
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -599,6 +611,7 @@ func TestChaos(t *testing.T) {
 	if excused {
 		fmt.Fprintf(&b, "* accepted orders a Redis failover without wait_replicas turned into failed ones (units returned; docs/recovery.md): not in the failed below\n")
 	}
+	fmt.Fprintln(&b, historyLine())
 	fmt.Fprintf(&b, "chaos: %d scenarios, oversold %d, over-limit %d, lost %d, duplicated %d, failed %d, conservation error not 0 in %d\n",
 		len(rows), over, limit, lost, dup, failed, unconserved)
 	fmt.Print(b.String())

@@ -115,7 +115,7 @@ func (st *stack) keyedFlood(sale string, groups [][]*buyer, tries int, fault fun
 					}
 					b := groups[i][j]
 					for range tries {
-						a := buy(g.addr, sale, b)
+						a := st.buy(g.addr, sale, b)
 						sent.Add(1)
 						b.answers = append(b.answers, a)
 						if a.status != 503 && a.status != 0 {
@@ -214,7 +214,7 @@ func redisLostBuyersRetry(t *testing.T) {
 						continue
 					}
 					for range 50 {
-						a := buy(st.gateways[i].addr, s.ID, b)
+						a := st.buy(st.gateways[i].addr, s.ID, b)
 						replays.Add(1)
 						b.answers = append(b.answers, a)
 						if a.status != 503 && a.status != 0 {
