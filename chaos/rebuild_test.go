@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
@@ -109,10 +110,14 @@ func redisRefusesWrites(t *testing.T) {
 	record(t, "redis refuses writes, orders wait", requests, accepted, rep, rec)
 }
 
+// restockPass is a little over how far back the leader's periodic pass
+// restocks canceled orders (backend restockWindow, a minute).
+const restockPass = 65 * time.Second
+
 // cancelsExpiryRedisLost: a sale with a payment timeout of 8 s. Of the
 // first flood's orders a quarter is canceled by its buyer, a quarter paid,
-// and the rest expires unpaid (the storm); then Redis loses everything
-// (FLUSHALL on every master), every buyer who canceled cancels again, and the
+// and the rest expires unpaid (the storm); a minute later Redis loses
+// everything (FLUSHALL on every master), every buyer who canceled cancels again, and the
 // leader's and the operator's reconcile run. A canceled or expired unit goes
 // back on sale once: new buyers then buy what is left, and every 202 is a
 // confirmed order (no phantom unit sold twice and failed by MySQL), the
@@ -179,11 +184,21 @@ func cancelsExpiryRedisLost(t *testing.T) {
 	t.Logf("%d orders: %d canceled, %d paid, %d left to expire", len(all), len(canceled), paid.Load(), unpaid.Load())
 	waitCount(t, db, s.ID, "status = 'canceled' AND reason = 'expired'", unpaid.Load(), 90*time.Second)
 
+	// The loss comes once the leader's own pass (orders canceled in the
+	// last minute) no longer looks at these: what restores their state is
+	// then the warm alone, and the operator's reconcile (every canceled
+	// order) after it.
+	stormOver := time.Now()
+	time.Sleep(time.Until(stormOver.Add(restockPass)))
 	rc := testenv.Redis(t, st.cfg.Redis.Addrs)
 	if err := st.flushRedis(rc); err != nil {
 		t.Fatalf("FLUSHALL: %v", err)
 	}
 	t.Logf("redis lost everything after the storm")
+	// The warm rebuilds the sale first; then the buyers repeat their cancels
+	// and the operator reconciles: each finds the canceled orders' records
+	// rebuilt, and must not give their units back a second time.
+	st.waitWarm(s.ID)
 	st.faultEnd = time.Now()
 	// The buyers who canceled cancel again (a 503 while the sale warms is
 	// retried), and read their order.
@@ -209,9 +224,14 @@ func cancelsExpiryRedisLost(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	// The operator's reconcile (every canceled order) and the leader's.
-	if code, b := st.admin("POST", "/admin/v1/sales/"+s.ID+"/reconcile", nil); code != 200 {
+	// The operator's reconcile (every canceled order), twice as a runbook
+	// rerun would.
+	for range 2 {
+		code, b := st.admin("POST", "/admin/v1/sales/"+s.ID+"/reconcile", nil)
 		t.Logf("reconcile: %d %s", code, b)
+	}
+	if red, err := audit.RedisLedger(context.Background(), rc, s.ID, nil); err == nil {
+		t.Logf("before the new buyers: redis remaining %d, reserved %d; %d units were never paid for", red.Remaining, red.Reserved, 3000-paid.Load())
 	}
 	// New buyers buy what is left.
 	more, later := st.flood(s.ID, 6000, 6000, nil)
@@ -353,4 +373,23 @@ func (st *stack) replayAccepted(sale string, groups [][]*buyer) int64 {
 		wg.Wait()
 	}
 	return sent.Load()
+}
+
+// waitWarm waits (bounded) until Redis holds the sale's meta again: a
+// backend warmed it.
+func (st *stack) waitWarm(sale string) {
+	st.t.Helper()
+	rc := testenv.Redis(st.t, st.cfg.Redis.Addrs)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		n, err := rc.Do(context.Background(), rc.B().Exists().Key(saleKey(sale)).Build()).AsInt64()
+		if err == nil && n == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			st.t.Fatalf("sale %s not warm again within 60s: %v", sale, err)
+		}
+		st.admin("POST", "/admin/v1/sales/"+sale+"/reconcile?older_than=2s", nil)
+		time.Sleep(250 * time.Millisecond)
+	}
 }
