@@ -33,9 +33,23 @@ import (
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/loadgen"
 	"github.com/flashgate/flashgate/mysql"
+	"github.com/redis/rueidis"
 )
 
 var binary string
+
+// No step of the suite waits without a deadline: the build, every HTTP call
+// (httpClient; the buyers' own buyClient), every query of the state at rest.
+const (
+	buildTimeout = 10 * time.Minute
+	// callTimeout bounds one HTTP call to a process of the scenario (its
+	// admin API, readiness, metrics, a sale's page).
+	callTimeout = 10 * time.Second
+	// queryTimeout bounds one read of MySQL, Redis or the stream.
+	queryTimeout = 30 * time.Second
+)
+
+var httpClient = &http.Client{Timeout: callTimeout}
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "flashgate-chaos")
@@ -43,8 +57,9 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "flashgate")
-	if out, err := exec.Command("go", "build", "-tags", "failpoints", "-o", binary, "../cmd/flashgate").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build flashgate: %v\n%s", err, out)
+	build := testenv.Command(buildTimeout, "go", "build", "-tags", "failpoints", "-o", binary, "../cmd/flashgate")
+	if out, err := build.CombinedOutput(); build.Done(err) != nil {
+		fmt.Fprintf(os.Stderr, "build flashgate: %v\n%s", build.Done(err), out)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -78,7 +93,7 @@ func (p *proc) start() {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		if res, err := http.Get("http://" + p.admin + "/readyz"); err == nil {
+		if res, err := httpClient.Get("http://" + p.admin + "/readyz"); err == nil {
 			res.Body.Close()
 			if res.StatusCode == 200 {
 				return
@@ -276,7 +291,7 @@ func (st *stack) admin(method, path string, body any) (int, []byte) {
 	}
 	req, _ := http.NewRequest(method, "http://"+to.admin+path, rd)
 	req.Header.Set("Authorization", "Bearer "+st.cfg.Admin.Token)
-	res, err := http.DefaultClient.Do(req)
+	res, err := httpClient.Do(req)
 	if err != nil {
 		return 0, []byte(err.Error())
 	}
@@ -312,7 +327,7 @@ func (st *stack) createLimited(total, perUser int64, k int, limits []flashgate.L
 	for _, g := range st.gateways {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			res, err := http.Get("http://" + g.addr + "/v1/sales/" + s.ID)
+			res, err := httpClient.Get("http://" + g.addr + "/v1/sales/" + s.ID)
 			if err == nil {
 				res.Body.Close()
 				if res.StatusCode == 200 {
@@ -418,10 +433,10 @@ func (st *stack) settle(sale string, accepted []uint64) (audit.Report, time.Dura
 	for {
 		// What the leader does periodically, now.
 		st.admin("POST", "/admin/v1/sales/"+sale+"/reconcile?older_than=2s", nil)
-		rep, err = audit.Check(context.Background(), db, rc, sale, accepted)
+		rep, err = auditCheck(db, rc, sale, accepted)
 		if err == nil && rep.Lost == 0 && rep.RedisReserved == 0 && rep.LedgerHolds {
 			// At rest: audit once more, on one moment.
-			if rep, err = audit.Check(context.Background(), db, rc, sale, accepted); err == nil {
+			if rep, err = auditCheck(db, rc, sale, accepted); err == nil {
 				noteFailed(st.t, db, sale, accepted)
 				elapsed := time.Since(start)
 				st.noteConservation(sale)
@@ -438,6 +453,13 @@ func (st *stack) settle(sale string, accepted []uint64) (audit.Report, time.Dura
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// auditCheck is audit.Check bounded by queryTimeout.
+func auditCheck(db *sql.DB, rc rueidis.Client, sale string, accepted []uint64) (audit.Report, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+	defer cancel()
+	return audit.Check(ctx, db, rc, sale, accepted)
 }
 
 type row struct {
@@ -512,7 +534,7 @@ func (st *stack) noteConservation(sale string) {
 // scrapeSample reads one sample (name with its labels, as exposed) from a
 // process's /metrics; ok is false when it is absent.
 func scrapeSample(admin, sample string) (v float64, ok bool, err error) {
-	res, err := http.Get("http://" + admin + "/metrics")
+	res, err := httpClient.Get("http://" + admin + "/metrics")
 	if err != nil {
 		return 0, false, err
 	}
@@ -543,7 +565,10 @@ func noteFailed(t *testing.T, db *sql.DB, sale string, accepted []uint64) {
 		}
 		var c int64
 		q := "SELECT COUNT(*) FROM orders WHERE sale_id = ? AND status = 'failed' AND id IN (?" + strings.Repeat(",?", len(part)-1) + ")"
-		if err := db.QueryRowContext(context.Background(), q, args...).Scan(&c); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+		err := db.QueryRowContext(ctx, q, args...).Scan(&c)
+		cancel()
+		if err != nil {
 			t.Errorf("counting failed orders: %v", err)
 			return
 		}

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -173,7 +172,7 @@ func (st *stack) waitSale(id string) {
 	for _, g := range st.gateways {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			res, err := http.Get("http://" + g.addr + "/v1/sales/" + id)
+			res, err := httpClient.Get("http://" + g.addr + "/v1/sales/" + id)
 			if err == nil {
 				res.Body.Close()
 				if res.StatusCode == 200 {

@@ -161,7 +161,8 @@ func (st *stack) checkHistory(db *sql.DB, rc rueidis.Client, sale string) {
 // ledger, and the stream's messages of the sale (awaited, bounded, to be
 // none: a message left is reported by the checker).
 func (st *stack) finalState(db *sql.DB, rc rueidis.Client, sale string, spec *history.Sale) (history.Final, error) {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+	defer cancel()
 	var f history.Final
 	in, err := st.streamWait(sale)
 	if err != nil {
@@ -217,7 +218,7 @@ func (st *stack) streamWait(sale string) ([]uint64, error) {
 // streamOrders reads the ids of sale's order messages in the stream without
 // consuming them.
 func streamOrders(js jetstream.JetStream, stream, subject, sale string) ([]uint64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
