@@ -111,15 +111,13 @@ func redisRefusesWrites(t *testing.T) {
 	record(t, "redis refuses writes, orders wait", requests, accepted, rep, rec)
 }
 
-// restockPass is a little over how far back the leader's periodic pass
-// restocks canceled orders (backend restockWindow, a minute).
-const restockPass = 65 * time.Second
-
 // cancelsExpiryRedisLost: a sale with a payment timeout of 8 s. Of the
 // first flood's orders a quarter is canceled by its buyer, a quarter paid,
-// and the rest expires unpaid (the storm); a minute later Redis loses
-// everything (FLUSHALL on every master), every buyer who canceled cancels again, and the
-// leader's and the operator's reconcile run. A canceled or expired unit goes
+// and the rest expires unpaid (the storm); right after it Redis loses
+// everything (FLUSHALL on every master). Once the sale is warm again (the
+// leader's pass rewarms it, and restocks what was canceled in the last
+// minute), new buyers flood it while every buyer who canceled cancels again,
+// and the operator's reconcile runs twice. A canceled or expired unit goes
 // back on sale once: new buyers then buy what is left, and every 202 is a
 // confirmed order (no phantom unit sold twice and failed by MySQL), the
 // ledger balances and no buyer's count is off.
@@ -185,59 +183,54 @@ func cancelsExpiryRedisLost(t *testing.T) {
 	t.Logf("%d orders: %d canceled, %d paid, %d left to expire", len(all), len(canceled), paid.Load(), unpaid.Load())
 	waitCount(t, db, s.ID, "status = 'canceled' AND reason = 'expired'", unpaid.Load(), 90*time.Second)
 
-	// The loss comes once the leader's own pass (orders canceled in the
-	// last minute) no longer looks at these: what restores their state is
-	// then the warm alone, and the operator's reconcile (every canceled
-	// order) after it.
-	stormOver := time.Now()
-	time.Sleep(time.Until(stormOver.Add(restockPass)))
+	// Redis loses everything right after the storm, while the leader's own
+	// pass still restocks these orders (it looks a minute back).
 	rc := testenv.Redis(t, st.cfg.Redis.Addrs)
 	if err := st.flushRedis(rc); err != nil {
 		t.Fatalf("FLUSHALL: %v", err)
 	}
 	t.Logf("redis lost everything after the storm")
-	// The warm rebuilds the sale first; then the buyers repeat their cancels
-	// and the operator reconciles: each finds the canceled orders' records
-	// rebuilt, and must not give their units back a second time.
 	st.waitWarm(s.ID)
 	st.faultEnd = time.Now()
-	// The buyers who canceled cancel again (a 503 while the sale warms is
-	// retried), and read their order.
-	wg = sync.WaitGroup{}
-	next.Store(0)
-	for range 16 {
-		wg.Go(func() {
-			for {
-				j := next.Add(1) - 1
-				if j >= int64(len(canceled)) {
-					return
-				}
-				h := canceled[j]
-				for range 50 {
-					status, _, _ := st.orderCall(st.gateways[h.gw].addr, s.ID, h.b.user, h.b.tok, h.b.accepted(), "cancel")
-					if status != 503 && status != 0 {
-						break
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
-				st.orderCall(st.gateways[h.gw].addr, s.ID, h.b.user, h.b.tok, h.b.accepted(), "")
-			}
-		})
-	}
-	wg.Wait()
-	// The operator's reconcile (every canceled order), twice as a runbook
-	// rerun would.
-	for range 2 {
-		code, b := st.admin("POST", "/admin/v1/sales/"+s.ID+"/reconcile", nil)
-		t.Logf("reconcile: %d %s", code, b)
-	}
 	if red, err := audit.RedisLedger(context.Background(), rc, s.ID, nil); err == nil {
-		t.Logf("before the new buyers: redis remaining %d, reserved %d; %d units were never paid for", red.Remaining, red.Reserved, 3000-paid.Load())
+		t.Logf("warm again: redis remaining %d, reserved %d; %d units were never paid for", red.Remaining, red.Reserved, 3000-paid.Load())
 	}
-	// New buyers buy what is left.
-	more, later := st.flood(s.ID, 6000, 6000, nil)
+	// New buyers buy what is left, while the buyers who canceled cancel
+	// again (a 503 is retried) and read their order.
+	more, later := st.flood(s.ID, 6000, 6000, func() {
+		var wg sync.WaitGroup
+		next.Store(0)
+		for range 16 {
+			wg.Go(func() {
+				for {
+					j := next.Add(1) - 1
+					if j >= int64(len(canceled)) {
+						return
+					}
+					h := canceled[j]
+					for range 50 {
+						status, _, _ := st.orderCall(st.gateways[h.gw].addr, s.ID, h.b.user, h.b.tok, h.b.accepted(), "cancel")
+						if status != 503 && status != 0 {
+							break
+						}
+						time.Sleep(100 * time.Millisecond)
+					}
+					st.orderCall(st.gateways[h.gw].addr, s.ID, h.b.user, h.b.tok, h.b.accepted(), "")
+				}
+			})
+		}
+		wg.Wait()
+	})
 	requests += more
 	accepted = append(accepted, later...)
+	// Then the operator's reconcile (every canceled order), twice as a
+	// runbook rerun would.
+	for range 2 {
+		code, b := st.admin("POST", "/admin/v1/sales/"+s.ID+"/reconcile", nil)
+		if code != 200 {
+			t.Errorf("reconcile: %d %s", code, b)
+		}
+	}
 	rep, rec := st.settle(s.ID, accepted)
 	left := 3000 - paid.Load()
 	t.Logf("after the loss: %d more accepted of the %d units not paid for; sold %d, redis remaining %d", len(later), left, rep.Sold, rep.RedisRemaining)
@@ -398,7 +391,9 @@ func (st *stack) replayAccepted(sale string, groups [][]*buyer) int64 {
 }
 
 // waitWarm waits (bounded) until Redis holds the sale's meta again: a
-// backend warmed it.
+// backend warmed it (the leader's periodic pass, or a gateway's request).
+// It calls nothing itself: an operator's reconcile would repair the stock on
+// the way.
 func (st *stack) waitWarm(sale string) {
 	st.t.Helper()
 	rc := testenv.Redis(st.t, st.cfg.Redis.Addrs)
@@ -411,7 +406,6 @@ func (st *stack) waitWarm(sale string) {
 		if time.Now().After(deadline) {
 			st.t.Fatalf("sale %s not warm again within 60s: %v", sale, err)
 		}
-		st.admin("POST", "/admin/v1/sales/"+sale+"/reconcile?older_than=2s", nil)
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
 }
