@@ -126,6 +126,7 @@ const (
 	WrongOrder     = "wrong-order"    // a 202's row is another buyer's, sale's, quantity or region
 	IDReused       = "id-reused"      // one order id answered to two buyers or keys
 	KeyTwoOrders   = "key-two-orders" // one (user, key) answered or holding two order ids
+	KeyRefused     = "key-refused"    // a replay of a key answered 202, refused as a new purchase would be
 	RefusalBecame  = "refusal-became-order"
 	Unexplained    = "unexplained-order" // an order no client was told about
 	Oversold       = "oversold"
@@ -311,6 +312,28 @@ func (c *checker) checkKeys() {
 			continue
 		}
 		answered[k] = op.Order
+	}
+	// A replay is answered with the key's order however often it comes: a
+	// call of a key made after the key was answered 202, refused as a new
+	// purchase would be (sold out, over a limit), ran the admission again.
+	first := map[uk]int64{} // the earliest answer of a 202 of each key
+	for _, op := range c.ops {
+		if op.Kind != Purchase || op.Status != 202 || op.Key == "" {
+			continue
+		}
+		k := uk{op.User, op.Key}
+		if t, ok := first[k]; !ok || op.Return < t {
+			first[k] = op.Return
+		}
+	}
+	for _, op := range c.ops {
+		if op.Kind != Purchase || op.Key == "" || (op.Code != string(flashgate.CodeSoldOut) && op.Code != string(flashgate.CodeLimitReached)) {
+			continue
+		}
+		k := uk{op.User, op.Key}
+		if t, ok := first[k]; ok && op.Call > t {
+			c.add(KeyRefused, answered[k], op.User, "key %q was answered 202 (order %d), a later replay %d %s", op.Key, answered[k], op.Status, op.Code)
+		}
 	}
 	rows := map[uk]uint64{}
 	for _, o := range c.sortedRows() {

@@ -1,6 +1,7 @@
 package history
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,8 @@ func good() ([]Op, Final) {
 	ops := []Op{
 		bought("a", 1, 10), bought("b", 2, 11), bought("c", 3, 12),
 		refused("a", 403, "limit_reached", 20), refused("d", 503, "unavailable", 21),
+		// A key refused first, then admitted: no replay was refused.
+		{Kind: Purchase, User: "f", Key: "kf", Quantity: 1, Status: 409, Code: "sold_out", Call: 23, Return: 24},
 		{Kind: Purchase, User: "e", Quantity: 1, Status: 0, Call: 22}, // no answer, no row
 		{Kind: Cancel, User: "a", Order: 1, Status: 200, State: sCanceled, Call: 30, Return: 31},
 		{Kind: Pay, User: "b", Order: 2, Status: 200, State: sPaid, Call: 30, Return: 32},
@@ -102,6 +105,12 @@ func TestEveryAnomalyIsReported(t *testing.T) {
 			f.Orders = append(f.Orders, r7, r8)
 			f.Sold++
 			f.RedisRemaining--
+		}},
+		{"a replay of a key refused sold out", KeyRefused, func(ops *[]Op, _ *Final, _ *Sale) {
+			(*ops)[1].Key = "kb"
+			replay := refused("b", 409, "sold_out", 40)
+			replay.Key = "kb"
+			*ops = append(*ops, replay)
 		}},
 		{"a 503 became an order", RefusalBecame, func(_ *[]Op, f *Final, _ *Sale) {
 			f.Orders = append(f.Orders, row(9, "d", flashgate.OrderConfirmed, ""))
@@ -211,7 +220,8 @@ func TestUnknownOutcomeExplainsOneOrder(t *testing.T) {
 func TestAllowCountsInstead(t *testing.T) {
 	ops, f := good()
 	f.Orders[1] = row(2, "b", flashgate.OrderFailed, flashgate.ReasonSoldOut)
-	ops = ops[:7] // b's pay is gone with the failover
+	// b's pay is gone with the failover.
+	ops = slices.DeleteFunc(ops, func(op Op) bool { return op.Kind == Pay && op.User == "b" })
 	f.Orders = append(f.Orders, row(9, "ghost", flashgate.OrderConfirmed, ""))
 	// The ghost holds the unit b's failed order gave back.
 	r := Check(sale, ops, f, Allow{FailedAccepted: true, Unexplained: true})
