@@ -3,7 +3,7 @@
 // client made — each purchase with its answer, each cancel, pay and read of an
 // order — and, once the system has drained, reads the sale's final state: every
 // MySQL order row, sales.sold, the Redis ledger, and the order messages still in
-// the stream. Check then proves the promises of ../DESIGN.md §2 from those two
+// the stream. Check then proves the promises of docs/design.md §2 from those two
 // records alone, the way Jepsen's checkers do: a set check (every 202 is an
 // order, and no order appears that no answer explains), a bank check (units are
 // conserved between Redis, MySQL and the buyers), bounds (stock, per user, per
