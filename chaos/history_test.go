@@ -147,7 +147,8 @@ func (st *stack) checkHistory(db *sql.DB, rc rueidis.Client, sale string) {
 	historyMu.Lock()
 	historyBy[sale] = res
 	historyMu.Unlock()
-	st.t.Logf("history: %s (accepted %d, allowed: failed 202s %d, unexplained %d)", res.Summary(), res.Accepted, res.FailedAccepted, res.Unexplained)
+	st.t.Logf("history: %s (accepted %d, allowed: failed 202s %d, unexplained %d; messages of decided orders still in the stream %d)",
+		res.Summary(), res.Accepted, res.FailedAccepted, res.Unexplained, res.InStreamDecided)
 	for i, a := range res.Anomalies {
 		if i == 20 {
 			st.t.Errorf("history: … and %d more anomalies", len(res.Anomalies)-i)
@@ -161,14 +162,14 @@ func (st *stack) checkHistory(db *sql.DB, rc rueidis.Client, sale string) {
 // ledger, and the stream's messages of the sale (awaited, bounded, to be
 // none: a message left is reported by the checker).
 func (st *stack) finalState(db *sql.DB, rc rueidis.Client, sale string, spec *history.Sale) (history.Final, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
-	defer cancel()
 	var f history.Final
 	in, err := st.streamWait(sale)
 	if err != nil {
-		return f, err
+		return f, fmt.Errorf("the orders stream: %w", err)
 	}
 	f.InStream = in
+	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+	defer cancel()
 	if err := mysql.EachOrder(ctx, db, sale, func(o flashgate.Order) error {
 		f.Orders = append(f.Orders, o)
 		return nil
