@@ -44,6 +44,16 @@ func (st *stack) startBackends() {
 	st.backend = st.leader()
 }
 
+// startBackendsNoLeader starts every backend again without waiting for one
+// to lead: the leader lock is a Redis write, and while Redis refuses writes
+// none can take it.
+func (st *stack) startBackendsNoLeader() {
+	st.t.Helper()
+	for _, b := range st.backends {
+		b.start()
+	}
+}
+
 // redisConfigSet runs CONFIG SET param value on every master (on a Redis
 // Cluster each node has its own configuration).
 func (st *stack) redisConfigSet(param, value string) {
@@ -85,7 +95,7 @@ func redisRefusesWrites(t *testing.T) {
 	st.redisConfigSet("maxmemory-policy", "noeviction")
 	st.redisConfigSet("maxmemory", "1")
 	refused := time.Now()
-	st.startBackends()
+	st.startBackendsNoLeader()
 	// Buyers during the refusal: nothing can be reserved.
 	more, during := st.flood(s.ID, 1000, 1000, nil)
 	requests += more
@@ -95,6 +105,7 @@ func redisRefusesWrites(t *testing.T) {
 	time.Sleep(time.Until(refused.Add(refusal)))
 	st.redisConfigSet("maxmemory", "0")
 	st.faultEnd = time.Now()
+	st.backend = st.leader()
 	dead := backendCounter(t, st, `flashgate_backend_dead_letters_total{kind="poison"}`)
 	// After: new buyers are admitted again.
 	more, after := st.flood(s.ID, 1000, 1000, nil)
