@@ -161,36 +161,25 @@ func cancelsExpiryRedisLost(t *testing.T) {
 	var canceled []held
 	var paid, unpaid atomic.Int64
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	var next atomic.Int64
-	for range 16 {
-		wg.Go(func() {
-			for {
-				j := next.Add(1) - 1
-				if j >= int64(len(all)) {
-					return
-				}
-				h := all[j]
-				op := []string{"cancel", "pay", "", ""}[j%4]
-				if op == "" {
-					unpaid.Add(1)
-					continue
-				}
-				status, code, _ := st.orderCall(st.gateways[h.gw].addr, s.ID, h.b.user, h.b.tok, h.b.accepted(), op)
-				switch {
-				case status == 200 && op == "cancel":
-					mu.Lock()
-					canceled = append(canceled, h)
-					mu.Unlock()
-				case status == 200:
-					paid.Add(1)
-				default:
-					t.Logf("%s of %s's order: %d %s", op, h.b.user, status, code)
-				}
-			}
-		})
-	}
-	wg.Wait()
+	each(16, len(all), func(j int) {
+		h := all[j]
+		op := []string{"cancel", "pay", "", ""}[j%4]
+		if op == "" {
+			unpaid.Add(1)
+			return
+		}
+		status, code, _ := st.orderCall(st.gateways[h.gw].addr, s.ID, h.b.user, h.b.tok, h.b.accepted(), op)
+		switch {
+		case status == 200 && op == "cancel":
+			mu.Lock()
+			canceled = append(canceled, h)
+			mu.Unlock()
+		case status == 200:
+			paid.Add(1)
+		default:
+			t.Logf("%s of %s's order: %d %s", op, h.b.user, status, code)
+		}
+	})
 	t.Logf("%d orders: %d canceled, %d paid, %d left to expire", len(all), len(canceled), paid.Load(), unpaid.Load())
 	waitCount(t, db, s.ID, "status = 'canceled' AND reason = 'expired'", unpaid.Load(), 90*time.Second)
 
@@ -209,28 +198,17 @@ func cancelsExpiryRedisLost(t *testing.T) {
 	// New buyers buy what is left, while the buyers who canceled cancel
 	// again (a 503 is retried) and read their order.
 	more, later := st.flood(s.ID, 6000, 6000, func() {
-		var wg sync.WaitGroup
-		next.Store(0)
-		for range 16 {
-			wg.Go(func() {
-				for {
-					j := next.Add(1) - 1
-					if j >= int64(len(canceled)) {
-						return
-					}
-					h := canceled[j]
-					for range 50 {
-						status, _, _ := st.orderCall(st.gateways[h.gw].addr, s.ID, h.b.user, h.b.tok, h.b.accepted(), "cancel")
-						if status != 503 && status != 0 {
-							break
-						}
-						time.Sleep(100 * time.Millisecond)
-					}
-					st.orderCall(st.gateways[h.gw].addr, s.ID, h.b.user, h.b.tok, h.b.accepted(), "")
+		each(16, len(canceled), func(j int) {
+			h := canceled[j]
+			for range 50 {
+				status, _, _ := st.orderCall(st.gateways[h.gw].addr, s.ID, h.b.user, h.b.tok, h.b.accepted(), "cancel")
+				if status != 503 && status != 0 {
+					break
 				}
-			})
-		}
-		wg.Wait()
+				time.Sleep(100 * time.Millisecond)
+			}
+			st.orderCall(st.gateways[h.gw].addr, s.ID, h.b.user, h.b.tok, h.b.accepted(), "")
+		})
 	})
 	requests += more
 	accepted = append(accepted, later...)
@@ -371,34 +349,42 @@ func splitMasterLost(t *testing.T, meta bool) {
 func (st *stack) replayAccepted(sale string, groups [][]*buyer) int64 {
 	var sent atomic.Int64
 	for i, g := range groups {
-		var wg sync.WaitGroup
-		var next atomic.Int64
-		for range 32 {
-			wg.Go(func() {
-				for {
-					j := next.Add(1) - 1
-					if j >= int64(len(g)) {
-						return
-					}
-					b := g[j]
-					if b.accepted() == 0 {
-						continue
-					}
-					for range 50 {
-						a := st.buy(st.gateways[i].addr, sale, b)
-						sent.Add(1)
-						b.answers = append(b.answers, a)
-						if a.status != 503 && a.status != 0 {
-							break
-						}
-						time.Sleep(100 * time.Millisecond)
-					}
+		each(32, len(g), func(j int) {
+			b := g[j]
+			if b.accepted() == 0 {
+				return
+			}
+			for range 50 {
+				a := st.buy(st.gateways[i].addr, sale, b)
+				sent.Add(1)
+				b.answers = append(b.answers, a)
+				if a.status != 503 && a.status != 0 {
+					break
 				}
-			})
-		}
-		wg.Wait()
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
 	}
 	return sent.Load()
+}
+
+// each calls fn(0) … fn(n-1) from workers goroutines, and returns once all
+// have returned.
+func each(workers, n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range workers {
+		wg.Go(func() {
+			for {
+				j := int(next.Add(1) - 1)
+				if j >= n {
+					return
+				}
+				fn(j)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // waitWarm waits (bounded) until Redis holds the sale's meta again: a

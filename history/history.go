@@ -15,6 +15,7 @@
 package history
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sort"
@@ -402,15 +403,7 @@ func (c *checker) sortedRows() []*flashgate.Order {
 	for _, o := range c.rows {
 		out = append(out, o)
 	}
-	slices.SortFunc(out, func(a, b *flashgate.Order) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *flashgate.Order) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 

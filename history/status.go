@@ -1,6 +1,7 @@
 package history
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -212,15 +213,7 @@ func (c *checker) checkStatusHistories() {
 
 func describe(ops []Op, o *flashgate.Order) string {
 	ops = slices.Clone(ops)
-	slices.SortStableFunc(ops, func(a, b Op) int {
-		switch {
-		case a.Call < b.Call:
-			return -1
-		case a.Call > b.Call:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(ops, func(a, b Op) int { return cmp.Compare(a.Call, b.Call) })
 	parts := make([]string, 0, len(ops)+1)
 	for _, op := range ops {
 		s := fmt.Sprintf("%s→%d", op.Kind, op.Status)
