@@ -227,14 +227,14 @@ proctype Gateway(byte u; byte o; bool key) {
   :: else -> skip
   fi;
   if
-  :: /* the admission call times out: 503, release, and it runs after on
+  :: o == 3 ->
+    /* the admission call times out: 503, release, and it runs after on
      * the same server (a Redis that lost its data since has lost the
      * connection, and the call with it: rueidis does not resend a write) */
     r503[o] = true; answer(o, 100);
     seen = losses;
     releaseGw(o, rel);
     atomic { if :: losses == seen -> admit(u, o, key, res, rid) :: else -> skip fi };
-    if :: o == 0 -> unhold(o, false) :: else -> skip fi;
     goto done
   :: admit(u, o, key, res, rid)
   fi;
@@ -247,13 +247,15 @@ proctype Gateway(byte u; byte o; bool key) {
     if :: o == 0 -> unhold(o, false) :: else -> skip fi; goto done
   :: res == A_OK -> if :: o == 0 -> unhold(o, true) :: else -> skip fi
   fi;
+  /* publish: it lands; o0's may also be lost, land and time out, or its
+   * gateway die before it; o2's may land and time out */
   if
   :: stream[o] = true; r202[o] = true; answer(o, o + 1)
-  :: releaseGw(o, rel);
+  :: o == 0 -> releaseGw(o, rel);
     if :: rel == 1 -> r202[o] = true; answer(o, o + 1) :: else -> r503[o] = true; answer(o, 100) fi
-  :: stream[o] = true; releaseGw(o, rel);
+  :: o == 0 || o == 2 -> stream[o] = true; releaseGw(o, rel);
     if :: rel == 1 -> r202[o] = true; answer(o, o + 1) :: else -> r503[o] = true; answer(o, 100) fi
-  :: skip   /* the gateway dies: no answer */
+  :: o == 0 -> skip   /* the gateway dies: no answer */
   fi;
 done:
   running--
@@ -378,27 +380,28 @@ proctype Rebuild() {
   do
   :: !moved -> break
   :: moved ->
-    lock();
-    mepoch++; e = mepoch;
-    atomic { meta[0] = false; meta[1] = false; epochKey[0] = REBUILDING; epochKey[1] = REBUILDING };
+    /* the sale row lock, a new epoch, the fence of every tag */
+    atomic {
+      !mlock -> mlock = true;
+      mepoch++; e = mepoch;
+      meta[0] = false; meta[1] = false; epochKey[0] = REBUILDING; epochKey[1] = REBUILDING
+    };
 #ifdef BUG_NO_ROWLOCK
     unlock();   /* the old warm read a snapshot without holding the row */
 #endif
-    /* what only Redis knows */
+    /* what only Redis knows, and what is in flight: reserved or in the
+     * stream, no MySQL row, not released */
     atomic {
       i = 0;
       do
-      :: i < NO -> lresv[i] = resv[i]; lrec[i] = rec[i]; lhold[i] = hold[i]; i++
+      :: i < NO ->
+        lresv[i] = resv[i]; lrec[i] = rec[i]; lhold[i] = hold[i];
+        pending[i] = (resv[i] || stream[i]) && st[i] == M_NONE && rec[i] != R_RELEASED;
+        i++
       :: else -> break
       od;
       lidem = idem
     };
-    /* in flight: reserved or in the stream, no MySQL row, not released */
-    i = 0;
-    do
-    :: i < NO -> pending[i] = (lresv[i] || stream[i]) && st[i] == M_NONE && lrec[i] != R_RELEASED; i++
-    :: else -> break
-    od;
     /* install: nothing kept from Redis moved, then everything in one step */
     atomic {
       moved = (epochKey[0] != REBUILDING || epochKey[1] != REBUILDING);
@@ -457,13 +460,20 @@ proctype Rebuild() {
         epochKey[0] = e; epochKey[1] = e;
         meta[0] = true; meta[1] = true
       :: else -> skip
-      fi
-    };
+      fi;
+      /* forget what was read (a smaller state) */
+      i = 0;
+      do
+      :: i < NO -> lresv[i] = false; lrec[i] = 0; lhold[i] = false; pending[i] = false; i++
+      :: else -> break
+      od;
+      lidem = 0; i = 0; p = 0;
 #ifndef BUG_NO_ROWLOCK
-    unlock()
+      mlock = false
 #else
-    skip
+      skip
 #endif
+    }
   od;
   rbusy = false
 }
