@@ -106,3 +106,30 @@ func EventBacklog(ctx context.Context, db Querier) (n int64, oldest time.Duratio
 	}
 	return n, time.Duration(us.Int64) * time.Microsecond, nil
 }
+
+// OrderHistory is what MySQL holds of one order's changes: how many (its
+// last event's seq) and its status and reason now.
+type OrderHistory struct {
+	Seq    uint32
+	Status flashgate.OrderStatus
+	Reason string
+}
+
+// OrderHistories reads, for every order of sale, its OrderHistory.
+func OrderHistories(ctx context.Context, db Querier, sale string) (map[uint64]OrderHistory, error) {
+	rows, err := db.QueryContext(ctx, `SELECT id, event_seq, status, reason FROM orders WHERE sale_id = ?`, sale)
+	if err != nil {
+		return nil, fmt.Errorf("order histories: %w", err)
+	}
+	out := map[uint64]OrderHistory{}
+	err = scanRows(rows, func() error {
+		var id uint64
+		var h OrderHistory
+		var st string
+		err := rows.Scan(&id, &h.Seq, &st, &h.Reason)
+		h.Status = flashgate.OrderStatus(st)
+		out[id] = h
+		return err
+	})
+	return out, err
+}
