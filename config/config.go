@@ -31,6 +31,7 @@ type Config struct {
 	NATS      NATS      `yaml:"nats"`
 	MySQL     MySQL     `yaml:"mysql"`
 	Orders    Orders    `yaml:"orders"`
+	Events    Events    `yaml:"events"`
 	RateLimit RateLimit `yaml:"ratelimit"`
 	Sales     Sales     `yaml:"sales"`
 
@@ -278,6 +279,26 @@ type Orders struct {
 	PaymentTimeout time.Duration `yaml:"payment_timeout"`
 }
 
+// Events sets the order events (docs/events.md): every status change of an
+// order, written to MySQL's outbox in the transaction that makes it, and
+// published by the backend leader to a JetStream stream of its own.
+type Events struct {
+	// Stream is the JetStream stream of order events (limits retention: consumers read it at their pace).
+	Stream string `yaml:"stream"`
+	// Subject prefixes the events: an order of sale S has its events on <subject>.S.
+	Subject string `yaml:"subject"`
+	// MaxAge: events older than this leave the stream.
+	MaxAge time.Duration `yaml:"max_age"`
+	// MaxBytes bounds the stream's size; past it the oldest events leave (0: no bound).
+	MaxBytes int64 `yaml:"max_bytes"`
+	// DedupWindow is the stream's duplicate window on Nats-Msg-Id (the event id): a republish within it after a crash is dropped.
+	DedupWindow time.Duration `yaml:"dedup_window"`
+	// BatchSize is the most events the publisher reads from the outbox and publishes at once (1..5000).
+	BatchSize int `yaml:"batch_size"`
+	// Poll is how often the publisher looks at an empty outbox.
+	Poll time.Duration `yaml:"poll"`
+}
+
 // Sales sets how long a sale stays in Redis and in gateways' memory after it
 // is over (docs/retention.md). MySQL keeps every sale for good.
 type Sales struct {
@@ -328,7 +349,9 @@ func Default() Config {
 		Auth:   Auth{Keys: []Key{}, MaxTokenTTL: 24 * time.Hour},
 		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},
 		Orders: Orders{PaymentTimeout: 15 * time.Minute},
-		Sales:  Sales{Retention: 7 * 24 * time.Hour, LiveGrace: 24 * time.Hour},
+		Events: Events{Stream: "FLASHGATE_ORDER_EVENTS", Subject: "flashgate.order_events", MaxAge: 30 * 24 * time.Hour,
+			MaxBytes: 1 << 30, DedupWindow: 10 * time.Minute, BatchSize: 500, Poll: 250 * time.Millisecond},
+		Sales: Sales{Retention: 7 * 24 * time.Hour, LiveGrace: 24 * time.Hour},
 	}
 }
 
@@ -414,6 +437,7 @@ func (c *Config) Validate() error {
 	if c.Orders.PaymentTimeout <= 0 {
 		errs = append(errs, errors.New("orders.payment_timeout must be positive"))
 	}
+	errs = append(errs, c.Events.validate(c.NATS)...)
 	errs = append(errs, c.checkAuth()...)
 	for _, p := range c.Gateway.TrustedProxies {
 		if _, err := netip.ParsePrefix(p); err != nil {
@@ -713,4 +737,25 @@ func environ(v reflect.Value, prefix string, out *[]string) {
 		}
 		*out = append(*out, env+"="+s)
 	}
+}
+
+func (e *Events) validate(n NATS) []error {
+	var errs []error
+	if e.Stream == "" || e.Stream == n.Stream || e.Stream == n.Stream+"_DLQ" {
+		errs = append(errs, errors.New("events.stream must be set, and not be nats.stream or its dead-letter stream"))
+	}
+	if e.Subject == "" || e.Subject == n.OrderSubject || strings.HasPrefix(e.Subject, n.OrderSubject+".") ||
+		e.Subject == n.EventSubject || strings.HasPrefix(e.Subject, n.EventSubject+".") {
+		errs = append(errs, errors.New("events.subject must be set, outside nats.order_subject and nats.event_subject"))
+	}
+	if e.MaxAge <= 0 || e.MaxBytes < 0 {
+		errs = append(errs, errors.New("events.max_age must be positive and events.max_bytes not negative"))
+	}
+	if e.DedupWindow < 2*time.Minute || e.DedupWindow > e.MaxAge {
+		errs = append(errs, errors.New("events.dedup_window must be at least 2m and at most events.max_age"))
+	}
+	if e.BatchSize < 1 || e.BatchSize > 5000 || e.Poll <= 0 {
+		errs = append(errs, errors.New("events.batch_size must be 1..5000 and events.poll positive"))
+	}
+	return errs
 }
