@@ -113,6 +113,10 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 		return err
 	}
 	b.outbox = &eventPublisher{db: b.db, js: js, cfg: b.opts.Events, log: b.log, metrics: newEventMetrics(b.metrics.Registry())}
+	var err error
+	if b.webhook, err = newWebhook(ctx, js, b.opts.Events, b.opts.NATS.Replicas, b.log, b.metrics.Registry()); err != nil {
+		return err
+	}
 	b.rec = &reconciler{
 		cfg: reconcileConfig{NATS: b.opts.NATS, PublishTimeout: b.opts.PublishTimeout, WaitReplicas: b.opts.WaitReplicas, WaitTimeout: b.opts.WaitTimeout}, log: b.log, db: b.db, rc: b.rc, js: js,
 		stream:  &orderStream{js: js, nats: b.opts.NATS},
@@ -236,6 +240,9 @@ func (b *Backend) leaderWork(ctx context.Context) {
 	wg.Go(func() { b.rewarmLoop(ctx) })
 	wg.Go(func() { b.live.gaugeLoop(ctx) })
 	wg.Go(func() { b.outbox.run(ctx) })
+	if b.webhook != nil {
+		wg.Go(func() { b.webhook.run(ctx) })
+	}
 	if leaderSweepEvery > 0 {
 		wg.Go(func() { b.life.runSweeper(ctx, leaderSweepEvery) })
 	}

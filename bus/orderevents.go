@@ -79,3 +79,39 @@ func DecodeOrderEvent(b []byte) (flashgate.OrderEvent, error) {
 	}
 	return ev, nil
 }
+
+// The webhook's dead letters: events the shop's endpoint refused
+// events.webhook.max_attempts times, kept in <events.stream>_DLQ on
+// <events.subject>_dlq.webhook.<sale> for an operator to look at.
+const (
+	HdrWebhookError    = "Flashgate-Webhook-Error"    // the last attempt's error
+	HdrWebhookAttempts = "Flashgate-Webhook-Attempts" // attempts made
+)
+
+// OrderEventDeadLetterStream is the name of the webhook's dead-letter stream.
+func OrderEventDeadLetterStream(cfg config.Events) string { return cfg.Stream + "_DLQ" }
+
+// OrderEventDeadLetterSubject is where a webhook dead letter of sale goes.
+func OrderEventDeadLetterSubject(cfg config.Events, sale string) string {
+	return cfg.Subject + "_dlq.webhook." + sale
+}
+
+// EnsureOrderEventDeadLetterStream creates or updates the webhook's
+// dead-letter stream: file storage, kept as long as the events.
+func EnsureOrderEventDeadLetterStream(ctx context.Context, js jetstream.JetStream, cfg config.Events, replicas int) (jetstream.Stream, error) {
+	name := OrderEventDeadLetterStream(cfg)
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        name,
+		Description: "flashgate order events the webhook endpoint refused every time",
+		Subjects:    []string{cfg.Subject + "_dlq.>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.MaxAge,
+		Duplicates:  cfg.DedupWindow,
+		Replicas:    replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	return s, nil
+}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"net/url"
 	"os"
 	"reflect"
 	"slices"
@@ -297,6 +298,28 @@ type Events struct {
 	BatchSize int `yaml:"batch_size"`
 	// Poll is how often the publisher looks at an empty outbox.
 	Poll time.Duration `yaml:"poll"`
+	// Webhook also delivers the events to a shop's HTTP endpoint, signed (for shops without NATS).
+	Webhook Webhook `yaml:"webhook"`
+}
+
+// Webhook is the signed HTTP delivery of the order events (docs/events.md):
+// the backend leader reads the order-events stream with a durable consumer
+// of its own and POSTs each event, in stream order, to URL with the header
+// Flashgate-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>.
+type Webhook struct {
+	// URL receives the events (POST, JSON body; a 2xx answer delivers it). Empty: no webhook.
+	URL string `yaml:"url"`
+	// Secret signs each delivery (32 bytes or more); set it with FLASHGATE_EVENTS_WEBHOOK_SECRET.
+	Secret string `yaml:"secret"`
+	// MaxAttempts: an event the endpoint refused this many times goes to the dead-letter stream <events.stream>_DLQ and the next one is delivered.
+	MaxAttempts int `yaml:"max_attempts"`
+	// Timeout bounds one delivery.
+	Timeout time.Duration `yaml:"timeout"`
+	// RetryMin and RetryMax bound the wait between attempts (doubling from RetryMin); later events wait too, so that each order's events arrive in order.
+	RetryMin time.Duration `yaml:"retry_min"`
+	RetryMax time.Duration `yaml:"retry_max"`
+	// Consumer is the webhook's durable consumer of the order-events stream.
+	Consumer string `yaml:"consumer"`
 }
 
 // Sales sets how long a sale stays in Redis and in gateways' memory after it
@@ -350,7 +373,9 @@ func Default() Config {
 		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},
 		Orders: Orders{PaymentTimeout: 15 * time.Minute},
 		Events: Events{Stream: "FLASHGATE_ORDER_EVENTS", Subject: "flashgate.order_events", MaxAge: 30 * 24 * time.Hour,
-			MaxBytes: 1 << 30, DedupWindow: 10 * time.Minute, BatchSize: 500, Poll: 250 * time.Millisecond},
+			MaxBytes: 1 << 30, DedupWindow: 10 * time.Minute, BatchSize: 500, Poll: 250 * time.Millisecond,
+			Webhook: Webhook{MaxAttempts: 8, Timeout: 5 * time.Second, RetryMin: time.Second, RetryMax: time.Minute,
+				Consumer: "flashgate-webhook"}},
 		Sales: Sales{Retention: 7 * 24 * time.Hour, LiveGrace: 24 * time.Hour},
 	}
 }
@@ -757,5 +782,20 @@ func (e *Events) validate(n NATS) []error {
 	if e.BatchSize < 1 || e.BatchSize > 5000 || e.Poll <= 0 {
 		errs = append(errs, errors.New("events.batch_size must be 1..5000 and events.poll positive"))
 	}
+	if w := e.Webhook; w.URL != "" {
+		if u, err := url.Parse(w.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("events.webhook.url %q: an http or https URL", w.URL))
+		}
+		if len(w.Secret) < MinWebhookSecretBytes {
+			errs = append(errs, fmt.Errorf("events.webhook.secret (FLASHGATE_EVENTS_WEBHOOK_SECRET) is %d bytes, at least %d are needed", len(w.Secret), MinWebhookSecretBytes))
+		}
+		if w.MaxAttempts < 1 || w.MaxAttempts > 100 || w.Timeout <= 0 || w.RetryMin <= 0 || w.RetryMax < w.RetryMin || w.Consumer == "" {
+			errs = append(errs, errors.New("events.webhook: max_attempts 1..100, timeout and retry_min positive, retry_max at least retry_min, consumer set"))
+		}
+	}
 	return errs
 }
+
+// MinWebhookSecretBytes is the shortest webhook secret: the shop verifies
+// every event with it.
+const MinWebhookSecretBytes = 32

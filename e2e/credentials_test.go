@@ -3,8 +3,11 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +31,11 @@ import (
 func TestRolesRunASale(t *testing.T) {
 	st := testenv.StartAuthStack(t)
 	base := e2eConfig(t)
+	// The webhook too: the backend's role reads the events stream for it.
+	var hooked atomic.Int64
+	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hooked.Add(1) }))
+	t.Cleanup(shop.Close)
+	base.Events.Webhook.URL, base.Events.Webhook.Secret = shop.URL, testenv.Secret("e2e-webhook-secret-0123456789-")
 	be := startBackend(t, st.Config(base, st.Backend))
 	gcfg := st.Config(base, st.Gateway)
 	gw := startGateway(t, gcfg)
@@ -53,6 +61,13 @@ func TestRolesRunASale(t *testing.T) {
 		t.Fatalf("second buyer of one unit: %d %s", r.status, r.Code)
 	}
 	consumerReadsEvents(t, st, base, s.ID)
+	deadline = time.Now().Add(20 * time.Second)
+	for hooked.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the webhook got %d of the 2 events", hooked.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	// The backend leads (reconcile, expiry) and keeps its lead past a renewal
 	// of the lock, which runs scripts of its own.
 	deadline = time.Now().Add(20 * time.Second)

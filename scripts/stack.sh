@@ -486,7 +486,8 @@ render_redis_acl() {
 # tracks every delivery's reply subject for two minutes and walks them all on each delivery.
 # A backend also publishes orders: reconcile republishes a stale reservation's order, and an
 # order that outlives its deliveries in an outage is re-enqueued as a fresh message. The backend
-# leader publishes the order events (docs/events.md) to their stream, which it creates; a
+# leader publishes the order events (docs/events.md) to their stream, which it creates, and
+# reads it for the webhook (its durable consumer, its dead letters in <stream>_DLQ); a
 # consumer (the shop's downstream systems) may only read that stream: make its consumers,
 # fetch, ack. It sees no order, no sale event, no command.
 #
@@ -514,7 +515,7 @@ render_nats_conf() {
 
 # write_nats_conf FILE PORT MONITOR SERVER_NAME STORE_DIR CLUSTER_BLOCK
 write_nats_conf() {
-	local s=$NATS_STREAM d="${NATS_STREAM}_DLQ" e=$NATS_ORDER_EVENTS_STREAM f="$1"
+	local s=$NATS_STREAM d="${NATS_STREAM}_DLQ" e=$NATS_ORDER_EVENTS_STREAM ed="${NATS_ORDER_EVENTS_STREAM}_DLQ" f="$1"
 	(
 		umask 077
 		cat >"$f.tmp.$$" <<-CONF
@@ -533,8 +534,11 @@ write_nats_conf() {
 			        subscribe: { allow: ["$NATS_EVENTS.>", "$NATS_CMD.reply.>", "_INBOX.>"] }
 			    } }
 			    { user: "$U_BACKEND", password: "$S_NATS_BACKEND", permissions: {
-			        publish: { allow: ["$NATS_EVENTS.>", "$NATS_ORDERS.*", "${NATS_ORDERS}_dlq.>", "$NATS_CMD.reply.>", "$NATS_ORDER_EVENTS.*",
+			        publish: { allow: ["$NATS_EVENTS.>", "$NATS_ORDERS.*", "${NATS_ORDERS}_dlq.>", "$NATS_CMD.reply.>", "$NATS_ORDER_EVENTS.*", "${NATS_ORDER_EVENTS}_dlq.>",
 			                           "\$JS.API.INFO", "\$JS.API.STREAM.INFO.$e", "\$JS.API.STREAM.CREATE.$e", "\$JS.API.STREAM.UPDATE.$e",
+			                           "\$JS.API.STREAM.INFO.$ed", "\$JS.API.STREAM.CREATE.$ed", "\$JS.API.STREAM.UPDATE.$ed",
+			                           "\$JS.API.CONSUMER.CREATE.$e.>", "\$JS.API.CONSUMER.DURABLE.CREATE.$e.>", "\$JS.API.CONSUMER.INFO.$e.>",
+			                           "\$JS.API.CONSUMER.MSG.NEXT.$e.>", "\$JS.ACK.$e.>",
 			                           "\$JS.API.STREAM.INFO.$s", "\$JS.API.STREAM.CREATE.$s", "\$JS.API.STREAM.UPDATE.$s", "\$JS.API.STREAM.MSG.GET.$s",
 			                           "\$JS.API.STREAM.INFO.$d", "\$JS.API.STREAM.CREATE.$d", "\$JS.API.STREAM.UPDATE.$d", "\$JS.API.STREAM.MSG.GET.$d",
 			                           "\$JS.API.DIRECT.GET.$s", "\$JS.API.DIRECT.GET.$s.>", "\$JS.API.DIRECT.GET.$d", "\$JS.API.DIRECT.GET.$d.>",

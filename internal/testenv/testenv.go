@@ -177,4 +177,5 @@ func deleteStream(c config.NATS, events string) {
 	_, _ = nc.Request("$JS.API.STREAM.DELETE."+c.Stream+"_DLQ", nil, 2*time.Second)
 	// The order-events stream the leader publishes to (bus.EnsureOrderEventStream).
 	_, _ = nc.Request("$JS.API.STREAM.DELETE."+events, nil, 2*time.Second)
+	_, _ = nc.Request("$JS.API.STREAM.DELETE."+events+"_DLQ", nil, 2*time.Second)
 }
