@@ -8,11 +8,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/eventcheck"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/mysql"
 )
@@ -21,8 +25,10 @@ import (
 // code makes, each by its own path: the batch writer's fast path and its
 // fallback (confirmed, and failed sold_out where Redis over-admitted), pay,
 // cancel, the expiry sweep, the dead-letter path and the degraded lane. It
-// answers the sale and how many changes it made.
-func everyChange(t *testing.T, e *env) (*flashgate.Sale, int) {
+// answers the sale and how many changes it made. fault, if not nil, runs
+// between the steps: after the first batch (1), the second (2), and the
+// payments and cancels (3).
+func everyChange(t *testing.T, e *env, fault func(step int)) (*flashgate.Sale, int) {
 	t.Helper()
 	sale := spec(30, 1, nil)
 	if err := insertSale(ctx(t), e.db, sale, sale.StartsAt); err != nil {
@@ -34,13 +40,17 @@ func everyChange(t *testing.T, e *env) (*flashgate.Sale, int) {
 		orders = append(orders, admit(t, e.rc, k, "u"+strconv.Itoa(i), 1, ""))
 	}
 	changes := 0
-	for _, part := range [][]flashgate.Order{orders[:20], orders[20:]} { // the second batch overflows: fallback
+	if fault == nil {
+		fault = func(int) {}
+	}
+	for i, part := range [][]flashgate.Order{orders[:20], orders[20:]} { // the second batch overflows: fallback
 		for _, o := range e.process(sale.ID, part) {
 			if o.Status != flashgate.OrderConfirmed && o.Status != flashgate.OrderFailed {
 				t.Fatalf("order %d: %+v", o.ID, o)
 			}
 			changes++
 		}
+		fault(i + 1)
 	}
 	if got := e.rows(sale.ID, "confirmed"); got != 30 {
 		t.Fatalf("%d confirmed, want 30", got)
@@ -74,6 +84,7 @@ func everyChange(t *testing.T, e *env) (*flashgate.Sale, int) {
 		}
 		changes++
 	}
+	fault(3)
 	if n, err := life.expireOrders(ctx(t), sale.ID, ids(confirmed[10:15]), time.Now().Add(time.Hour)); err != nil || n != 5 {
 		t.Fatalf("expired %d: %v", n, err)
 	}
@@ -111,7 +122,7 @@ func TestOrderEventsOnceAcrossPublisherCrash(t *testing.T) {
 	if _, err := bus.EnsureOrderEventStream(ctx(t), js, e.cfg.Events, 1); err != nil {
 		t.Fatal(err)
 	}
-	sale, changes := everyChange(t, e)
+	sale, changes := everyChange(t, e, nil)
 	backlog, _, err := mysql.EventBacklog(ctx(t), e.db)
 	if err != nil || backlog != int64(changes) {
 		t.Fatalf("outbox holds %d events (%v), want one per change: %d", backlog, err, changes)
@@ -203,4 +214,86 @@ func TestOrderEventsFromARunningBackend(t *testing.T) {
 		return metric(fs, "flashgate_backend_order_events_published_total") >= 11 &&
 			metric(fs, "flashgate_backend_order_events_backlog") == 0
 	})
+}
+
+// The publisher runs all along while NATS is killed (a batch, payments and
+// cancels are made meanwhile) and started again, and at once MySQL is killed
+// for 10 s with those events still waiting, and started again; then the
+// expiry sweep, a dead letter and the lane change more orders. Every change reaches the consumer
+// exactly once, in order per order.
+func TestOrderEventsAcrossNATSRestartAndMySQLOutage(t *testing.T) {
+	t.Parallel()
+	maria := testenv.StartMariaDB(t)
+	natsSrv := testenv.StartNATS(t)
+	db, err := mysql.OpenDB(maria.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := mysql.Migrate(ctx(t), db); err != nil {
+		t.Fatal(err)
+	}
+	rc := testenv.Redis(t, testenv.RedisAddrs())
+	e := &env{t: t, cfg: config.Default(), db: db, rc: rc, scripts: lua.Load()}
+	e.cfg.NATS.URL, e.cfg.NATS.User, e.cfg.NATS.Password = natsSrv.URL(), testenv.NATSUser(), testenv.NATSPassword()
+	e.cfg.Events.Poll = 20 * time.Millisecond
+	e.cfg.Events.BatchSize = 8 // many passes: the faults fall between them
+	e.w = newOrderWriter(db, rc, e.scripts, quiet, metrics.NewBackend())
+	e.warmer = newWarmer(db, rc, e.scripts, quiet)
+	t.Cleanup(func() { e.warmer.stop(context.Background()) })
+	nc, err := bus.Connect(e.cfg.NATS, "events-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.EnsureOrderEventStream(ctx(t), js, e.cfg.Events, 1); err != nil {
+		t.Fatal(err)
+	}
+	p := &eventPublisher{db: db, js: js, cfg: e.cfg.Events, log: quiet, metrics: newEventMetrics(metrics.NewBackend().Registry())}
+	pctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.run(pctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	sale, changes := everyChange(t, e, func(step int) {
+		switch step {
+		case 1:
+			natsSrv.Kill() // the second batch, the payments and the cancels wait in the outbox
+		case 3:
+			natsSrv.Start()
+			maria.Kill() // while the publisher catches up
+			time.Sleep(10 * time.Second) // MySQL down for 10 s, the publisher failing and backing off
+			maria.Start()
+		}
+	})
+	eventually(t, 30*time.Second, "the outbox drained", func() bool {
+		ok, err := eventcheck.Drained(ctx(t), db)
+		return err == nil && ok
+	})
+	validate, err := eventcheck.SchemaValidator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := eventcheck.Check(ctx(t), js, e.cfg.Events, db, sale.ID, validate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failures := counterValue(p.metrics.failures)
+	t.Logf("publisher: %v passes failed, %v events published; consumer: %s", failures, counterValue(p.metrics.published), rep)
+	if !rep.OK() || rep.Changes != changes {
+		t.Fatalf("consumer saw %s for %d changes; problems %v", rep, changes, rep.Problems)
+	}
+	if failures == 0 {
+		t.Error("no publisher pass failed: the faults missed the publisher")
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
 }
