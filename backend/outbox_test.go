@@ -265,7 +265,7 @@ func TestOrderEventsAcrossNATSRestartAndMySQLOutage(t *testing.T) {
 			natsSrv.Kill() // the second batch, the payments and the cancels wait in the outbox
 		case 3:
 			natsSrv.Start()
-			maria.Kill() // while the publisher catches up
+			maria.Kill()                 // while the publisher catches up
 			time.Sleep(10 * time.Second) // MySQL down for 10 s, the publisher failing and backing off
 			maria.Start()
 		}
