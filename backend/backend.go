@@ -55,18 +55,20 @@ type Backend struct {
 	metrics *metrics.Backend
 	ops     *opsMetrics
 
-	writer  *orderWriter
-	warmer  *warmer
-	events  *saleEvents
-	ingest  *ingest         // the consumer loop, the writer, dead letters (consumer.go)
-	life    *lifecycle      // pay, cancel, expiry (lifecycle.go)
-	rec     *reconciler     // for the leader and the admin API (reconcile.go)
-	retain  *retainer       // the leader's retention pass (retention.go)
-	outbox  *eventPublisher // the leader's order-events publisher (outbox.go)
-	webhook *webhook        // the leader's webhook delivery of the events, nil if none (webhook.go)
-	admin   *adminAPI
-	live    *live // the per-sale gauges and the live view (live.go)
-	stats   *nats.Subscription
+	writer *orderWriter
+	warmer *warmer
+	events *saleEvents
+	ingest *ingest     // the consumer loop, the writer, dead letters (consumer.go)
+	life   *lifecycle  // pay, cancel, expiry (lifecycle.go)
+	rec    *reconciler // for the leader and the admin API (reconcile.go)
+	retain *retainer   // the leader's retention pass (retention.go)
+	admin  *adminAPI
+	live   *live // the per-sale gauges and the live view (live.go)
+	stats  *nats.Subscription
+
+	// The leader's order events (docs/events.md).
+	outbox  *eventPublisher // the publisher of MySQL's outbox (outbox.go)
+	webhook *webhook        // their webhook delivery, nil if none (webhook.go)
 
 	sub  *nats.Subscription
 	cmds *commandServer // the queue group life serves
