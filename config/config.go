@@ -372,11 +372,11 @@ func Default() Config {
 		Auth:   Auth{Keys: []Key{}, MaxTokenTTL: 24 * time.Hour},
 		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},
 		Orders: Orders{PaymentTimeout: 15 * time.Minute},
+		Sales:  Sales{Retention: 7 * 24 * time.Hour, LiveGrace: 24 * time.Hour},
 		Events: Events{Stream: "FLASHGATE_ORDER_EVENTS", Subject: "flashgate.order_events", MaxAge: 30 * 24 * time.Hour,
 			MaxBytes: 1 << 30, DedupWindow: 10 * time.Minute, BatchSize: 500, Poll: 250 * time.Millisecond,
 			Webhook: Webhook{MaxAttempts: 8, Timeout: 5 * time.Second, RetryMin: time.Second, RetryMax: time.Minute,
 				Consumer: "flashgate-webhook"}},
-		Sales: Sales{Retention: 7 * 24 * time.Hour, LiveGrace: 24 * time.Hour},
 	}
 }
 
