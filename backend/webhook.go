@@ -123,7 +123,7 @@ func (wh *webhook) run(ctx context.Context) {
 }
 
 // deliver tries one event until the endpoint takes it, its attempts run
-// out (dead letter), or ctx ends (left unacked: the next leader delivers it).
+// out (dead letter), or ctx ends (nak'ed: the next leader delivers it).
 func (wh *webhook) deliver(ctx context.Context, m jetstream.Msg) {
 	w := wh.cfg.Webhook
 	wait := w.RetryMin
@@ -138,6 +138,7 @@ func (wh *webhook) deliver(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 		if ctx.Err() != nil {
+			_ = m.Nak() // the next leader delivers it now, not after the ack wait
 			return
 		}
 		if attempt == w.MaxAttempts {
@@ -148,6 +149,7 @@ func (wh *webhook) deliver(ctx context.Context, m jetstream.Msg) {
 			"attempt", attempt, "retry_in", wait, "err", err)
 		_ = m.InProgress()
 		if sleep(ctx, wait) != nil {
+			_ = m.Nak()
 			return
 		}
 		wait = min(2*wait, w.RetryMax)

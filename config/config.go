@@ -294,7 +294,7 @@ type Events struct {
 	MaxBytes int64 `yaml:"max_bytes"`
 	// DedupWindow is the stream's duplicate window on Nats-Msg-Id (the event id): a republish within it after a crash is dropped.
 	DedupWindow time.Duration `yaml:"dedup_window"`
-	// BatchSize is the most events the publisher reads from the outbox and publishes at once (1..5000).
+	// BatchSize is the most events the publisher reads from the outbox and publishes at once (1..4000: JetStream's asynchronous publishes in flight).
 	BatchSize int `yaml:"batch_size"`
 	// Poll is how often the publisher looks at an empty outbox.
 	Poll time.Duration `yaml:"poll"`
@@ -779,8 +779,8 @@ func (e *Events) validate(n NATS) []error {
 	if e.DedupWindow < 2*time.Minute || e.DedupWindow > e.MaxAge {
 		errs = append(errs, errors.New("events.dedup_window must be at least 2m and at most events.max_age"))
 	}
-	if e.BatchSize < 1 || e.BatchSize > 5000 || e.Poll <= 0 {
-		errs = append(errs, errors.New("events.batch_size must be 1..5000 and events.poll positive"))
+	if e.BatchSize < 1 || e.BatchSize > 4000 || e.Poll <= 0 {
+		errs = append(errs, errors.New("events.batch_size must be 1..4000 and events.poll positive"))
 	}
 	if w := e.Webhook; w.URL != "" {
 		if u, err := url.Parse(w.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
