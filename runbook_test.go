@@ -13,7 +13,7 @@ import (
 var alerts = []string{
 	"FlashgateGatewayDown", "FlashgateBackendDown", "FlashgateNoLeader", "FlashgateConservationError",
 	"FlashgateOrdersPending", "FlashgateDeadLetters", "FlashgateHighRefusalRate5xx",
-	"FlashgateBreakerOpen", "FlashgateAdmissionLatencyHigh", "FlashgateClockSkew",
+	"FlashgateBreakerOpen", "FlashgateAdmissionLatencyHigh", "FlashgateClockSkew", "FlashgateOrderEventsBacklog",
 }
 
 // TestRunbookCoversEveryAlert: docs/runbook.md has a "## <alert>" section

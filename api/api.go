@@ -1,6 +1,8 @@
-// Package api holds the HTTP contract of flashgate: api/openapi.yaml, the
-// OpenAPI 3.1 document of the public API and both admin APIs (docs/api.md).
-// Both admin ports serve it as /openapi.json.
+// Package api holds the contracts of flashgate with outside programs:
+// api/openapi.yaml, the OpenAPI 3.1 document of the public API and both admin
+// APIs (docs/api.md), which both admin ports serve as /openapi.json; and
+// api/asyncapi.yaml, the AsyncAPI 3.0 document of the order events
+// (docs/events.md).
 package api
 
 import (
@@ -15,6 +17,30 @@ import (
 
 //go:embed openapi.yaml
 var document []byte
+
+//go:embed asyncapi.yaml
+var asyncDocument []byte
+
+// AsyncAPI is the order events' AsyncAPI document as written.
+func AsyncAPI() []byte { return asyncDocument }
+
+// OrderEventSchema is the JSON schema of an order event's payload (the
+// AsyncAPI document's components.schemas.OrderEvent), as JSON.
+var OrderEventSchema = sync.OnceValues(func() ([]byte, error) {
+	var doc struct {
+		Components struct {
+			Schemas map[string]any `yaml:"schemas"`
+		} `yaml:"components"`
+	}
+	if err := yaml.Unmarshal(asyncDocument, &doc); err != nil {
+		return nil, fmt.Errorf("api/asyncapi.yaml: %w", err)
+	}
+	s, ok := doc.Components.Schemas["OrderEvent"]
+	if !ok {
+		return nil, fmt.Errorf("api/asyncapi.yaml: no components.schemas.OrderEvent")
+	}
+	return json.Marshal(jsonable(s))
+})
 
 // YAML is the document as written.
 func YAML() []byte { return document }

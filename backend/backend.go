@@ -66,6 +66,10 @@ type Backend struct {
 	live   *live // the per-sale gauges and the live view (live.go)
 	stats  *nats.Subscription
 
+	// The leader's order events (docs/events.md).
+	outbox  *eventPublisher // the publisher of MySQL's outbox (outbox.go)
+	webhook *webhook        // their webhook delivery, nil if none (webhook.go)
+
 	sub  *nats.Subscription
 	cmds *commandServer // the queue group life serves
 	lane *lane          // the degraded lane's queue group (degrade.go)

@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // started is a running backend with clients of the test's own.
@@ -590,7 +592,11 @@ func TestStartRefusesOldSchema(t *testing.T) {
 	cfg := testenv.Config(t)
 	cfg.MySQL.AutoMigrate = false
 	_, err := dialAndStart(t, cfg)
-	if err == nil || !strings.Contains(err.Error(), "schema at version 0, this binary needs 9: run `flashgate migrate up`") {
+	latest, lerr := mysql.LatestVersion()
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("schema at version 0, this binary needs %d: run `flashgate migrate up`", latest)) {
 		t.Fatalf("Start on an empty schema without auto_migrate: %v", err)
 	}
 	cfg.MySQL.AutoMigrate = true

@@ -17,7 +17,8 @@ import (
 )
 
 // Leader election (docs/design.md §8). The background work that must run on exactly
-// one backend at a time, the reconciler and the expiry sweeper, runs under a
+// one backend at a time, the reconciler, the expiry sweeper and the order-events
+// publisher (outbox.go), runs under a
 // Redis lock (rueidislock) that renews itself every half validity and whose
 // context is cancelled the moment the lock is lost: Redis gone, the key
 // deleted, or a renewal that found the key taken. The work stops with that
@@ -108,6 +109,14 @@ func (b *Backend) prepareOps(ctx context.Context, js jetstream.JetStream) error 
 		return err
 	}
 	b.ops = newOpsMetrics(b.metrics.Registry())
+	if _, err := bus.EnsureOrderEventStream(ctx, js, b.opts.Events, b.opts.NATS.Replicas); err != nil {
+		return err
+	}
+	b.outbox = &eventPublisher{db: b.db, js: js, cfg: b.opts.Events, log: b.log, metrics: newEventMetrics(b.metrics.Registry())}
+	var err error
+	if b.webhook, err = newWebhook(ctx, js, b.opts.Events, b.opts.NATS.Replicas, b.log, b.metrics.Registry()); err != nil {
+		return err
+	}
 	b.rec = &reconciler{
 		cfg: reconcileConfig{NATS: b.opts.NATS, PublishTimeout: b.opts.PublishTimeout, WaitReplicas: b.opts.WaitReplicas, WaitTimeout: b.opts.WaitTimeout}, log: b.log, db: b.db, rc: b.rc, js: js,
 		stream:  &orderStream{js: js, nats: b.opts.NATS},
@@ -230,6 +239,10 @@ func (b *Backend) leaderWork(ctx context.Context) {
 	wg.Go(func() { b.rec.reconcileLoop(ctx) })
 	wg.Go(func() { b.rewarmLoop(ctx) })
 	wg.Go(func() { b.live.gaugeLoop(ctx) })
+	wg.Go(func() { b.outbox.run(ctx) })
+	if b.webhook != nil {
+		wg.Go(func() { b.webhook.run(ctx) })
+	}
 	if leaderSweepEvery > 0 {
 		wg.Go(func() { b.life.runSweeper(ctx, leaderSweepEvery) })
 	}

@@ -668,6 +668,7 @@ var scenarios = []scenario{
 		})
 		rep, rec := st.settle(s.ID, accepted)
 		record(t, "backend kill -9 ×2", requests, accepted, rep, rec)
+		st.checkEvents("backend kill -9 ×2", s.ID)
 	}},
 	{"mariadb down 10s", func(t *testing.T) {
 		st := newStack(t)
@@ -683,6 +684,7 @@ var scenarios = []scenario{
 		st.faultEnd = time.Now() // the outage ends when MariaDB is back
 		rep, rec := st.settle(s.ID, accepted)
 		record(t, "mariadb down 10s", requests, accepted, rep, rec)
+		st.checkEvents("mariadb down 10s", s.ID)
 	}},
 	{"nats restart", func(t *testing.T) {
 		st := newStack(t)
@@ -696,5 +698,6 @@ var scenarios = []scenario{
 		})
 		rep, rec := st.settle(s.ID, accepted)
 		record(t, "nats restart", requests, accepted, rep, rec)
+		st.checkEvents("nats restart", s.ID)
 	}},
 }

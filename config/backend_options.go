@@ -24,6 +24,9 @@ type BackendOptions struct {
 	// as the gateways' transfers do (docs/buckets.md).
 	WaitReplicas int
 	WaitTimeout  time.Duration
+	// Events is the events block: the order-events stream the leader
+	// publishes the outbox to.
+	Events Events
 }
 
 // BackendOptions picks the backend's options out of the configuration.
@@ -36,5 +39,6 @@ func (c Config) BackendOptions() BackendOptions {
 		PublishTimeout: c.Gateway.PublishTimeout,
 		WaitReplicas:   c.Redis.WaitReplicas,
 		WaitTimeout:    c.Redis.WaitTimeout,
+		Events:         c.Events,
 	}
 }

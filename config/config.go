@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"net/url"
 	"os"
 	"reflect"
 	"slices"
@@ -31,6 +32,7 @@ type Config struct {
 	NATS      NATS      `yaml:"nats"`
 	MySQL     MySQL     `yaml:"mysql"`
 	Orders    Orders    `yaml:"orders"`
+	Events    Events    `yaml:"events"`
 	RateLimit RateLimit `yaml:"ratelimit"`
 	Sales     Sales     `yaml:"sales"`
 
@@ -278,6 +280,48 @@ type Orders struct {
 	PaymentTimeout time.Duration `yaml:"payment_timeout"`
 }
 
+// Events sets the order events (docs/events.md): every status change of an
+// order, written to MySQL's outbox in the transaction that makes it, and
+// published by the backend leader to a JetStream stream of its own.
+type Events struct {
+	// Stream is the JetStream stream of order events (limits retention: consumers read it at their pace).
+	Stream string `yaml:"stream"`
+	// Subject prefixes the events: an order of sale S has its events on <subject>.S.
+	Subject string `yaml:"subject"`
+	// MaxAge: events older than this leave the stream.
+	MaxAge time.Duration `yaml:"max_age"`
+	// MaxBytes bounds the stream's size; past it the oldest events leave (0: no bound).
+	MaxBytes int64 `yaml:"max_bytes"`
+	// DedupWindow is the stream's duplicate window on Nats-Msg-Id (the event id): a republish within it after a crash is dropped.
+	DedupWindow time.Duration `yaml:"dedup_window"`
+	// BatchSize is the most events the publisher reads from the outbox and publishes at once (1..4000: JetStream's asynchronous publishes in flight).
+	BatchSize int `yaml:"batch_size"`
+	// Poll is how often the publisher looks at an empty outbox.
+	Poll time.Duration `yaml:"poll"`
+	// Webhook also delivers the events to a shop's HTTP endpoint, signed (for shops without NATS).
+	Webhook Webhook `yaml:"webhook"`
+}
+
+// Webhook is the signed HTTP delivery of the order events (docs/events.md):
+// the backend leader reads the order-events stream with a durable consumer
+// of its own and POSTs each event, in stream order, to URL with the header
+// Flashgate-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>.
+type Webhook struct {
+	// URL receives the events (POST, JSON body; a 2xx answer delivers it). Empty: no webhook.
+	URL string `yaml:"url"`
+	// Secret signs each delivery (32 bytes or more); set it with FLASHGATE_EVENTS_WEBHOOK_SECRET.
+	Secret string `yaml:"secret"`
+	// MaxAttempts: an event the endpoint refused this many times goes to the dead-letter stream <events.stream>_DLQ and the next one is delivered.
+	MaxAttempts int `yaml:"max_attempts"`
+	// Timeout bounds one delivery.
+	Timeout time.Duration `yaml:"timeout"`
+	// RetryMin and RetryMax bound the wait between attempts (doubling from RetryMin); later events wait too, so that each order's events arrive in order.
+	RetryMin time.Duration `yaml:"retry_min"`
+	RetryMax time.Duration `yaml:"retry_max"`
+	// Consumer is the webhook's durable consumer of the order-events stream.
+	Consumer string `yaml:"consumer"`
+}
+
 // Sales sets how long a sale stays in Redis and in gateways' memory after it
 // is over (docs/retention.md). MySQL keeps every sale for good.
 type Sales struct {
@@ -329,6 +373,10 @@ func Default() Config {
 		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},
 		Orders: Orders{PaymentTimeout: 15 * time.Minute},
 		Sales:  Sales{Retention: 7 * 24 * time.Hour, LiveGrace: 24 * time.Hour},
+		Events: Events{Stream: "FLASHGATE_ORDER_EVENTS", Subject: "flashgate.order_events", MaxAge: 30 * 24 * time.Hour,
+			MaxBytes: 1 << 30, DedupWindow: 10 * time.Minute, BatchSize: 500, Poll: 250 * time.Millisecond,
+			Webhook: Webhook{MaxAttempts: 8, Timeout: 5 * time.Second, RetryMin: time.Second, RetryMax: time.Minute,
+				Consumer: "flashgate-webhook"}},
 	}
 }
 
@@ -414,6 +462,7 @@ func (c *Config) Validate() error {
 	if c.Orders.PaymentTimeout <= 0 {
 		errs = append(errs, errors.New("orders.payment_timeout must be positive"))
 	}
+	errs = append(errs, c.Events.validate(c.NATS)...)
 	errs = append(errs, c.checkAuth()...)
 	for _, p := range c.Gateway.TrustedProxies {
 		if _, err := netip.ParsePrefix(p); err != nil {
@@ -714,3 +763,39 @@ func environ(v reflect.Value, prefix string, out *[]string) {
 		*out = append(*out, env+"="+s)
 	}
 }
+
+func (e *Events) validate(n NATS) []error {
+	var errs []error
+	if e.Stream == "" || e.Stream == n.Stream || e.Stream == n.Stream+"_DLQ" {
+		errs = append(errs, errors.New("events.stream must be set, and not be nats.stream or its dead-letter stream"))
+	}
+	if e.Subject == "" || e.Subject == n.OrderSubject || strings.HasPrefix(e.Subject, n.OrderSubject+".") ||
+		e.Subject == n.EventSubject || strings.HasPrefix(e.Subject, n.EventSubject+".") {
+		errs = append(errs, errors.New("events.subject must be set, outside nats.order_subject and nats.event_subject"))
+	}
+	if e.MaxAge <= 0 || e.MaxBytes < 0 {
+		errs = append(errs, errors.New("events.max_age must be positive and events.max_bytes not negative"))
+	}
+	if e.DedupWindow < 2*time.Minute || e.DedupWindow > e.MaxAge {
+		errs = append(errs, errors.New("events.dedup_window must be at least 2m and at most events.max_age"))
+	}
+	if e.BatchSize < 1 || e.BatchSize > 4000 || e.Poll <= 0 {
+		errs = append(errs, errors.New("events.batch_size must be 1..4000 and events.poll positive"))
+	}
+	if w := e.Webhook; w.URL != "" {
+		if u, err := url.Parse(w.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("events.webhook.url %q: an http or https URL", w.URL))
+		}
+		if len(w.Secret) < MinWebhookSecretBytes {
+			errs = append(errs, fmt.Errorf("events.webhook.secret (FLASHGATE_EVENTS_WEBHOOK_SECRET) is %d bytes, at least %d are needed", len(w.Secret), MinWebhookSecretBytes))
+		}
+		if w.MaxAttempts < 1 || w.MaxAttempts > 100 || w.Timeout <= 0 || w.RetryMin <= 0 || w.RetryMax < w.RetryMin || w.Consumer == "" {
+			errs = append(errs, errors.New("events.webhook: max_attempts 1..100, timeout and retry_min positive, retry_max at least retry_min, consumer set"))
+		}
+	}
+	return errs
+}
+
+// MinWebhookSecretBytes is the shortest webhook secret: the shop verifies
+// every event with it.
+const MinWebhookSecretBytes = 32

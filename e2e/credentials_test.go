@@ -3,17 +3,23 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/eventcheck"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // The servers here authenticate their clients with the users and permissions
@@ -25,6 +31,11 @@ import (
 func TestRolesRunASale(t *testing.T) {
 	st := testenv.StartAuthStack(t)
 	base := e2eConfig(t)
+	// The webhook too: the backend's role reads the events stream for it.
+	var hooked atomic.Int64
+	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hooked.Add(1) }))
+	t.Cleanup(shop.Close)
+	base.Events.Webhook.URL, base.Events.Webhook.Secret = shop.URL, testenv.Secret("e2e-webhook-secret-0123456789-")
 	be := startBackend(t, st.Config(base, st.Backend))
 	gcfg := st.Config(base, st.Gateway)
 	gw := startGateway(t, gcfg)
@@ -48,6 +59,14 @@ func TestRolesRunASale(t *testing.T) {
 	}
 	if r := call(t, gcfg, "POST", orders, "bob"); r.status != 409 {
 		t.Fatalf("second buyer of one unit: %d %s", r.status, r.Code)
+	}
+	consumerReadsEvents(t, st, base, s.ID)
+	deadline = time.Now().Add(20 * time.Second)
+	for hooked.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the webhook got %d of the 2 events", hooked.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	// The backend leads (reconcile, expiry) and keeps its lead past a renewal
 	// of the lock, which runs scripts of its own.
@@ -252,5 +271,53 @@ func TestRedisRoles(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// consumerReadsEvents: the backend's role published the sale's order events
+// (the purchase's confirmation and its payment) to a stream it created; the
+// consumer role reads them, and may do nothing else: not publish an event,
+// not read the orders stream.
+func consumerReadsEvents(t *testing.T, st *testenv.AuthStack, base config.Config, sale string) {
+	t.Helper()
+	db, err := mysql.OpenDB(base.MySQL.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ok, err := eventcheck.Drained(context.Background(), db)
+		if err == nil && ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the backend's role never published the order events (%v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	errs := make(chan error, 10)
+	nc := connectAs(t, st.NATS.URL(), st.Consumer, errs)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.Config(base, st.Consumer)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rep, err := eventcheck.Check(ctx, js, cfg.Events, db, sale, nil)
+	if err != nil {
+		t.Fatalf("the consumer role reading the events: %v", err)
+	}
+	if !rep.OK() || rep.Changes != 2 || rep.Types["confirmed"] != 1 || rep.Types["paid"] != 1 {
+		t.Fatalf("the consumer role saw %s", rep)
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), time.Second)
+	defer cancelShort()
+	if _, err := js.Publish(short, bus.OrderEventSubject(cfg.Events, sale), []byte(`{}`)); err == nil {
+		t.Error("the consumer role published an order event")
+	}
+	if _, err := js.Stream(ctx, cfg.NATS.Stream); err == nil {
+		t.Error("the consumer role read the orders stream")
 	}
 }

@@ -248,9 +248,16 @@ func cancelRows(ctx context.Context, tx Querier, sale string, orders []flashgate
 		for _, o := range part {
 			args = append(args, o.ID)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, reason = ?, updated_at = ?
+		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, reason = ?, updated_at = ?, event_seq = event_seq + 1
 			WHERE id IN (`+placeholders(len(part))+`)`, args...); err != nil {
 			return fmt.Errorf("sale %s: cancel orders: %w", sale, err)
+		}
+		ids := make([]uint64, len(part))
+		for i, o := range part {
+			ids[i] = o.ID
+		}
+		if err := recordEvents(ctx, tx, ids); err != nil {
+			return fmt.Errorf("sale %s: %w", sale, err)
 		}
 	}
 	return nil

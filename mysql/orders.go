@@ -76,11 +76,14 @@ func LockOrder(ctx context.Context, tx Querier, sale string, id uint64) (flashga
 	return o, nil
 }
 
-// MarkPaid records the payment of an order whose row the caller holds.
+// MarkPaid records the payment of an order whose row the caller holds, and
+// its event.
 func MarkPaid(ctx context.Context, tx Querier, id uint64, now time.Time) error {
-	_, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, updated_at = ? WHERE id = ?`,
-		string(flashgate.OrderPaid), now.UTC(), id)
-	return err
+	if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, updated_at = ?, event_seq = event_seq + 1 WHERE id = ?`,
+		string(flashgate.OrderPaid), now.UTC(), id); err != nil {
+		return err
+	}
+	return recordEvents(ctx, tx, []uint64{id})
 }
 
 // LockExpired locks those of ids (orders of sale) still confirmed and past
@@ -240,43 +243,59 @@ func KeyHolders(ctx context.Context, tx Querier, sale string, keys []IdemKey) (m
 	return holder, nil
 }
 
-// InsertOrders writes the rows of orders as they are (status, reason, key).
+// InsertOrders writes the rows of orders as they are (status, reason, key),
+// and their first events.
 func InsertOrders(ctx context.Context, tx Querier, orders []flashgate.Order, now time.Time) error {
 	for part := range slices.Chunk(orders, sqlChunk) {
-		args := make([]any, 0, 12*len(part))
-		for _, o := range part {
+		args := make([]any, 0, 13*len(part))
+		ids := make([]uint64, len(part))
+		for i, o := range part {
 			var idem any
 			if o.IdemKey != "" {
 				idem = o.IdemKey
 			}
 			args = append(args, o.ID, o.SaleID, o.UserID, o.Quantity, o.Region, string(o.Status), o.Reason, idem,
-				o.CreatedAt.UTC(), o.ExpiresAt.UTC(), now, o.Charges)
+				o.CreatedAt.UTC(), o.ExpiresAt.UTC(), now, o.Charges, 1)
+			ids[i] = o.ID
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
-			idem_key, created_at, expires_at, updated_at, charges) VALUES `+rowsOf(len(part), 12), args...); err != nil {
+			idem_key, created_at, expires_at, updated_at, charges, event_seq) VALUES `+rowsOf(len(part), 13), args...); err != nil {
 			return fmt.Errorf("insert orders: %w", err)
+		}
+		if err := recordEvents(ctx, tx, ids); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
 // InsertFailed writes o as failed (its status and reason as given), unless
-// MySQL has a row of it; true when it wrote it. Failed orders count nowhere:
-// no counter moves.
-func InsertFailed(ctx context.Context, db Querier, o flashgate.Order, now time.Time) (bool, error) {
+// MySQL has a row of it; true when it wrote it (with its event, in one
+// transaction). Failed orders count nowhere: no counter moves.
+func InsertFailed(ctx context.Context, db *sql.DB, o flashgate.Order, now time.Time) (bool, error) {
 	var idem any
 	if o.IdemKey != "" {
 		idem = o.IdemKey
 	}
-	res, err := db.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
-		idem_key, created_at, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	tx, err := Begin(ctx, db)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
+		idem_key, created_at, expires_at, updated_at, event_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)
 		ON DUPLICATE KEY UPDATE id = id`,
 		o.ID, o.SaleID, o.UserID, o.Quantity, o.Region, string(o.Status), o.Reason, idem, o.CreatedAt.UTC(), o.ExpiresAt.UTC(), now)
 	if err != nil {
 		return false, err
 	}
 	n, _ := res.RowsAffected() // 1: inserted; 0: the row was there
-	return n == 1, nil
+	if n == 1 {
+		if err := recordEvents(ctx, tx, []uint64{o.ID}); err != nil {
+			return false, err
+		}
+	}
+	return n == 1, tx.Commit()
 }
 
 // OrderStateOf reads the status and reason of sale's order id; ErrNoOrder

@@ -321,15 +321,18 @@ U_GATEWAY=flashgate_gateway
 U_BACKEND=flashgate_backend
 U_REPLICA=flashgate_replica
 U_ROUTE=flashgate_route
+U_CONSUMER=flashgate_consumer
 
 # The stream and subjects of configs/flashgate.yaml (nats.*): the NATS permissions name them.
 NATS_STREAM=FLASHGATE_ORDERS
 NATS_ORDERS=flashgate.orders
 NATS_EVENTS=flashgate.events.sale
 NATS_CMD=flashgate.cmd.orders
+NATS_ORDER_EVENTS_STREAM=FLASHGATE_ORDER_EVENTS
+NATS_ORDER_EVENTS=flashgate.order_events
 
 SECRET_NAMES=(JWT_SECRET ADMIN_TOKEN REDIS_ADMIN REDIS_GATEWAY REDIS_BACKEND REDIS_REPLICA REDIS_DEFAULT
-	NATS_ADMIN NATS_GATEWAY NATS_BACKEND NATS_ROUTE MYSQL_ROOT MYSQL_ADMIN MYSQL_BACKEND MYSQL_GATEWAY)
+	NATS_ADMIN NATS_GATEWAY NATS_BACKEND NATS_ROUTE NATS_CONSUMER MYSQL_ROOT MYSQL_ADMIN MYSQL_BACKEND MYSQL_GATEWAY)
 
 gen_secret() { od -An -N24 -tx1 /dev/urandom | tr -d ' \n'; }
 sha256() { printf '%s' "$1" | sha256sum | cut -c1-64; }
@@ -482,7 +485,11 @@ render_redis_acl() {
 # backend cannot forge a gateway's JetStream publish ack. No allow_responses: with it nats-server
 # tracks every delivery's reply subject for two minutes and walks them all on each delivery.
 # A backend also publishes orders: reconcile republishes a stale reservation's order, and an
-# order that outlives its deliveries in an outage is re-enqueued as a fresh message.
+# order that outlives its deliveries in an outage is re-enqueued as a fresh message. The backend
+# leader publishes the order events (docs/events.md) to their stream, which it creates, and
+# reads it for the webhook (its durable consumer, its dead letters in <stream>_DLQ); a
+# consumer (the shop's downstream systems) may only read that stream: make its consumers,
+# fetch, ack. It sees no order, no sale event, no command.
 #
 # NATS=cluster runs three servers, each with its own file (var/secrets/nats-<i>.conf): the same
 # users, a JetStream store of its own, and routes to the other two that log in as their own user.
@@ -508,7 +515,7 @@ render_nats_conf() {
 
 # write_nats_conf FILE PORT MONITOR SERVER_NAME STORE_DIR CLUSTER_BLOCK
 write_nats_conf() {
-	local s=$NATS_STREAM d="${NATS_STREAM}_DLQ" f="$1"
+	local s=$NATS_STREAM d="${NATS_STREAM}_DLQ" e=$NATS_ORDER_EVENTS_STREAM ed="${NATS_ORDER_EVENTS_STREAM}_DLQ" f="$1"
 	(
 		umask 077
 		cat >"$f.tmp.$$" <<-CONF
@@ -527,14 +534,25 @@ write_nats_conf() {
 			        subscribe: { allow: ["$NATS_EVENTS.>", "$NATS_CMD.reply.>", "_INBOX.>"] }
 			    } }
 			    { user: "$U_BACKEND", password: "$S_NATS_BACKEND", permissions: {
-			        publish: { allow: ["$NATS_EVENTS.>", "$NATS_ORDERS.*", "${NATS_ORDERS}_dlq.>", "$NATS_CMD.reply.>",
-			                           "\$JS.API.INFO",
+			        publish: { allow: ["$NATS_EVENTS.>", "$NATS_ORDERS.*", "${NATS_ORDERS}_dlq.>", "$NATS_CMD.reply.>", "$NATS_ORDER_EVENTS.*", "${NATS_ORDER_EVENTS}_dlq.>",
+			                           "\$JS.API.INFO", "\$JS.API.STREAM.INFO.$e", "\$JS.API.STREAM.CREATE.$e", "\$JS.API.STREAM.UPDATE.$e",
+			                           "\$JS.API.STREAM.INFO.$ed", "\$JS.API.STREAM.CREATE.$ed", "\$JS.API.STREAM.UPDATE.$ed",
+			                           "\$JS.API.CONSUMER.CREATE.$e.>", "\$JS.API.CONSUMER.DURABLE.CREATE.$e.>", "\$JS.API.CONSUMER.INFO.$e.>",
+			                           "\$JS.API.CONSUMER.MSG.NEXT.$e.>", "\$JS.ACK.$e.>",
 			                           "\$JS.API.STREAM.INFO.$s", "\$JS.API.STREAM.CREATE.$s", "\$JS.API.STREAM.UPDATE.$s", "\$JS.API.STREAM.MSG.GET.$s",
 			                           "\$JS.API.STREAM.INFO.$d", "\$JS.API.STREAM.CREATE.$d", "\$JS.API.STREAM.UPDATE.$d", "\$JS.API.STREAM.MSG.GET.$d",
 			                           "\$JS.API.DIRECT.GET.$s", "\$JS.API.DIRECT.GET.$s.>", "\$JS.API.DIRECT.GET.$d", "\$JS.API.DIRECT.GET.$d.>",
 			                           "\$JS.API.CONSUMER.CREATE.$s", "\$JS.API.CONSUMER.CREATE.$s.>", "\$JS.API.CONSUMER.DURABLE.CREATE.$s.>",
 			                           "\$JS.API.CONSUMER.INFO.$s.>", "\$JS.API.CONSUMER.MSG.NEXT.$s.>", "\$JS.ACK.$s.>"] }
 			        subscribe: { allow: ["$NATS_EVENTS.>", "$NATS_CMD", "$NATS_CMD.purchase", "_INBOX.>"] }
+			    } }
+			    { user: "$U_CONSUMER", password: "$S_NATS_CONSUMER", permissions: {
+			        publish: { allow: ["\$JS.API.INFO", "\$JS.API.STREAM.INFO.$e", "\$JS.API.STREAM.MSG.GET.$e",
+			                           "\$JS.API.DIRECT.GET.$e", "\$JS.API.DIRECT.GET.$e.>",
+			                           "\$JS.API.CONSUMER.CREATE.$e", "\$JS.API.CONSUMER.CREATE.$e.>", "\$JS.API.CONSUMER.DURABLE.CREATE.$e.>",
+			                           "\$JS.API.CONSUMER.INFO.$e.>", "\$JS.API.CONSUMER.DELETE.$e.>", "\$JS.API.CONSUMER.MSG.NEXT.$e.>",
+			                           "\$JS.ACK.$e.>"] }
+			        subscribe: { allow: ["_INBOX.>"] }
 			    } }
 			  ]
 			}

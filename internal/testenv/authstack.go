@@ -24,6 +24,8 @@ type AuthStack struct {
 	Admin       Role
 	Gateway     Role
 	Backend     Role
+	// Consumer reads the order-events stream only (NATS; no Redis user).
+	Consumer Role
 }
 
 // StartAuthStack renders the stack's Redis ACL and NATS configuration into a
@@ -47,9 +49,10 @@ func StartAuthStack(t testing.TB) *AuthStack {
 	}
 	s := readSecrets(filepath.Join(dir, "secrets", "generated.env"))
 	a := &AuthStack{
-		Admin:   Role{"flashgate_admin", s["S_REDIS_ADMIN"], "flashgate_admin", s["S_NATS_ADMIN"]},
-		Gateway: Role{"flashgate_gateway", s["S_REDIS_GATEWAY"], "flashgate_gateway", s["S_NATS_GATEWAY"]},
-		Backend: Role{"flashgate_backend", s["S_REDIS_BACKEND"], "flashgate_backend", s["S_NATS_BACKEND"]},
+		Admin:    Role{"flashgate_admin", s["S_REDIS_ADMIN"], "flashgate_admin", s["S_NATS_ADMIN"]},
+		Gateway:  Role{"flashgate_gateway", s["S_REDIS_GATEWAY"], "flashgate_gateway", s["S_NATS_GATEWAY"]},
+		Backend:  Role{"flashgate_backend", s["S_REDIS_BACKEND"], "flashgate_backend", s["S_NATS_BACKEND"]},
+		Consumer: Role{NATSUser: "flashgate_consumer", NATSPassword: s["S_NATS_CONSUMER"]},
 	}
 	if a.Gateway.RedisPassword == "" || a.Backend.NATSPassword == "" {
 		t.Fatalf("stack.sh auth-conf wrote no secrets: %v", s)
@@ -102,5 +105,6 @@ func (a *AuthStack) Config(c config.Config, r Role) config.Config {
 	c.NATS.User, c.NATS.Password = r.NATSUser, r.NATSPassword
 	c.NATS.Stream, c.NATS.OrderSubject, c.NATS.EventSubject = def.Stream, def.OrderSubject, def.EventSubject
 	c.NATS.CommandSubject, c.NATS.Consumer = def.CommandSubject, def.Consumer
+	c.Events.Stream, c.Events.Subject = config.Default().Events.Stream, config.Default().Events.Subject
 	return c
 }

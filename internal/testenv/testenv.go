@@ -149,6 +149,8 @@ func Config(t testing.TB) config.Config {
 	c.NATS.EventSubject = id + ".events.sale"
 	c.NATS.CommandSubject = id + ".cmd.orders"
 	c.NATS.Consumer = id + "-backend"
+	c.Events.Stream = "T_" + strings.ToUpper(id) + "_EVENTS"
+	c.Events.Subject = id + ".order_events"
 	c.MySQL.DSN = MySQL(t)
 	// Each test's database starts empty: its backend builds the schema.
 	c.MySQL.AutoMigrate = true
@@ -160,11 +162,11 @@ func Config(t testing.TB) config.Config {
 	// tests run the same checks production does.
 	c.Auth.JWTSecret = Secret("test-secret-")
 	c.Admin.Token = Secret("test-admin-")
-	t.Cleanup(func() { deleteStream(c.NATS) })
+	t.Cleanup(func() { deleteStream(c.NATS, c.Events.Stream) })
 	return c
 }
 
-func deleteStream(c config.NATS) {
+func deleteStream(c config.NATS, events string) {
 	nc, err := nats.Connect(c.URL, NATSOptions()...)
 	if err != nil {
 		return
@@ -173,4 +175,7 @@ func deleteStream(c config.NATS) {
 	_, _ = nc.Request("$JS.API.STREAM.DELETE."+c.Stream, nil, 2*time.Second)
 	// The dead-letter stream backends create beside it (bus.DeadLetterStream).
 	_, _ = nc.Request("$JS.API.STREAM.DELETE."+c.Stream+"_DLQ", nil, 2*time.Second)
+	// The order-events stream the leader publishes to (bus.EnsureOrderEventStream).
+	_, _ = nc.Request("$JS.API.STREAM.DELETE."+events, nil, 2*time.Second)
+	_, _ = nc.Request("$JS.API.STREAM.DELETE."+events+"_DLQ", nil, 2*time.Second)
 }
