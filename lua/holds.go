@@ -168,7 +168,7 @@ func (s *Scripts) AdmitHeld(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 	// giveUp gives back what was held; a failure leaves the holds to
 	// reconcile, which finds no order and gives them back.
 	giveUp := func(bs []int) {
-		_ = s.decideHolds(ctx, c, k, unholdGive, a.OrderID, bs, away)
+		_, _ = s.decideHolds(ctx, c, k, unholdGive, a.OrderID, bs, away)
 	}
 	for _, b := range order {
 		adm, acked, err := s.hold(ctx, c, k.buckets[b], a, away[b], replication{replicas: replicas, timeout: timeout})
@@ -221,7 +221,15 @@ func (s *Scripts) AdmitHeld(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 		mode = unholdKeep
 	}
 	// A failure leaves the holds undecided, for reconcile: the answer stands.
-	_ = s.decideHolds(ctx, c, k, mode, a.OrderID, held, away)
+	missing, err := s.decideHolds(ctx, c, k, mode, a.OrderID, held, away)
+	if err == nil && missing && mode == unholdKeep {
+		// A hold gone before its keep: its master lost its data between
+		// hold.lua and now, and the order's charges there are counted
+		// nowhere. The purchase is not promised: the caller undoes it (its
+		// release tombstones the id), and the buyer retries against a
+		// rebuilt bucket.
+		return adm, fmt.Errorf("admit %s/%d: %w", k.Sale, a.OrderID, ErrHoldLost)
+	}
 	return adm, nil
 }
 
@@ -273,7 +281,7 @@ func replayOf(ctx context.Context, c rueidis.Client, h *Keys, user, key string) 
 
 // decideHolds keeps or gives back order id's holds in buckets bs (charges:
 // what each bucket holds).
-func (s *Scripts) decideHolds(ctx context.Context, c rueidis.Client, k *Keys, mode string, id uint64, bs []int, charges map[int][]flashgate.Charge) error {
+func (s *Scripts) decideHolds(ctx context.Context, c rueidis.Client, k *Keys, mode string, id uint64, bs []int, charges map[int][]flashgate.Charge) (missing bool, err error) {
 	sid := strconv.FormatUint(id, 10)
 	for _, b := range bs {
 		var windows []string
@@ -282,11 +290,13 @@ func (s *Scripts) decideHolds(ctx context.Context, c rueidis.Client, k *Keys, mo
 				windows = append(windows, ch.Window)
 			}
 		}
-		if _, err := unhold(ctx, c, k.buckets[b], mode, []string{sid}, windows); err != nil {
-			return err
+		words, err := unhold(ctx, c, k.buckets[b], mode, []string{sid}, windows)
+		if err != nil {
+			return missing, err
 		}
+		missing = missing || slices.Contains(words, string(unholdNone))
 	}
-	return nil
+	return missing, nil
 }
 
 // unhold runs unhold.lua on bucket b for ids; windows name every window their

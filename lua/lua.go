@@ -169,6 +169,13 @@ func (s *Scripts) Admit(ctx context.Context, c rueidis.Client, k *Keys, a AdmitA
 // lose it, so it must not be promised.
 var ErrNotReplicated = errors.New("admission not replicated")
 
+// ErrHoldLost is AdmitHeld's answer for an admission whose purchase-limit
+// hold in another bucket was gone when it came to keep it (that bucket's
+// master lost its data in between): the order's charges there are counted
+// nowhere, so it is not promised. As with ErrNotReplicated, the caller
+// releases the order.
+var ErrHoldLost = errors.New("purchase-limit hold lost")
+
 // AdmitWait runs the admission script, then WAIT replicas timeout on the same
 // connection, in one round trip: Redis's WAIT counts the replicas that have
 // every write of its own connection so far, so it must follow the script on

@@ -25,7 +25,7 @@
  *
  * When everything has ended, the leader reconciles (orphans republished and
  * written, a cold sale rebuilt, cancels restocked again), and then, with
- * DESIGN §2's numbers:
+ * docs/design.md §2's numbers:
  *   1 no oversell            MySQL sold <= N (asserted at every decision too)
  *   2 per-user limit         MySQL units per buyer <= LIMIT
  *   3 nothing lost           every 202 is an order MySQL confirmed (or then
@@ -264,7 +264,24 @@ proctype Gateway(byte u; byte o; bool key) {
     if :: o == 0 -> unhold(o, false) :: else -> skip fi; goto done
   :: res == A_REFUSED -> answer(o, 101);
     if :: o == 0 -> unhold(o, false) :: else -> skip fi; goto done
-  :: res == A_OK -> if :: o == 0 -> unhold(o, true) :: else -> skip fi
+  :: res == A_OK ->
+    if
+    :: o == 0 ->
+      /* keep the hold; a hold gone (its master lost its data) counts the
+       * charge nowhere: the admission is undone and answered 503
+       * (lua.ErrHoldLost) */
+      atomic { ok = hold[o]; unhold(o, true) };
+      if
+      :: !ok ->
+#ifndef BUG_HOLD_LOST
+        releaseGw(o, rel); r503[o] = true; answer(o, 100); pubs--; goto done
+#else
+        skip
+#endif
+      :: else -> skip
+      fi
+    :: else -> skip
+    fi
   fi;
   /* publish: it lands; o0's may also be lost, land and time out, or its
    * gateway die before it; o2's may land and time out */
