@@ -133,6 +133,8 @@ func typeName(v reflect.Value) string {
 		return "duration"
 	case []string:
 		return "list of strings"
+	case Secrets:
+		return "string or list of strings"
 	case []Key:
 		return "list of keys (`kid`, `secret` or `public_key_file`)"
 	}
@@ -151,6 +153,8 @@ func defaultText(v reflect.Value) string {
 	case time.Duration:
 		s = x.String()
 	case []string:
+		s = strings.Join(x, ", ")
+	case Secrets:
 		s = strings.Join(x, ", ")
 	case []Key:
 		if len(x) > 0 {
