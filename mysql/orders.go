@@ -76,13 +76,6 @@ func LockOrder(ctx context.Context, tx Querier, sale string, id uint64) (flashga
 	return o, nil
 }
 
-// MarkPaid records the payment of an order whose row the caller holds.
-func MarkPaid(ctx context.Context, tx Querier, id uint64, now time.Time) error {
-	_, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, updated_at = ? WHERE id = ?`,
-		string(flashgate.OrderPaid), now.UTC(), id)
-	return err
-}
-
 // LockExpired locks those of ids (orders of sale) still confirmed and past
 // their deadline at now.
 func LockExpired(ctx context.Context, tx Querier, sale string, ids []uint64, now time.Time) ([]flashgate.Order, error) {
