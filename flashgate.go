@@ -32,7 +32,7 @@ const (
 	CodeOrderClosed    Code = "order_closed"
 	CodeInternal       Code = "internal"
 
-	// The payment callback's (§3.2, docs/payments.md).
+	// The payment callback's (docs/design.md §3 "Payments", docs/payments.md).
 	// CodeForbidden: a buyer asked to mark an order paid; only the shop's
 	// payment service can (POST /v1/payments).
 	CodeForbidden Code = "forbidden"

@@ -1,6 +1,6 @@
 package auth
 
-// The payment service's signature (docs/design.md §3.2, docs/payments.md):
+// The payment service's signature (docs/design.md §3 "Payments", docs/payments.md):
 // header Flashgate-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>,
 // one v1 per secret the service signs with while a secret is rotated.
 

@@ -1,7 +1,7 @@
 package gateway
 
 // POST /v1/payments: the shop's payment service tells that an order was paid
-// (docs/design.md §3.2, docs/payments.md). The gateway checks the signature
+// (docs/design.md §3 "Payments", docs/payments.md). The gateway checks the signature
 // and the body, and a backend records the payment in MySQL (bus.CmdPay): the
 // gateway never decides whether an order is paid.
 
