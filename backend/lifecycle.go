@@ -175,7 +175,7 @@ func (l *lifecycle) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
 	)
 	switch cmd.Op {
 	case bus.CmdPay:
-		r, err = l.pay(ctx, cmd, time.Now())
+		r, err = l.pay(ctx, cmd)
 	case bus.CmdCancel:
 		r, err = l.cancel(ctx, cmd, time.Now())
 	case bus.CmdGet:
@@ -294,10 +294,12 @@ func retryTx[T any](ctx context.Context, attempts int, fn func() (T, error)) (T,
 // already_paid; an amount other than price × quantity is amount_mismatch; a
 // canceled, failed or expired order is closed (an expired one the sweeper has
 // not reached yet is expired here and now), and the gateway tells the payment
-// service to refund: no unit is ever taken back for a late payment.
-func (l *lifecycle) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
+// service to refund: no unit is ever taken back for a late payment. Whether
+// the deadline passed is MySQL's clock's call, read in the transaction
+// (invariant 8).
+func (l *lifecycle) pay(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
 	p := cmd.Payment()
-	res, err := retryTx(ctx, commandRetries, func() (payResult, error) { return l.payTx(ctx, p, now) })
+	res, err := retryTx(ctx, commandRetries, func() (payResult, error) { return l.payTx(ctx, p) })
 	if err != nil {
 		return bus.OrderReply{}, err
 	}
@@ -310,7 +312,7 @@ func (l *lifecycle) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time
 	case res.expired:
 		// Expire it now, under the sale lock like the sweeper (it may beat us
 		// to it: then there is nothing left to do).
-		if _, err := l.expireOrders(ctx, cmd.SaleID, []uint64{o.ID}, now); err != nil {
+		if _, err := l.expireOrders(ctx, cmd.SaleID, []uint64{o.ID}, res.at); err != nil {
 			l.log.Warn("expiring an order at payment", "sale", cmd.SaleID, "order", o.ID, "err", err) // the sweeper retries
 		}
 		o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
@@ -332,12 +334,14 @@ type payResult struct {
 	expired bool
 	refused flashgate.Code
 	why     string
+	// at is MySQL's clock when the transaction judged the deadline.
+	at time.Time
 }
 
 // payTx is one attempt at pay's transaction. It takes the sale row lock
 // first, as every writer does (and reads the price under it), then the
 // order's row.
-func (l *lifecycle) payTx(ctx context.Context, p flashgate.Payment, now time.Time) (payResult, error) {
+func (l *lifecycle) payTx(ctx context.Context, p flashgate.Payment) (payResult, error) {
 	tx, err := beginRC(ctx, l.db)
 	if err != nil {
 		return payResult{}, err
@@ -359,10 +363,14 @@ func (l *lifecycle) payTx(ctx context.Context, p flashgate.Payment, now time.Tim
 	if o.Status == flashgate.OrderPaid {
 		return paidBefore(ctx, tx, o, p)
 	}
+	now, err := mysql.Now(ctx, tx)
+	if err != nil {
+		return payResult{}, fmt.Errorf("pay %d: clock: %w", o.ID, err)
+	}
 	paid := o
 	if paid.Pay(now) != nil {
 		// Not confirmed, or confirmed past its deadline: expired.
-		return payResult{o: o, expired: o.Status == flashgate.OrderConfirmed}, nil
+		return payResult{o: o, expired: o.Status == flashgate.OrderConfirmed, at: now}, nil
 	}
 	if due := price * o.Quantity; p.AmountCents != due {
 		return payResult{o: o, refused: flashgate.CodeAmountMismatch,

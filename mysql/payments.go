@@ -26,6 +26,14 @@ func LockSalePrice(ctx context.Context, tx Querier, id string) (price int64, fou
 	return price, err == nil, err
 }
 
+// Now is MySQL's clock, read in the caller's transaction: what decides
+// whether an order is past its deadline (invariant 8).
+func Now(ctx context.Context, q Querier) (time.Time, error) {
+	var now time.Time
+	err := q.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(3)`).Scan(&now)
+	return now.UTC(), err
+}
+
 // PaymentOf reads the payment recorded on order id (zero for none).
 func PaymentOf(ctx context.Context, q Querier, id uint64) (Payment, error) {
 	var pid sql.NullString
