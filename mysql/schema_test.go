@@ -171,13 +171,13 @@ func TestNewerSchemaRefused(t *testing.T) {
 	if err := Migrate(ctx(t), db); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES (10, 1)`); err != nil {
+	if _, err := db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES (9999, 1)`); err != nil {
 		t.Fatal(err)
 	}
 	for name, f := range map[string]func(context.Context, *sql.DB) error{"check": CheckSchema, "up": Migrate} {
 		err := f(ctx(t), db)
 		se := schemaError(t, err)
-		if len(se.Unknown) != 1 || se.Unknown[0] != 10 || !strings.Contains(err.Error(), "newer than this binary knows") {
+		if len(se.Unknown) != 1 || se.Unknown[0] != 9999 || !strings.Contains(err.Error(), "newer than this binary knows") {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
