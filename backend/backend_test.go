@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // started is a running backend with clients of the test's own.
@@ -589,8 +591,12 @@ func TestStartRefusesOldSchema(t *testing.T) {
 	t.Parallel()
 	cfg := testenv.Config(t)
 	cfg.MySQL.AutoMigrate = false
-	_, err := dialAndStart(t, cfg)
-	if err == nil || !strings.Contains(err.Error(), "schema at version 0, this binary needs 9: run `flashgate migrate up`") {
+	latest, err := mysql.LatestVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = dialAndStart(t, cfg)
+	if want := fmt.Sprintf("schema at version 0, this binary needs %d: run `flashgate migrate up`", latest); err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Start on an empty schema without auto_migrate: %v", err)
 	}
 	cfg.MySQL.AutoMigrate = true
