@@ -386,6 +386,7 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(404, "order_not_found", "GET", orders+"/12345", buyer, "")
 	// A buyer never marks an order paid; the payment service does, signed.
 	c.want(403, "forbidden", "POST", order+"/pay", buyer, "")
+	c.want(404, "sale_not_found", "POST", pub+"/v1/sales/nosuch/orders/1/pay", buyer, "")
 	payments := pub + "/v1/payments"
 	signed := func(status int, code, body string) []byte {
 		t.Helper()

@@ -97,8 +97,13 @@ func refund(ctx *fasthttp.RequestCtx) {
 
 // payForbidden is a buyer's POST …/orders/{order}/pay: only the payment
 // service marks an order paid (POST /v1/payments). Answered at once, for
-// anyone: nothing is asked of Redis, NATS or MySQL.
-func payForbidden(ctx *fasthttp.RequestCtx) {
+// anyone: nothing is asked of Redis, NATS or MySQL. A sale the gateway does
+// not know is 404, as on every route under it.
+func payForbidden(ctx *fasthttp.RequestCtx, s *sale) {
+	if s == nil {
+		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeSaleNotFound, "no such sale")
+		return
+	}
 	fail(ctx, fasthttp.StatusForbidden, flashgate.CodeForbidden, "orders are marked paid by the shop's payment service (POST /v1/payments), not by buyers")
 }
 

@@ -112,7 +112,7 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 			g.getOrder(ctx, s, orderID)
 			return metrics.RouteOrder
 		case bytes.Equal(action, subPay) && ctx.IsPost():
-			payForbidden(ctx)
+			payForbidden(ctx, s)
 			return metrics.RoutePay
 		case bytes.Equal(action, subCnc) && ctx.IsPost():
 			g.orderCommand(ctx, s, orderID, bus.CmdCancel)
