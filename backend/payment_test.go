@@ -1,6 +1,8 @@
 package backend
 
 import (
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -72,6 +74,43 @@ func TestPaymentRecorded(t *testing.T) {
 	for _, o := range []flashgate.Order{canceled, expired} {
 		if pid, _ := payment(o.ID); pid != "" {
 			t.Fatalf("a late payment was recorded on %d: %q", o.ID, pid)
+		}
+	}
+	s.auditOK(sale.ID)
+}
+
+// TestPaymentsOfOneOrderRace: payments of one order at once, some repeating
+// one payment_id, others each their own: exactly one payment is recorded, its
+// every copy answers ok, and every other payment answers already_paid.
+func TestPaymentsOfOneOrderRace(t *testing.T) {
+	t.Parallel()
+	s := start(t, testenv.RedisAddrs(), nil)
+	sale := spec(10, 1, nil)
+	k := s.lifecycleSale(sale)
+	for round := range 3 {
+		m := s.confirmed(k, "u"+strconv.Itoa(round), 1, "")
+		ids := []string{"pi_same", "pi_same", "pi_same", "pi_a", "pi_b", "pi_c"}
+		for i := range ids {
+			ids[i] += "_" + strconv.Itoa(round)
+		}
+		replies := make([]bus.OrderReply, len(ids))
+		var wg sync.WaitGroup
+		for i, id := range ids {
+			wg.Go(func() { replies[i] = s.pay(m, id, 990) })
+		}
+		wg.Wait()
+		var recorded string
+		if err := s.db.QueryRowContext(ctx(t), `SELECT payment_id FROM orders WHERE id = ?`, m.ID).Scan(&recorded); err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids {
+			want := string(flashgate.CodeAlreadyPaid)
+			if id == recorded {
+				want = bus.ReplyOK
+			}
+			if replies[i].Code != want || replies[i].Status != "paid" {
+				t.Errorf("round %d: payment %s (recorded %s) answered %+v, want %s", round, id, recorded, replies[i], want)
+			}
 		}
 	}
 	s.auditOK(sale.ID)
