@@ -31,6 +31,20 @@ const (
 	CodeConflict       Code = "conflict"
 	CodeOrderClosed    Code = "order_closed"
 	CodeInternal       Code = "internal"
+
+	// The payment callback's (docs/design.md §3 "Payments", docs/payments.md).
+	// CodeForbidden: a buyer asked to mark an order paid; only the shop's
+	// payment service can (POST /v1/payments).
+	CodeForbidden Code = "forbidden"
+	// CodeBadSignature: the Flashgate-Signature header is missing, malformed,
+	// outside the replay window, or matches no payments secret.
+	CodeBadSignature Code = "bad_signature"
+	// CodeAmountMismatch: the amount paid is not the order's price × quantity.
+	CodeAmountMismatch Code = "amount_mismatch"
+	// CodeAlreadyPaid: the order is paid already, by another payment_id.
+	CodeAlreadyPaid Code = "already_paid"
+	// CodePaymentIDUsed: the payment_id has paid another order.
+	CodePaymentIDUsed Code = "payment_id_used"
 )
 
 // SaleState is the public state of a sale as GET /v1/sales/{sale} reports it.

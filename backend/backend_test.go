@@ -591,12 +591,12 @@ func TestStartRefusesOldSchema(t *testing.T) {
 	t.Parallel()
 	cfg := testenv.Config(t)
 	cfg.MySQL.AutoMigrate = false
-	_, err := dialAndStart(t, cfg)
-	latest, lerr := mysql.LatestVersion()
-	if lerr != nil {
-		t.Fatal(lerr)
+	latest, err := mysql.LatestVersion()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("schema at version 0, this binary needs %d: run `flashgate migrate up`", latest)) {
+	_, err = dialAndStart(t, cfg)
+	if want := fmt.Sprintf("schema at version 0, this binary needs %d: run `flashgate migrate up`", latest); err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Start on an empty schema without auto_migrate: %v", err)
 	}
 	cfg.MySQL.AutoMigrate = true

@@ -25,9 +25,9 @@ import (
 
 // The order life cycle after MySQL confirmed an order (docs/design.md §3, issue 4): the
 // buyer pays it, or cancels it, or lets the payment deadline pass and the sweeper
-// expires it. MySQL decides. Every transaction that moves units takes the sale
-// row lock first, as the batch writer does, so they queue there and cannot
-// deadlock; a payment moves no unit and locks only its order's row. A
+// expires it. MySQL decides. Every transaction takes the sale row lock first,
+// as the batch writer does, so they queue there and cannot deadlock; a
+// payment moves no unit, but takes it too (and reads the price under it). A
 // canceled or expired order gives its units back to sales.sold, its region's
 // sold and its buyer's units in the same transaction, and then to Redis (stock
 // and the buyer's counter, lua.RestockMany, exactly once per order), and the
@@ -175,7 +175,7 @@ func (l *lifecycle) handleCommand(cmd bus.OrderCommand) bus.OrderReply {
 	)
 	switch cmd.Op {
 	case bus.CmdPay:
-		r, err = l.pay(ctx, cmd, time.Now())
+		r, err = l.pay(ctx, cmd)
 	case bus.CmdCancel:
 		r, err = l.cancel(ctx, cmd, time.Now())
 	case bus.CmdGet:
@@ -288,24 +288,31 @@ func retryTx[T any](ctx context.Context, attempts int, fn func() (T, error)) (T,
 	}
 }
 
-// pay records the payment of a confirmed order before its deadline. Paying a
-// paid order answers ok again; a canceled, failed or expired one is closed (an
-// expired one the sweeper has not reached yet is expired here and now).
-func (l *lifecycle) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
-	res, err := retryTx(ctx, commandRetries, func() (payResult, error) { return l.payTx(ctx, cmd, now) })
+// pay records a payment the gateway verified (POST /v1/payments) on a
+// confirmed order before its deadline, with the payment's id and amount. The
+// same payment again answers ok again; another payment of a paid order is
+// already_paid; an amount other than price × quantity is amount_mismatch; a
+// canceled, failed or expired order is closed (an expired one the sweeper has
+// not reached yet is expired here and now), and the gateway tells the payment
+// service to refund: no unit is ever taken back for a late payment. Whether
+// the deadline passed is MySQL's clock's call, read in the transaction
+// (invariant 8).
+func (l *lifecycle) pay(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
+	p := cmd.Payment()
+	res, err := retryTx(ctx, commandRetries, func() (payResult, error) { return l.payTx(ctx, p) })
 	if err != nil {
 		return bus.OrderReply{}, err
 	}
 	o := res.o
 	switch {
 	case res.missing:
-		return l.absent(ctx, cmd)
-	case o.UserID != cmd.UserID:
-		return notFound, nil
+		return l.absentPayment(ctx, p)
+	case res.refused != "":
+		return reply(&o, res.refused, res.why), nil
 	case res.expired:
 		// Expire it now, under the sale lock like the sweeper (it may beat us
 		// to it: then there is nothing left to do).
-		if _, err := l.expireOrders(ctx, cmd.SaleID, []uint64{o.ID}, now); err != nil {
+		if _, err := l.expireOrders(ctx, cmd.SaleID, []uint64{o.ID}, res.at); err != nil {
 			l.log.Warn("expiring an order at payment", "sale", cmd.SaleID, "order", o.ID, "err", err) // the sweeper retries
 		}
 		o.Status, o.Reason = flashgate.OrderCanceled, flashgate.ReasonExpired
@@ -319,41 +326,110 @@ func (l *lifecycle) pay(ctx context.Context, cmd bus.OrderCommand, now time.Time
 }
 
 // payResult is what pay's transaction found: the order (as paid, when it
-// paid it), none, or one whose deadline passed.
+// paid it, or by this very payment before), none, one whose deadline passed,
+// or a refusal of the payment (a code and why).
 type payResult struct {
 	o       flashgate.Order
 	missing bool
 	expired bool
+	refused flashgate.Code
+	why     string
+	// at is MySQL's clock when the transaction judged the deadline.
+	at time.Time
 }
 
-// payTx is one attempt at pay's transaction.
-func (l *lifecycle) payTx(ctx context.Context, cmd bus.OrderCommand, now time.Time) (payResult, error) {
+// payTx is one attempt at pay's transaction. It takes the sale row lock
+// first, as every writer does (and reads the price under it), then the
+// order's row.
+func (l *lifecycle) payTx(ctx context.Context, p flashgate.Payment) (payResult, error) {
 	tx, err := beginRC(ctx, l.db)
 	if err != nil {
 		return payResult{}, err
 	}
 	defer tx.Rollback()
-	// Only the order's row: a payment moves no unit, so it need not queue
-	// behind the sale's batches for the sale row.
-	o, err := lockOrder(ctx, tx, cmd.SaleID, cmd.OrderID)
+	// No sale row: MySQL does not know the sale, so any order of it failed
+	// (unknown_sale), and the order's row says so.
+	price, _, err := mysql.LockSalePrice(ctx, tx, p.SaleID)
+	if err != nil {
+		return payResult{}, fmt.Errorf("pay %d: lock sale: %w", p.OrderID, err)
+	}
+	o, err := lockOrder(ctx, tx, p.SaleID, p.OrderID)
 	if errors.Is(err, errNoOrder) {
 		return payResult{missing: true}, nil
 	}
-	if err != nil || o.UserID != cmd.UserID {
-		return payResult{o: o}, err
+	if err != nil {
+		return payResult{}, err
+	}
+	if o.Status == flashgate.OrderPaid {
+		return paidBefore(ctx, tx, o, p)
+	}
+	now, err := mysql.Now(ctx, tx)
+	if err != nil {
+		return payResult{}, fmt.Errorf("pay %d: clock: %w", o.ID, err)
 	}
 	paid := o
 	if paid.Pay(now) != nil {
 		// Not confirmed, or confirmed past its deadline: expired.
-		return payResult{o: o, expired: o.Status == flashgate.OrderConfirmed}, nil
+		return payResult{o: o, expired: o.Status == flashgate.OrderConfirmed, at: now}, nil
 	}
-	if err := mysql.MarkPaid(ctx, tx, o.ID, now); err != nil {
+	if due := price * o.Quantity; p.AmountCents != due {
+		return payResult{o: o, refused: flashgate.CodeAmountMismatch,
+			why: fmt.Sprintf("amount_cents %d, the order costs %d (%d units at %d)", p.AmountCents, due, o.Quantity, price)}, nil
+	}
+	if other, err := mysql.PaidOrderOf(ctx, tx, p.PaymentID); err != nil || other != 0 {
+		return payResult{o: o, refused: flashgate.CodePaymentIDUsed, why: "this payment_id paid another order"}, err
+	}
+	if err := mysql.MarkPaid(ctx, tx, o.ID, mysql.Payment{ID: p.PaymentID, AmountCents: p.AmountCents}, now); err != nil {
+		if mysqlErrno(err) == erDupEntry { // another order took the payment_id meanwhile
+			return payResult{o: o, refused: flashgate.CodePaymentIDUsed, why: "this payment_id paid another order"}, nil
+		}
 		return payResult{}, fmt.Errorf("pay %d: %w", o.ID, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return payResult{}, fmt.Errorf("pay %d: commit: %w", o.ID, err)
 	}
 	return payResult{o: paid}, nil
+}
+
+// paidBefore answers a payment of an order already paid: the same payment
+// (same id, same amount) is the same answer; anything else is refused.
+func paidBefore(ctx context.Context, tx *sql.Tx, o flashgate.Order, p flashgate.Payment) (payResult, error) {
+	prev, err := mysql.PaymentOf(ctx, tx, o.ID)
+	switch {
+	case err != nil:
+		return payResult{}, fmt.Errorf("pay %d: %w", o.ID, err)
+	case prev.ID != p.PaymentID:
+		return payResult{o: o, refused: flashgate.CodeAlreadyPaid, why: "the order is paid by another payment_id"}, nil
+	case prev.AmountCents != p.AmountCents:
+		return payResult{o: o, refused: flashgate.CodeAmountMismatch,
+			why: fmt.Sprintf("this payment_id paid %d, not %d", prev.AmountCents, p.AmountCents)}, nil
+	}
+	return payResult{o: o}, nil
+}
+
+// absentPayment answers a payment of an order MySQL has no row of: one Redis
+// holds as pending (in any of the sale's buckets: a payment names no buyer)
+// is on its way (conflict: retry); anything else is not found.
+func (l *lifecycle) absentPayment(ctx context.Context, p flashgate.Payment) (bus.OrderReply, error) {
+	k, err := keysOf(ctx, l.db, p.SaleID)
+	if err != nil {
+		return bus.OrderReply{}, err
+	}
+	homes := k.Buckets()
+	if len(homes) == 0 {
+		homes = []*lua.Keys{k}
+	}
+	for _, h := range homes {
+		rec, ok, err := lua.Order(ctx, l.rc, h, p.OrderID)
+		if err != nil {
+			return bus.OrderReply{}, fmt.Errorf("order %d in redis: %w", p.OrderID, err)
+		}
+		if ok && (rec.Status == lua.StatusPending || rec.Status == lua.StatusProcessing) {
+			return bus.OrderReply{Code: string(flashgate.CodeConflict), Message: "order is still being confirmed; retry",
+				Status: string(flashgate.OrderPending)}, nil
+		}
+	}
+	return notFound, nil
 }
 
 // paidToRedis tells Redis the order is paid, now or before (again: it heals a

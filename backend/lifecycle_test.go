@@ -53,10 +53,23 @@ func (e *env) confirmed(k *lua.Keys, user string, qty int64, region string) flas
 }
 
 // command carries out an order command as a backend receives it.
+// command runs op on m for user; a pay is the payment service's (it names no
+// user): the order's full price (spec's), under a payment id of the order's.
 func (s *started) command(op string, m flashgate.Order, user string) bus.OrderReply {
 	s.t.Helper()
+	if op == bus.CmdPay {
+		return s.pay(m, payID(m), 990*m.Quantity)
+	}
 	return s.b.life.handleCommand(bus.OrderCommand{Op: op, SaleID: m.SaleID, OrderID: m.ID, UserID: user})
 }
+
+// pay runs the payment of m by payment id with amount.
+func (s *started) pay(m flashgate.Order, id string, amount int64) bus.OrderReply {
+	s.t.Helper()
+	return s.b.life.handleCommand(bus.PayCommand(flashgate.Payment{OrderID: m.ID, SaleID: m.SaleID, PaymentID: id, AmountCents: amount}))
+}
+
+func payID(m flashgate.Order) string { return "pi_" + strconv.FormatUint(m.ID, 10) }
 
 func wantReply(t *testing.T, what string, r bus.OrderReply, code, status, reason string) {
 	t.Helper()
@@ -149,7 +162,6 @@ func TestPay(t *testing.T) {
 
 	t.Run("someone else's or no order", func(t *testing.T) {
 		m := s.confirmed(k, "u2", 1, "")
-		wantReply(t, "pay by another user", s.command(bus.CmdPay, m, "u3"), string(flashgate.CodeOrderNotFound), "", "")
 		wantReply(t, "cancel by another user", s.command(bus.CmdCancel, m, "u3"), string(flashgate.CodeOrderNotFound), "", "")
 		if st, _, _ := s.order(m.ID); st != "confirmed" {
 			t.Fatalf("status %q", st)
@@ -165,10 +177,9 @@ func TestPay(t *testing.T) {
 
 	t.Run("pending", func(t *testing.T) {
 		m := admit(t, s.rc, k, "u4", 1, "") // admitted, not yet in MySQL
-		for _, op := range []string{bus.CmdPay, bus.CmdCancel} {
-			wantReply(t, op+" of a pending order", s.command(op, m, "u4"), string(flashgate.CodeConflict), "pending", "")
-			wantReply(t, op+" of another's pending order", s.command(op, m, "u5"), string(flashgate.CodeOrderNotFound), "", "")
-		}
+		wantReply(t, "pay of a pending order", s.command(bus.CmdPay, m, ""), string(flashgate.CodeConflict), "pending", "")
+		wantReply(t, "cancel of a pending order", s.command(bus.CmdCancel, m, "u4"), string(flashgate.CodeConflict), "pending", "")
+		wantReply(t, "cancel of another's pending order", s.command(bus.CmdCancel, m, "u5"), string(flashgate.CodeOrderNotFound), "", "")
 		s.process(sale.ID, []flashgate.Order{m})
 		wantReply(t, "pay once confirmed", s.command(bus.CmdPay, m, "u4"), ok, "paid", "")
 	})
@@ -535,20 +546,27 @@ func TestCommandsOverNATS(t *testing.T) {
 	paid, canceled := s.confirmed(k, "u1", 1, ""), s.confirmed(k, "u2", 2, "")
 	send := func(op string, m flashgate.Order, user string) bus.OrderReply {
 		t.Helper()
-		r, err := bus.Command(ctx(t), s.nc, s.cfg.NATS, bus.OrderCommand{Op: op, SaleID: m.SaleID, OrderID: m.ID, UserID: user})
+		cmd := bus.OrderCommand{Op: op, SaleID: m.SaleID, OrderID: m.ID, UserID: user}
+		if op == bus.CmdPay && user == "" {
+			cmd = bus.PayCommand(flashgate.Payment{OrderID: m.ID, SaleID: m.SaleID, PaymentID: payID(m), AmountCents: 990 * m.Quantity})
+		}
+		r, err := bus.Command(ctx(t), s.nc, s.cfg.NATS, cmd)
 		if err != nil {
 			t.Fatalf("%s: %v", op, err)
 		}
 		return r
 	}
-	r := send(bus.CmdPay, paid, "u1")
+	r := send(bus.CmdPay, paid, "")
 	wantReply(t, "pay", r, bus.ReplyOK, "paid", "")
 	if r.Quantity != 1 || r.ExpiresAt.UnixMilli() != paid.ExpiresAt.UnixMilli() {
 		t.Fatalf("pay reply %+v", r)
 	}
 	wantReply(t, "cancel", send(bus.CmdCancel, canceled, "u2"), bus.ReplyOK, "canceled", flashgate.ReasonCanceled)
 	wantReply(t, "cancel of a paid order", send(bus.CmdCancel, paid, "u1"), string(flashgate.CodeOrderClosed), "paid", "")
-	wantReply(t, "pay by another user", send(bus.CmdPay, canceled, "u1"), string(flashgate.CodeOrderNotFound), "", "")
+	wantReply(t, "pay of a canceled order", send(bus.CmdPay, canceled, ""), string(flashgate.CodeOrderClosed), "canceled", flashgate.ReasonCanceled)
+	// A buyer's pay (as gateways before payments sent it) is malformed: only
+	// a payment marks an order paid.
+	wantReply(t, "a buyer's pay", send(bus.CmdPay, canceled, "u2"), string(flashgate.CodeInvalidRequest), "", "")
 	wantReply(t, "bad op", send("refund", paid, "u1"), string(flashgate.CodeInvalidRequest), "", "")
 
 	// Many at once: the backend answers them side by side.
@@ -556,7 +574,7 @@ func TestCommandsOverNATS(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, m := range msgs {
 		wg.Go(func() {
-			r, err := bus.Command(ctx(t), s.nc, s.cfg.NATS, bus.OrderCommand{Op: bus.CmdPay, SaleID: m.SaleID, OrderID: m.ID, UserID: m.UserID})
+			r, err := bus.Command(ctx(t), s.nc, s.cfg.NATS, bus.PayCommand(flashgate.Payment{OrderID: m.ID, SaleID: m.SaleID, PaymentID: payID(m), AmountCents: 990}))
 			if err != nil || r.Code != bus.ReplyOK {
 				t.Errorf("pay %d: %+v, %v", m.ID, r, err)
 			}
@@ -573,7 +591,7 @@ func TestCommandsOverNATS(t *testing.T) {
 	}
 	cctx, cancel2 := context.WithTimeout(context.Background(), time.Second)
 	defer cancel2()
-	if _, err := bus.Command(cctx, s.nc, s.cfg.NATS, bus.OrderCommand{Op: bus.CmdPay, SaleID: sale.ID, OrderID: paid.ID, UserID: "u1"}); err == nil {
+	if _, err := bus.Command(cctx, s.nc, s.cfg.NATS, bus.PayCommand(flashgate.Payment{OrderID: paid.ID, SaleID: sale.ID, PaymentID: payID(paid), AmountCents: 990})); err == nil {
 		t.Fatal("a command was answered after shutdown")
 	}
 }

@@ -16,6 +16,8 @@ import (
 // cancel) over core NATS request-reply; the backends form one queue group, so
 // exactly one answers. No backend answering is an outage (503), never a "no".
 const (
+	// CmdPay records a payment the gateway verified (POST /v1/payments): it
+	// carries the payment, and no user (the payment service is not a buyer).
 	CmdPay    = "pay"
 	CmdCancel = "cancel"
 	// CmdGet reads an order from MySQL: the gateway asks when Redis has no
@@ -26,13 +28,27 @@ const (
 // CommandQueue is the queue group backends answer order commands in.
 const CommandQueue = "flashgate-backend"
 
-// OrderCommand is a buyer's request about their order. The gateway has checked
-// the token; the backend checks ownership again against MySQL.
+// OrderCommand is a buyer's request about their order (cancel, get), or a
+// payment (pay). The gateway has checked the token or the payment's
+// signature; the backend checks ownership again against MySQL.
 type OrderCommand struct {
 	Op      string `json:"op"`
 	SaleID  string `json:"sale_id"`
 	OrderID uint64 `json:"order_id,string"`
-	UserID  string `json:"user_id"`
+	UserID  string `json:"user_id,omitempty"`
+	// PaymentID and AmountCents are a pay's payment; empty for the others.
+	PaymentID   string `json:"payment_id,omitempty"`
+	AmountCents int64  `json:"amount_cents,omitempty"`
+}
+
+// PayCommand is the command of payment p.
+func PayCommand(p flashgate.Payment) OrderCommand {
+	return OrderCommand{Op: CmdPay, SaleID: p.SaleID, OrderID: p.OrderID, PaymentID: p.PaymentID, AmountCents: p.AmountCents}
+}
+
+// Payment is a pay command's payment.
+func (c *OrderCommand) Payment() flashgate.Payment {
+	return flashgate.Payment{OrderID: c.OrderID, SaleID: c.SaleID, PaymentID: c.PaymentID, AmountCents: c.AmountCents}
 }
 
 // OrderReply is the backend's answer. Code is flashgate.CodeAccepted-style
@@ -74,10 +90,21 @@ func Command(ctx context.Context, nc *nats.Conn, cfg config.NATS, cmd OrderComma
 }
 
 // DecodeCommand reads an order command off the wire; ok is false for a
-// malformed one (answered invalid_request, never handled).
+// malformed one (answered invalid_request, never handled). A pay is a
+// payment with no user (a buyer's pay, as gateways before payments sent it,
+// is malformed); cancel and get are a user's, with no payment.
 func DecodeCommand(b []byte) (cmd OrderCommand, ok bool) {
-	if err := json.Unmarshal(b, &cmd); err != nil || cmd.OrderID == 0 || !flashgate.ValidID(cmd.SaleID) ||
-		!flashgate.ValidID(cmd.UserID) || (cmd.Op != CmdPay && cmd.Op != CmdCancel && cmd.Op != CmdGet) {
+	if err := json.Unmarshal(b, &cmd); err != nil || cmd.OrderID == 0 || !flashgate.ValidID(cmd.SaleID) {
+		return OrderCommand{}, false
+	}
+	switch cmd.Op {
+	case CmdPay:
+		p := cmd.Payment()
+		ok = cmd.UserID == "" && p.Validate() == nil
+	case CmdCancel, CmdGet:
+		ok = flashgate.ValidID(cmd.UserID) && cmd.PaymentID == "" && cmd.AmountCents == 0
+	}
+	if !ok {
 		return OrderCommand{}, false
 	}
 	return cmd, true

@@ -69,18 +69,25 @@ func FuzzDecodeEvent(f *testing.F) {
 // FuzzDecodeCommand: never panics; what it accepts is a well-formed command
 // that survives a round trip.
 func FuzzDecodeCommand(f *testing.F) {
-	for _, c := range []OrderCommand{{Op: CmdPay, SaleID: "s", OrderID: 7, UserID: "u"}, {Op: CmdCancel, SaleID: "s", OrderID: 1<<64 - 1, UserID: "u"}} {
+	for _, c := range []OrderCommand{PayCommand(flashgate.Payment{SaleID: "s", OrderID: 7, PaymentID: "pi_1", AmountCents: 100}),
+		{Op: CmdCancel, SaleID: "s", OrderID: 1<<64 - 1, UserID: "u"}} {
 		b, _ := json.Marshal(c)
 		f.Add(b)
 	}
 	f.Add([]byte(`{"op":"pay","sale_id":"s","order_id":7,"user_id":"u"}`))
+	f.Add([]byte(`{"op":"pay","sale_id":"s","order_id":"7","user_id":"u","payment_id":"p","amount_cents":1}`))
 	f.Add([]byte(`{"op":"refund","sale_id":"s","order_id":"7","user_id":"u"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, ok := DecodeCommand(b)
 		if !ok {
 			return
 		}
-		if c.OrderID == 0 || !flashgate.ValidID(c.SaleID) || !flashgate.ValidID(c.UserID) || (c.Op != CmdPay && c.Op != CmdCancel && c.Op != CmdGet) {
+		p := c.Payment()
+		switch {
+		case c.OrderID == 0 || !flashgate.ValidID(c.SaleID),
+			c.Op == CmdPay && (c.UserID != "" || p.Validate() != nil),
+			c.Op != CmdPay && (!flashgate.ValidID(c.UserID) || c.PaymentID != "" || c.AmountCents != 0),
+			c.Op != CmdPay && c.Op != CmdCancel && c.Op != CmdGet:
 			t.Fatalf("%q: accepted %+v", b, c)
 		}
 		out, _ := json.Marshal(c)

@@ -35,6 +35,7 @@ type Config struct {
 	Events    Events    `yaml:"events"`
 	RateLimit RateLimit `yaml:"ratelimit"`
 	Sales     Sales     `yaml:"sales"`
+	Payments  Payments  `yaml:"payments"`
 
 	// Dev accepts weak and published secrets (FLASHGATE_DEV=1): for the local
 	// stack and tests only. The processes log a warning when it is on.
@@ -322,6 +323,40 @@ type Webhook struct {
 	Consumer string `yaml:"consumer"`
 }
 
+// Payments verifies the shop's payment service, which alone marks an order
+// paid (POST /v1/payments, docs/payments.md).
+type Payments struct {
+	// Secret is the HMAC-SHA256 key the payment service signs with (at least
+	// 32 bytes outside dev mode): one, or a list while a secret is rotated
+	// (comma-separated in FLASHGATE_PAYMENTS_SECRET); a signature by any of
+	// them is accepted. None: every payment is refused (401 bad_signature).
+	Secret Secrets `yaml:"secret"`
+}
+
+// Secrets is one secret or a list of them: YAML takes a string or a list.
+type Secrets []string
+
+// UnmarshalYAML reads a string (one secret; "" for none) or a list.
+func (s *Secrets) UnmarshalYAML(n *yaml.Node) error {
+	var list []string
+	if n.Kind == yaml.ScalarNode {
+		var one string
+		if err := n.Decode(&one); err != nil {
+			return err
+		}
+		list = []string{one}
+	} else if err := n.Decode(&list); err != nil {
+		return err
+	}
+	*s = nil
+	for _, v := range list {
+		if v != "" {
+			*s = append(*s, v)
+		}
+	}
+	return nil
+}
+
 // Sales sets how long a sale stays in Redis and in gateways' memory after it
 // is over (docs/retention.md). MySQL keeps every sale for good.
 type Sales struct {
@@ -548,6 +583,12 @@ func (c *Config) checkAuth() []error {
 	if a.JWTSecret != "" {
 		weak("auth.jwt_secret (FLASHGATE_JWT_SECRET)", a.JWTSecret, MinJWTSecretBytes)
 	}
+	for i, p := range c.Payments.Secret {
+		weak(fmt.Sprintf("payments.secret[%d] (FLASHGATE_PAYMENTS_SECRET)", i), p, MinJWTSecretBytes)
+		if strings.Contains(p, ",") {
+			errs = append(errs, fmt.Errorf("payments.secret[%d]: a comma cannot be in a secret (FLASHGATE_PAYMENTS_SECRET separates them with commas)", i))
+		}
+	}
 	// An empty admin token closes the admin API (every request refused).
 	if c.Admin.Token != "" {
 		weak("admin.token (FLASHGATE_ADMIN_TOKEN)", c.Admin.Token, MinAdminTokenBytes)
@@ -674,13 +715,10 @@ func setValue(v reflect.Value, s string) error {
 		v.SetInt(int64(d))
 		return nil
 	case []string:
-		var parts []string
-		for _, p := range strings.Split(s, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				parts = append(parts, p)
-			}
-		}
-		v.Set(reflect.ValueOf(parts))
+		v.Set(reflect.ValueOf(commaList(s)))
+		return nil
+	case Secrets:
+		v.Set(reflect.ValueOf(Secrets(commaList(s))))
 		return nil
 	}
 	switch v.Kind() {
@@ -720,6 +758,17 @@ func setValue(v reflect.Value, s string) error {
 	return nil
 }
 
+// commaList splits an environment list; empty entries are dropped.
+func commaList(s string) []string {
+	var parts []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			parts = append(parts, p)
+		}
+	}
+	return parts
+}
+
 // Environ is c as environment variables, the inverse of the overrides Load
 // reads: one FLASHGATE_… entry per key (a key's short name where it has one,
 // since that name wins). A child process given os.Environ() plus these, and
@@ -751,6 +800,8 @@ func environ(v reflect.Value, prefix string, out *[]string) {
 		case time.Duration:
 			s = x.String()
 		case []string:
+			s = strings.Join(x, ",")
+		case Secrets:
 			s = strings.Join(x, ",")
 		case float64:
 			s = strconv.FormatFloat(x, 'g', -1, 64)

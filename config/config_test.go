@@ -363,7 +363,7 @@ func TestExampleFile(t *testing.T) {
 		}
 	}
 	// Secrets stay out of the file and say where they come from.
-	for key, env := range map[string]string{"auth.jwt_secret": "FLASHGATE_JWT_SECRET", "admin.token": "FLASHGATE_ADMIN_TOKEN"} {
+	for key, env := range map[string]string{"auth.jwt_secret": "FLASHGATE_JWT_SECRET", "admin.token": "FLASHGATE_ADMIN_TOKEN", "payments.secret": "FLASHGATE_PAYMENTS_SECRET"} {
 		if !strings.Contains(comments[key], env) {
 			t.Errorf("%s: the comment of %s does not name %s", exampleFile, key, env)
 		}
@@ -464,6 +464,7 @@ func TestEnvironRoundTrip(t *testing.T) {
 	want.Auth.Keys = []Key{{Kid: "k2", Secret: "s2: with, [yaml] chars"}, {Kid: "ed", PublicKeyFile: "/a b.pem"}}
 	want.Auth.SigningKid = "k2"
 	want.Auth.MaxTokenTTL = time.Hour
+	want.Payments.Secret = Secrets{"new-pay-secret", "old-pay-secret"}
 	want.Dev = true
 	env := map[string]string{}
 	for _, kv := range Environ(want) {
@@ -494,5 +495,47 @@ func TestAutoMigrateOffByDefault(t *testing.T) {
 	c := Default()
 	if err := Parse([]byte("mysql:\n  auto_migrate: true\n"), &c); err != nil || !c.MySQL.AutoMigrate {
 		t.Errorf("auto_migrate: true read as %t (%v)", c.MySQL.AutoMigrate, err)
+	}
+}
+
+// TestPaymentsSecret: payments.secret takes one secret or a list (rotation),
+// from the file or from FLASHGATE_PAYMENTS_SECRET (commas), and is held to
+// the strength of the other secrets outside dev mode.
+func TestPaymentsSecret(t *testing.T) {
+	clearEnv(t)
+	strong, other := strings.Repeat("p", 32), strings.Repeat("q", 32)
+	for _, c := range []struct {
+		yaml string
+		want Secrets
+	}{
+		{"payments: {secret: " + strong + "}\n", Secrets{strong}},
+		{"payments: {secret: [" + strong + ", " + other + "]}\n", Secrets{strong, other}},
+		{"payments: {secret: \"\"}\n", nil},
+		{"payments: {secret: []}\n", nil},
+	} {
+		cfg := Default()
+		if err := Parse([]byte(c.yaml), &cfg); err != nil || !reflect.DeepEqual(cfg.Payments.Secret, c.want) {
+			t.Errorf("%q: %q %v, want %q", c.yaml, cfg.Payments.Secret, err, c.want)
+		}
+	}
+	cfg := Default()
+	if err := Parse([]byte("payments: {secret: x, extra: 1}\n"), &cfg); err == nil {
+		t.Error("an unknown key under payments was accepted")
+	}
+	if err := Parse([]byte("payments: {secret: {a: b}}\n"), &cfg); err == nil {
+		t.Error("a mapping as payments.secret was accepted")
+	}
+	t.Setenv("FLASHGATE_PAYMENTS_SECRET", strong+","+other)
+	c, err := Load("")
+	if err != nil || !reflect.DeepEqual(c.Payments.Secret, Secrets{strong, other}) {
+		t.Fatalf("from the environment: %q %v", c.Payments.Secret, err)
+	}
+	t.Setenv("FLASHGATE_PAYMENTS_SECRET", strong+",short")
+	if _, err := Load(""); err == nil || !strings.Contains(err.Error(), "payments.secret[1]") {
+		t.Fatalf("a weak second secret: %v", err)
+	}
+	t.Setenv("FLASHGATE_DEV", "1")
+	if _, err := Load(""); err != nil {
+		t.Fatalf("a weak secret in dev mode: %v", err)
 	}
 }

@@ -27,6 +27,8 @@ type GatewayOptions struct {
 	LiveGrace time.Duration
 	// AdminToken guards the admin API and pprof on the admin port.
 	AdminToken string
+	// PaymentSecrets verify the payment service's signatures (payments.secret).
+	PaymentSecrets Secrets
 	// File is the configuration file the rate limits are reloaded from
 	// ("" when the configuration came from defaults and the environment).
 	File string
@@ -44,6 +46,7 @@ func (c Config) GatewayOptions() GatewayOptions {
 		WaitTimeout:    c.Redis.WaitTimeout,
 		LiveGrace:      c.Sales.LiveGrace,
 		AdminToken:     c.Admin.Token,
+		PaymentSecrets: c.Payments.Secret,
 		File:           c.Source,
 	}
 }

@@ -40,7 +40,7 @@ a shorter name, listed beside it (it wins). Lists are comma-separated in the env
 Only the ` + "`ratelimit`" + ` block reloads in a running gateway (SIGHUP or a change of the file);
 ` + "`GET /admin/v1/limits`" + ` on the gateway admin port shows it by these keys, and names any key a
 ` + "`FLASHGATE_*`" + ` variable shadows (the file's value for it is not used). Everything else needs a
-restart. Secrets (` + "`auth.jwt_secret`, `admin.token`" + `, passwords) have no default: docs/credentials.md and
+restart. Secrets (` + "`auth.jwt_secret`, `admin.token`, `payments.secret`" + `, passwords) have no default: docs/credentials.md and
 docs/security.md say where the local stack's come from and what strength is required.
 `)
 	def := reflect.ValueOf(Default())
@@ -133,6 +133,8 @@ func typeName(v reflect.Value) string {
 		return "duration"
 	case []string:
 		return "list of strings"
+	case Secrets:
+		return "string or list of strings"
 	case []Key:
 		return "list of keys (`kid`, `secret` or `public_key_file`)"
 	}
@@ -151,6 +153,8 @@ func defaultText(v reflect.Value) string {
 	case time.Duration:
 		s = x.String()
 	case []string:
+		s = strings.Join(x, ", ")
+	case Secrets:
 		s = strings.Join(x, ", ")
 	case []Key:
 		if len(x) > 0 {

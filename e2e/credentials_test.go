@@ -54,8 +54,8 @@ func TestRolesRunASale(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if r := call(t, gcfg, "POST", orders+"/"+a.Order+"/pay", "alice"); r.status != 200 || r.State != "paid" {
-		t.Fatalf("pay (gateway → backend request): %d %+v", r.status, r)
+	if r := pay(t, gw.Addr(), paymentBody(s.ID, a.Order, "pi_a", s.PriceCents), gcfg.Payments.Secret...); r.status != 200 || r.State != "paid" {
+		t.Fatalf("payment (gateway → backend request): %d %s", r.status, r.raw)
 	}
 	if r := call(t, gcfg, "POST", orders, "bob"); r.status != 409 {
 		t.Fatalf("second buyer of one unit: %d %s", r.status, r.Code)

@@ -49,7 +49,7 @@ func TestLanePermissions(t *testing.T) {
 		t.Fatalf("lane purchase as the gateway: %+v, %v", r, err)
 	}
 	cr, err := bus.Command(ctx, gateway, st.Config(config.Default(), st.Gateway).NATS,
-		bus.OrderCommand{Op: bus.CmdPay, SaleID: o.SaleID, OrderID: 7, UserID: "u1"})
+		bus.PayCommand(flashgate.Payment{SaleID: o.SaleID, OrderID: 7, PaymentID: "pi_7", AmountCents: 100}))
 	if err != nil || cr.Code != bus.ReplyOK || cr.Status != string(flashgate.OrderPaid) {
 		t.Fatalf("order command as the gateway: %+v, %v", cr, err)
 	}

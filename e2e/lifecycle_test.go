@@ -37,7 +37,7 @@ func call(t *testing.T, cfg config.Config, method, url, user string) answer {
 }
 
 // TestPayAndCancelThroughTheGateway: the public API of an order's life, end to
-// end: buy, pay; buy, cancel, and the canceled unit sells again — to someone
+// end: buy, the payment service pays; buy, cancel, and the canceled unit sells again — to someone
 // else, and to the same buyer.
 func TestPayAndCancelThroughTheGateway(t *testing.T) {
 	cfg := e2eConfig(t)
@@ -69,11 +69,12 @@ func TestPayAndCancelThroughTheGateway(t *testing.T) {
 	confirmed("alice", a.Order)
 	confirmed("bob", b.Order)
 
-	if r := call(t, cfg, "POST", base+"/"+a.Order+"/pay", "bob"); r.status != 404 {
-		t.Fatalf("bob pays alice's order: %d", r.status)
+	// A buyer never marks an order paid (403); the payment service does.
+	if r := call(t, cfg, "POST", base+"/"+a.Order+"/pay", "alice"); r.status != 403 || r.Code != "forbidden" {
+		t.Fatalf("alice marks her order paid: %d %+v", r.status, r)
 	}
-	if r := call(t, cfg, "POST", base+"/"+a.Order+"/pay", "alice"); r.status != 200 || r.State != "paid" {
-		t.Fatalf("alice pays: %d %+v", r.status, r)
+	if r := pay(t, gw.Addr(), paymentBody(s.ID, a.Order, "pi_a", s.PriceCents), cfg.Payments.Secret...); r.status != 200 || r.State != "paid" {
+		t.Fatalf("alice's payment: %d %s", r.status, r.raw)
 	}
 	if r := call(t, cfg, "POST", base+"/"+a.Order+"/cancel", "alice"); r.status != 409 || r.Code != "order_closed" {
 		t.Fatalf("cancel a paid order: %d %+v", r.status, r)
@@ -81,8 +82,8 @@ func TestPayAndCancelThroughTheGateway(t *testing.T) {
 	if r := call(t, cfg, "POST", base+"/"+b.Order+"/cancel", "bob"); r.status != 200 || r.State != "canceled" {
 		t.Fatalf("bob cancels: %d %+v", r.status, r)
 	}
-	if r := call(t, cfg, "POST", base+"/"+b.Order+"/pay", "bob"); r.status != 409 || r.Code != "order_closed" {
-		t.Fatalf("pay a canceled order: %d %+v", r.status, r)
+	if r := pay(t, gw.Addr(), paymentBody(s.ID, b.Order, "pi_b", s.PriceCents), cfg.Payments.Secret...); r.status != 409 || r.Code != "order_closed" {
+		t.Fatalf("a payment of a canceled order: %d %s", r.status, r.raw)
 	}
 	// Bob's unit is for sale again: carol gets it (once the sold-out mark
 	// clears, by event or refresh), and after another cancel, bob himself.

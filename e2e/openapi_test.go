@@ -197,6 +197,24 @@ func (c *contract) want(status int, code, method, url, token, body string) []byt
 	return b
 }
 
+// wantHdr is want for a request without a token and with headers (name,
+// value pairs).
+func (c *contract) wantHdr(status int, code, method, url, body string, hdr ...string) []byte {
+	c.t.Helper()
+	st, b := c.call(method, url, "", body, hdr...)
+	if st != status {
+		c.t.Errorf("%s %s: %d %s, want %d %s", method, url, st, b, status, code)
+		return b
+	}
+	if code != "" {
+		var e struct{ Code string }
+		if json.Unmarshal(b, &e) != nil || e.Code != code {
+			c.t.Errorf("%s %s: %d %s, want code %s", method, url, st, b, code)
+		}
+	}
+	return b
+}
+
 // missing are the documented (operation, status) pairs no answer has shown.
 func (c *contract) missing() []string {
 	var out []string
@@ -366,12 +384,25 @@ func TestOpenAPIContract(t *testing.T) {
 	}
 	c.want(401, "unauthorized", "GET", order, "", "")
 	c.want(404, "order_not_found", "GET", orders+"/12345", buyer, "")
-	c.want(200, "", "POST", order+"/pay", buyer, "")
+	// A buyer never marks an order paid; the payment service does, signed.
+	c.want(403, "forbidden", "POST", order+"/pay", buyer, "")
+	c.want(404, "sale_not_found", "POST", pub+"/v1/sales/nosuch/orders/1/pay", buyer, "")
+	payments := pub + "/v1/payments"
+	signed := func(status int, code, body string) []byte {
+		t.Helper()
+		return c.wantHdr(status, code, "POST", payments, body, auth.PaymentHeader, auth.PaymentSignature(cfg.Payments.Secret, time.Now(), []byte(body)))
+	}
+	paid := paymentBody(live, acc.OrderID, "pi_contract", 100)
+	c.wantHdr(401, "bad_signature", "POST", payments, paid)
+	signed(400, "invalid_request", `{"order_id":"`+acc.OrderID+`"}`)
+	signed(404, "order_not_found", paymentBody(live, "12345", "pi_none", 100))
+	signed(200, "", paid)
+	signed(200, "", paid) // the same payment again
+	signed(409, "already_paid", paymentBody(live, acc.OrderID, "pi_other", 100))
+	c.wantHdr(413, "body_too_large", "POST", payments, `{"payment_id":"`+strings.Repeat("x", 4096)+`"}`)
 	c.want(409, "order_closed", "POST", order+"/cancel", buyer, "")
 	c.want(401, "unauthorized", "POST", order+"/cancel", "", "")
 	c.want(404, "order_not_found", "POST", order+"/cancel", token(), "")
-	c.want(401, "unauthorized", "POST", order+"/pay", "", "")
-	c.want(404, "order_not_found", "POST", order+"/pay", token(), "")
 	// A second order, canceled, then paid: 200, then 409.
 	buyer2 := token()
 	b = c.want(202, "", "POST", orders, buyer2, `{}`)
@@ -390,7 +421,9 @@ func TestOpenAPIContract(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	c.want(409, "order_closed", "POST", order2+"/pay", buyer2, "")
+	if b := signed(409, "order_closed", paymentBody(live, acc.OrderID, "pi_late", 100)); !bytes.Contains(b, []byte(`"refund":true`)) {
+		t.Errorf("a late payment's 409 without refund: %s", b)
+	}
 
 	// The README's curl examples, against this gateway.
 	readmeCurls(t, c, pub, readme, cfg)
@@ -401,7 +434,7 @@ func TestOpenAPIContract(t *testing.T) {
 	defer redis.Resume()
 	c.want(503, "unavailable", "POST", orders, token(), `{}`)
 	c.want(503, "unavailable", "GET", order, buyer, "")
-	c.want(503, "unavailable", "POST", order+"/pay", buyer, "")
+	signed(503, "unavailable", paymentBody(live, acc.OrderID, "pi_contract", 100))
 	c.want(503, "unavailable", "POST", order2+"/cancel", buyer2, "")
 	c.want(503, "", "GET", gadm+"/readyz", "", "")
 	c.want(503, "unavailable", "GET", badm+"/readyz", "", "")

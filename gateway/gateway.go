@@ -58,12 +58,14 @@ type settings struct {
 
 // Gateway is one running gateway process.
 type Gateway struct {
-	cfg      settings
-	rc       rueidis.Client
-	nc       *nats.Conn
-	js       jetstream.JetStream
-	scripts  *lua.Scripts
-	auth     *auth.Cache
+	cfg     settings
+	rc      rueidis.Client
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	scripts *lua.Scripts
+	auth    *auth.Cache
+	// payments verifies the payment service's signatures (POST /v1/payments).
+	payments *auth.PaymentVerifier
 	lease    atomic.Pointer[orderid.Lease]
 	sales    *sales
 	events   *nats.Subscription
@@ -147,6 +149,10 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 		return nil, err
 	}
 	g.auth = auth.NewCache(v, opts.Gateway.TokenCacheSize)
+	g.payments = auth.NewPaymentVerifier(opts.PaymentSecrets)
+	if len(opts.PaymentSecrets) == 0 {
+		slog.Warn("gateway: no payments secret (payments.secret, FLASHGATE_PAYMENTS_SECRET): every POST /v1/payments is refused")
+	}
 	if g.proxies, err = parseProxies(opts.Gateway.TrustedProxies); err != nil {
 		return nil, fmt.Errorf("gateway: trusted_proxies: %w", err)
 	}

@@ -124,7 +124,7 @@ func (g *Gateway) saleWarm(s *sale) bool {
 	return err == nil && n == 1
 }
 
-// orderCommand is POST …/orders/{order}/pay and …/cancel: owner only. MySQL is
+// orderCommand is POST …/orders/{order}/cancel: owner only. MySQL is
 // where an order changes, so a backend carries it out (bus.Command); the
 // gateway refuses what it can answer itself: a bad token, another user's order.
 func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, op string) {

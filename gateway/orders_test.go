@@ -10,7 +10,8 @@ import (
 	"github.com/flashgate/flashgate/internal/testenv"
 )
 
-// TestPayAndCancelMapBackendReplies: the gateway's half of pay and cancel.
+// TestPayAndCancelMapBackendReplies: the gateway's half of cancel, and a
+// buyer's pay refused (403) without asking anyone.
 // A stand-in backend (pure logic: the replies are scripted) answers on the real
 // NATS; the backend's own tests cover what it does in MySQL.
 func TestPayAndCancelMapBackendReplies(t *testing.T) {
@@ -24,8 +25,8 @@ func TestPayAndCancelMapBackendReplies(t *testing.T) {
 	path := "/v1/sales/" + s.ID + "/orders/" + r.OrderID
 
 	// No backend answers: 503, never a "no".
-	if got := e.do("POST", path+"/pay", alice, nil, nil); got.Status != 503 || got.Code != "unavailable" {
-		t.Fatalf("pay with no backend: %d %s", got.Status, got.Raw)
+	if got := e.do("POST", path+"/cancel", alice, nil, nil); got.Status != 503 || got.Code != "unavailable" {
+		t.Fatalf("cancel with no backend: %d %s", got.Status, got.Raw)
 	}
 
 	var next atomic.Value
@@ -52,12 +53,11 @@ func TestPayAndCancelMapBackendReplies(t *testing.T) {
 		status int
 		code   string
 	}{
-		{"pay", bus.OrderReply{Code: bus.ReplyOK, Status: "paid", Quantity: 1, CreatedAt: now, ExpiresAt: now.Add(time.Minute)}, 200, ""},
-		{"cancel", bus.OrderReply{Code: bus.ReplyOK, Status: "canceled", Reason: "canceled", Quantity: 1}, 200, ""},
-		{"pay", bus.OrderReply{Code: string(flashgate.CodeOrderClosed), Message: "the order was canceled"}, 409, "order_closed"},
+		{"cancel", bus.OrderReply{Code: bus.ReplyOK, Status: "canceled", Reason: "canceled", Quantity: 1, CreatedAt: now, ExpiresAt: now.Add(time.Minute)}, 200, ""},
+		{"cancel", bus.OrderReply{Code: string(flashgate.CodeOrderClosed), Message: "paid orders cannot be canceled"}, 409, "order_closed"},
 		{"cancel", bus.OrderReply{Code: string(flashgate.CodeConflict)}, 409, "conflict"},
-		{"pay", bus.OrderReply{Code: string(flashgate.CodeOrderNotFound)}, 404, "order_not_found"},
-		{"pay", bus.OrderReply{Code: string(flashgate.CodeUnavailable)}, 503, "unavailable"},
+		{"cancel", bus.OrderReply{Code: string(flashgate.CodeOrderNotFound)}, 404, "order_not_found"},
+		{"cancel", bus.OrderReply{Code: string(flashgate.CodeUnavailable)}, 503, "unavailable"},
 	}
 	for _, c := range cases {
 		next.Store(c.reply)
@@ -69,11 +69,17 @@ func TestPayAndCancelMapBackendReplies(t *testing.T) {
 			t.Fatalf("%s: status %q in %s", c.op, got.State, got.Raw)
 		}
 	}
-	// Answered at the gateway, without asking a backend: someone else's order,
-	// an order id that does not parse, no token.
+	// Answered at the gateway, without asking a backend: a buyer's pay (only
+	// the payment service pays, POST /v1/payments), someone else's order, an
+	// order id that does not parse, no token.
 	before := seen.Load()
-	if got := e.do("POST", path+"/pay", e.token("mallory"), nil, nil); got.Status != 404 {
-		t.Fatalf("another user's pay: %d %s", got.Status, got.Raw)
+	for _, tok := range []string{alice, e.token("mallory"), ""} {
+		if got := e.do("POST", path+"/pay", tok, nil, nil); got.Status != 403 || got.Code != "forbidden" {
+			t.Fatalf("a buyer's pay: %d %s", got.Status, got.Raw)
+		}
+	}
+	if got := e.do("POST", path+"/cancel", e.token("mallory"), nil, nil); got.Status != 404 {
+		t.Fatalf("another user's cancel: %d %s", got.Status, got.Raw)
 	}
 	if got := e.do("POST", "/v1/sales/"+s.ID+"/orders/xyz/cancel", alice, nil, nil); got.Status != 404 {
 		t.Fatalf("bad order id: %d %s", got.Status, got.Raw)

@@ -23,7 +23,8 @@ package gateway
 //
 // Nothing before admit does I/O except maybeReplay (one read, only for a
 // request with an Idempotency-Key on a sale marked sold out). The other
-// endpoints routed here (the sale, an order, pay, cancel) are in handlers.go;
+// endpoints routed here (the sale, an order, pay, cancel) are in handlers.go,
+// the payment service's (POST /v1/payments) in payment.go;
 // the process around them (start, refresh loops, events) is in gateway.go.
 
 import (
@@ -58,8 +59,8 @@ var (
 	subPay, subCnc = []byte("pay"), []byte("cancel")
 )
 
-// handle routes /v1/sales/{sale}[/orders[/{order}[/pay|/cancel]]] without
-// allocating, and counts the answer by route and code.
+// handle routes /v1/sales/{sale}[/orders[/{order}[/pay|/cancel]]] and
+// /v1/payments without allocating, and counts the answer by route and code.
 func (g *Gateway) handle(ctx *fasthttp.RequestCtx) {
 	route := g.route(ctx)
 	code := responseCode(ctx)
@@ -71,6 +72,14 @@ func (g *Gateway) handle(ctx *fasthttp.RequestCtx) {
 
 func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 	path := ctx.Path()
+	if bytes.Equal(path, pathPayments) {
+		if !ctx.IsPost() {
+			g.methodNotAllowed(ctx)
+		} else {
+			g.payment(ctx)
+		}
+		return metrics.RoutePayment
+	}
 	if !bytes.HasPrefix(path, prefixSales) {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
 		return metrics.RouteOther
@@ -103,7 +112,7 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 			g.getOrder(ctx, s, orderID)
 			return metrics.RouteOrder
 		case bytes.Equal(action, subPay) && ctx.IsPost():
-			g.orderCommand(ctx, s, orderID, bus.CmdPay)
+			payForbidden(ctx, s)
 			return metrics.RoutePay
 		case bytes.Equal(action, subCnc) && ctx.IsPost():
 			g.orderCommand(ctx, s, orderID, bus.CmdCancel)

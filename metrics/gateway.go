@@ -18,11 +18,12 @@ const (
 	RouteOrder                 // GET /v1/sales/{sale}/orders/{order}
 	RoutePay                   // POST …/orders/{order}/pay
 	RouteCancel                // POST …/orders/{order}/cancel
+	RoutePayment               // POST /v1/payments
 	RouteOther                 // anything else: unknown paths and methods
 	numRoutes
 )
 
-var routeNames = [numRoutes]string{"sale", "purchase", "order", "pay", "cancel", "other"}
+var routeNames = [numRoutes]string{"sale", "purchase", "order", "pay", "cancel", "payment", "other"}
 
 // String is the route's label value; an out-of-range route is "other".
 func (r Route) String() string {
@@ -81,6 +82,11 @@ var codes = [...]flashgate.Code{
 	flashgate.CodeConflict,
 	flashgate.CodeOrderClosed,
 	flashgate.CodeInternal,
+	flashgate.CodeForbidden,
+	flashgate.CodeBadSignature,
+	flashgate.CodeAmountMismatch,
+	flashgate.CodeAlreadyPaid,
+	flashgate.CodePaymentIDUsed,
 	codeOther,
 }
 
@@ -122,6 +128,16 @@ func codeIdx(c flashgate.Code) uint8 {
 		return 14
 	case flashgate.CodeInternal:
 		return 15
+	case flashgate.CodeForbidden:
+		return 16
+	case flashgate.CodeBadSignature:
+		return 17
+	case flashgate.CodeAmountMismatch:
+		return 18
+	case flashgate.CodeAlreadyPaid:
+		return 19
+	case flashgate.CodePaymentIDUsed:
+		return 20
 	}
 	return uint8(len(codes) - 1)
 }

@@ -196,7 +196,7 @@ func TestBackendScrape(t *testing.T) {
 func TestNames(t *testing.T) {
 	want := map[string]string{
 		RouteSale.String(): "sale", RoutePurchase.String(): "purchase", RouteOrder.String(): "order",
-		RoutePay.String(): "pay", RouteCancel.String(): "cancel", RouteOther.String(): "other", Route(77).String(): "other",
+		RoutePay.String(): "pay", RouteCancel.String(): "cancel", RoutePayment.String(): "payment", RouteOther.String(): "other", Route(77).String(): "other",
 	}
 	for got, w := range want {
 		if got != w {

@@ -76,16 +76,6 @@ func LockOrder(ctx context.Context, tx Querier, sale string, id uint64) (flashga
 	return o, nil
 }
 
-// MarkPaid records the payment of an order whose row the caller holds, and
-// its event.
-func MarkPaid(ctx context.Context, tx Querier, id uint64, now time.Time) error {
-	if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, updated_at = ?, event_seq = event_seq + 1 WHERE id = ?`,
-		string(flashgate.OrderPaid), now.UTC(), id); err != nil {
-		return err
-	}
-	return recordEvents(ctx, tx, []uint64{id})
-}
-
 // LockExpired locks those of ids (orders of sale) still confirmed and past
 // their deadline at now.
 func LockExpired(ctx context.Context, tx Querier, sale string, ids []uint64, now time.Time) ([]flashgate.Order, error) {

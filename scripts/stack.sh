@@ -44,7 +44,7 @@
 # 19222/23222, 18306, 13000, 13080-13082; keep the Cluster's bus ports, +10000, below the
 # kernel's ephemeral ports (32768 and up), where a client connection may hold one), STACK_VAR
 # (the data directory, default var/ of the checkout),
-# FLASHGATE_JWT_SECRET, FLASHGATE_ADMIN_TOKEN, FLASHGATE_REDIS_PASSWORD, FLASHGATE_NATS_PASSWORD
+# FLASHGATE_JWT_SECRET, FLASHGATE_ADMIN_TOKEN, FLASHGATE_PAYMENTS_SECRET, FLASHGATE_REDIS_PASSWORD, FLASHGATE_NATS_PASSWORD
 # (given at infra-up/up, they replace the generated ones: the operator's passwords),
 # GO (go command), NGINX_RATE/NGINX_BURST/NGINX_CONN/NGINX_READ_TIMEOUT/NGINX_GATEWAYS (nginx's
 # per-IP limits and upstream, see the nginx section), everything else is passed through to the
@@ -331,7 +331,7 @@ NATS_CMD=flashgate.cmd.orders
 NATS_ORDER_EVENTS_STREAM=FLASHGATE_ORDER_EVENTS
 NATS_ORDER_EVENTS=flashgate.order_events
 
-SECRET_NAMES=(JWT_SECRET ADMIN_TOKEN REDIS_ADMIN REDIS_GATEWAY REDIS_BACKEND REDIS_REPLICA REDIS_DEFAULT
+SECRET_NAMES=(JWT_SECRET ADMIN_TOKEN PAYMENTS_SECRET REDIS_ADMIN REDIS_GATEWAY REDIS_BACKEND REDIS_REPLICA REDIS_DEFAULT
 	NATS_ADMIN NATS_GATEWAY NATS_BACKEND NATS_ROUTE NATS_CONSUMER MYSQL_ROOT MYSQL_ADMIN MYSQL_BACKEND MYSQL_GATEWAY)
 
 gen_secret() { od -An -N24 -tx1 /dev/urandom | tr -d ' \n'; }
@@ -341,7 +341,7 @@ sha256() { printf '%s' "$1" | sha256sum | cut -c1-64; }
 override() {
 	local name="$1" value="$2" label="$3" v="S_$1"
 	[[ -n "$value" && "$value" != "${!v}" ]] || return 1
-	if [[ "$name" != JWT_SECRET && "$name" != ADMIN_TOKEN && ! "$value" =~ ^[A-Za-z0-9._~+/=-]{16,}$ ]]; then
+	if [[ "$name" != JWT_SECRET && "$name" != ADMIN_TOKEN && "$name" != PAYMENTS_SECRET && ! "$value" =~ ^[A-Za-z0-9._~+/=-]{16,}$ ]]; then
 		die "$label: 16 or more of A-Z a-z 0-9 . _ ~ + / = - (it goes into ACL, NATS and DSN syntax)"
 	fi
 	printf -v "$v" '%s' "$value"
@@ -363,6 +363,7 @@ secrets_load() {
 	done
 	override JWT_SECRET "${FLASHGATE_JWT_SECRET:-}" FLASHGATE_JWT_SECRET && changed=1
 	override ADMIN_TOKEN "${FLASHGATE_ADMIN_TOKEN:-}" FLASHGATE_ADMIN_TOKEN && changed=1
+	override PAYMENTS_SECRET "${FLASHGATE_PAYMENTS_SECRET:-}" FLASHGATE_PAYMENTS_SECRET && changed=1
 	override REDIS_ADMIN "${FLASHGATE_REDIS_PASSWORD:-}" FLASHGATE_REDIS_PASSWORD && changed=1
 	override NATS_ADMIN "${FLASHGATE_NATS_PASSWORD:-}" FLASHGATE_NATS_PASSWORD && changed=1
 	if ((changed)) || [[ ! -f "$SECRETS_STATE" ]]; then
@@ -398,6 +399,9 @@ role_env() {
 		"FLASHGATE_REDIS_USERNAME=$ru" "FLASHGATE_REDIS_PASSWORD=$rp" \
 		"FLASHGATE_NATS_USER=$nu" "FLASHGATE_NATS_PASSWORD=$np" \
 		"FLASHGATE_MYSQL_DSN=$(mysql_dsn "$mu" "$mp")"
+	# The payment service's secret (docs/payments.md): the gateways verify with it, the operator
+	# signs with it (flashgate payment sign); a backend has no use for it.
+	if [[ "$1" != backend ]]; then printf '%s\n' "FLASHGATE_PAYMENTS_SECRET=$S_PAYMENTS_SECRET"; fi
 	# The gateways run beside the stack's nginx: they keep their sold-out marks where it looks.
 	if [[ "$1" == gateway ]]; then printf '%s\n' "FLASHGATE_GATEWAY_EDGE_MARKS_DIR=$NGINX_MARKS_DIR"; fi
 	# The local stack's backend brings the schema up to date itself (docs/storage.md).

@@ -32,6 +32,7 @@ processes
 
 tools
   token --user ID            print an HS256 token for a user (FLASHGATE_JWT_SECRET)
+  payment sign --order ID ...  print a payment body and its Flashgate-Signature (FLASHGATE_PAYMENTS_SECRET)
   sale create --id ID ...    create a sale through the admin API
   sale list                  the newest sales, one line each
   sale show ID               print a sale's ledger
@@ -79,6 +80,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return serve(cmd, args, stderr)
 	case "token":
 		return tokenCmd(args, stdout, stderr)
+	case "payment":
+		return paymentCmd(args, stdout, stderr)
 	case "sale":
 		return saleCmd(args, stdout, stderr)
 	case "migrate":

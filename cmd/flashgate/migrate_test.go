@@ -25,8 +25,8 @@ func TestMigrateCommand(t *testing.T) {
 	if err := run([]string{"migrate", "up", "--config", ""}, &out, &errb); err != nil {
 		t.Fatalf("up: %v\n%s", err, errb.String())
 	}
-	if got := strings.Count(out.String(), "applied"); got != 9 || !strings.Contains(out.String(), "0007  0007_degrade.sql") || !strings.Contains(out.String(), "0009  0009_sale_epoch.sql") ||
-		!strings.Contains(out.String(), "0011  0011_order_events.sql") {
+	if got := strings.Count(out.String(), "applied"); got != 10 || !strings.Contains(out.String(), "0007  0007_degrade.sql") || !strings.Contains(out.String(), "0009  0009_sale_epoch.sql") ||
+		!strings.Contains(out.String(), "0010  0010_payments.sql") || !strings.Contains(out.String(), "0011  0011_order_events.sql") {
 		t.Errorf("after up:\n%s", out.String())
 	}
 	out.Reset()

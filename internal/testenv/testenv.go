@@ -162,6 +162,7 @@ func Config(t testing.TB) config.Config {
 	// tests run the same checks production does.
 	c.Auth.JWTSecret = Secret("test-secret-")
 	c.Admin.Token = Secret("test-admin-")
+	c.Payments.Secret = config.Secrets{Secret("test-payments-")}
 	t.Cleanup(func() { deleteStream(c.NATS, c.Events.Stream) })
 	return c
 }
