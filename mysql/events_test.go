@@ -73,7 +73,7 @@ func TestOrderEventsFollowEveryChange(t *testing.T) {
 		}
 		return err
 	})
-	inTx(func(tx Querier) error { return MarkPaid(c, tx, 1, now) })
+	inTx(func(tx Querier) error { return MarkPaid(c, tx, 1, Payment{ID: "pay-1", AmountCents: 100}, now) })
 	inTx(func(tx Querier) error {
 		return ReturnUnits(c, tx, s.ID, []flashgate.Order{orders[1]}, flashgate.ReasonCanceled, now)
 	})
