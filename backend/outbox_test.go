@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -67,11 +68,12 @@ func everyChange(t *testing.T, e *env, fault func(step int)) (*flashgate.Sale, i
 		return bus.OrderCommand{Op: op, SaleID: sale.ID, OrderID: o.ID, UserID: o.UserID}
 	}
 	for _, o := range confirmed[:5] {
-		if r, err := life.pay(ctx(t), cmd(bus.CmdPay, o), time.Now()); err != nil || r.Status != "paid" {
+		pay := bus.PayCommand(flashgate.Payment{OrderID: o.ID, SaleID: sale.ID, PaymentID: fmt.Sprintf("pay-%d", o.ID), AmountCents: sale.PriceCents * o.Quantity})
+		if r, err := life.pay(ctx(t), pay); err != nil || r.Status != "paid" {
 			t.Fatalf("pay %d: %+v %v", o.ID, r, err)
 		}
 		// Paying again changes nothing, and writes no event.
-		if r, err := life.pay(ctx(t), cmd(bus.CmdPay, o), time.Now()); err != nil || r.Status != "paid" {
+		if r, err := life.pay(ctx(t), pay); err != nil || r.Status != "paid" {
 			t.Fatalf("pay %d again: %+v %v", o.ID, r, err)
 		}
 		changes++
