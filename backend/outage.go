@@ -67,7 +67,13 @@ func redisUnavailable(err error) bool {
 
 // unavailable reports whether err says a dependency cannot write now (MySQL
 // or Redis): the batch waits instead of being taken for poison.
-func unavailable(err error) bool { return mysql.Stalled(err) || redisUnavailable(err) }
+func unavailable(err error) bool {
+	return mysql.Stalled(err) || redisUnavailable(err) || errors.Is(err, errSaleCold)
+}
+
+// errSaleCold: an order's tag in Redis is not warm (claim.lua's 'cold'): it
+// waits for the rebuild, which the gateways and the leader ask for.
+var errSaleCold = errors.New("the sale is not warm in Redis")
 
 // probeScript writes a short-lived key in one hash tag: it fails as the
 // orders' scripts would on a Redis that refuses scripts or writes.

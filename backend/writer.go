@@ -225,6 +225,12 @@ func (w *orderWriter) process(ctx context.Context, sale string, msgs []flashgate
 	if err != nil {
 		return nil, err
 	}
+	if slices.Contains(claims, lua.ClaimCold) {
+		// Redis lost the sale, or a rebuild is under way: nothing is decided
+		// until the rebuild has read the stream (a release meanwhile leaves a
+		// tombstone it keeps). The batch waits like one whose Redis is away.
+		return nil, fmt.Errorf("claim in %s: %w", sale, errSaleCold)
+	}
 	todo := uniq[:0:0]
 	for i, m := range uniq {
 		if claims[i] == lua.ClaimReleased {

@@ -657,7 +657,7 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, user string, id uint
 			return
 		}
 		st, err := g.scripts.Claim(rctx, g.rc, s.keys.Home(user), []uint64{id})
-		if err != nil || st[0] == lua.ClaimReleased {
+		if err != nil || st[0] == lua.ClaimReleased || st[0] == lua.ClaimCold {
 			unavailable(ctx, "order queue unavailable")
 			return
 		}

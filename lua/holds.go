@@ -222,12 +222,18 @@ func (s *Scripts) AdmitHeld(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 	}
 	// A failure leaves the holds undecided, for reconcile: the answer stands.
 	missing, err := s.decideHolds(ctx, c, k, mode, a.OrderID, held, away)
-	if err == nil && missing && mode == unholdKeep {
+	if err == nil && len(missing) > 0 && mode == unholdKeep {
 		// A hold gone before its keep: its master lost its data between
 		// hold.lua and now, and the order's charges there are counted
-		// nowhere. The purchase is not promised: the caller undoes it (its
-		// release tombstones the id), and the buyer retries against a
-		// rebuilt bucket.
+		// nowhere. They are counted again, as the order's (recount), and
+		// the purchase is not promised: the caller undoes it (its release
+		// gives them back), unless a replay of its key claimed it first, in
+		// which case the order lives on with its charges counted.
+		for _, b := range missing {
+			if err := recount(ctx, c, k.buckets[b], a, away[b]); err != nil {
+				return adm, err
+			}
+		}
 		return adm, fmt.Errorf("admit %s/%d: %w", k.Sale, a.OrderID, ErrHoldLost)
 	}
 	return adm, nil
@@ -281,7 +287,7 @@ func replayOf(ctx context.Context, c rueidis.Client, h *Keys, user, key string) 
 
 // decideHolds keeps or gives back order id's holds in buckets bs (charges:
 // what each bucket holds).
-func (s *Scripts) decideHolds(ctx context.Context, c rueidis.Client, k *Keys, mode string, id uint64, bs []int, charges map[int][]flashgate.Charge) (missing bool, err error) {
+func (s *Scripts) decideHolds(ctx context.Context, c rueidis.Client, k *Keys, mode string, id uint64, bs []int, charges map[int][]flashgate.Charge) (missing []int, err error) {
 	sid := strconv.FormatUint(id, 10)
 	for _, b := range bs {
 		var windows []string
@@ -294,9 +300,43 @@ func (s *Scripts) decideHolds(ctx context.Context, c rueidis.Client, k *Keys, mo
 		if err != nil {
 			return missing, err
 		}
-		missing = missing || slices.Contains(words, string(unholdNone))
+		if slices.Contains(words, string(unholdNone)) {
+			missing = append(missing, b)
+		}
 	}
 	return missing, nil
+}
+
+// recountSrc counts an order's charges in a bucket again and keeps them as
+// its (a kept hold, lheld), once, with no limit check: the hold that counted
+// them is gone and the order may exist (AdmitHeld).
+//
+//	KEYS: 1 held, 2.. the counter hash of each charge
+//	ARGV: 1 order id, 2 the kept hold's entry, then per charge: field,
+//	      increment, expiry (unix ms, on this server's clock; 0: none)
+const recountSrc = `if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+for j = 2, #KEYS do
+  local a = 3 + 3 * (j - 2)
+  redis.call('HINCRBY', KEYS[j], ARGV[a], tonumber(ARGV[a + 1]))
+  if ARGV[a + 2] ~= '0' then redis.call('PEXPIREAT', KEYS[j], ARGV[a + 2]) end
+end
+return 1`
+
+var recountScript = rueidis.NewLuaScript(recountSrc)
+
+// recount runs recountSrc for order a's charges cs in bucket b.
+func recount(ctx context.Context, c rueidis.Client, b *Keys, a AdmitArgs, cs []flashgate.Charge) error {
+	keys := []string{b.held}
+	args := []string{strconv.FormatUint(a.OrderID, 10), strconv.FormatInt(a.Now.UnixMilli(), 10) + "|" + a.User + "|" +
+		strconv.FormatInt(a.Quantity, 10) + "|" + a.Region + "|" + flashgate.EncodeCharges(cs)}
+	for _, ch := range cs {
+		keys = append(keys, b.Limit(ch.Window))
+		args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.ExpiresAtMillis(), 10))
+	}
+	if err := recountScript.Exec(ctx, c, keys, args).Error(); err != nil {
+		return fmt.Errorf("recount %s bucket %d: %w", b.Sale, b.index, err)
+	}
+	return nil
 }
 
 // unhold runs unhold.lua on bucket b for ids; windows name every window their

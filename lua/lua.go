@@ -441,6 +441,9 @@ const (
 	// ClaimUnknown: Redis has no record of it (it lost its data): MySQL's guard
 	// decides.
 	ClaimUnknown ClaimStatus = "unknown"
+	// ClaimCold: the order's tag is not warm (Redis lost it, or a rebuild is
+	// under way): the order waits for the rebuild.
+	ClaimCold ClaimStatus = "cold"
 )
 
 // Claim marks orders as taken by the backend; it answers one claim status per id.
@@ -449,7 +452,7 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 	for i, id := range ids {
 		args[i] = strconv.FormatUint(id, 10)
 	}
-	out, err := s.claim.Exec(ctx, c, []string{k.Orders}, args).AsStrSlice()
+	out, err := s.claim.Exec(ctx, c, []string{k.Orders, k.Meta}, args).AsStrSlice()
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", k.Sale, err)
 	}
@@ -459,7 +462,7 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 	st := make([]ClaimStatus, len(out))
 	for i, w := range out {
 		switch st[i] = ClaimStatus(w); st[i] {
-		case ClaimOK, ClaimReleased, ClaimUnknown:
+		case ClaimOK, ClaimReleased, ClaimUnknown, ClaimCold:
 		default:
 			return nil, fmt.Errorf("claim %s: unexpected reply %q", k.Sale, w)
 		}
