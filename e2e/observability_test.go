@@ -665,22 +665,40 @@ func TestLiveView(t *testing.T) {
 		}
 	}
 
-	// The sale-day buttons are those live.json's role allows (live.js's
-	// actionsFor: none for a viewer).
-	var role any
-	var buttons, viewer []string
+	// The sale-day buttons are those live.json's role allows: live.json as
+	// served, then with each role, drawn at once (before the next poll).
+	var byRole map[string][]string
 	if err := chromedp.Run(ctx,
-		chromedp.Evaluate(`fetch("live.json").then(r => r.json()).then(v => v.role === undefined ? null : v.role)`, &role, func(p *runtime.EvaluateParams) *runtime.EvaluateParams {
-			return p.WithAwaitPromise(true)
-		}),
-		chromedp.Evaluate(`[...document.querySelectorAll(`+strconv.Quote(card+` .actions button`)+`)].map(b => b.dataset.action)`, &buttons),
-		chromedp.Evaluate(`window.flashgateLive.actionsFor("viewer")`, &viewer),
+		chromedp.Evaluate(`fetch("live.json").then(r => r.json()).then(v => {
+			const buttons = () => [...document.querySelectorAll(`+strconv.Quote(card+` .actions button`)+`)].map(b => b.dataset.action);
+			const out = {};
+			out["served:" + (v.role === undefined ? "" : v.role)] = buttons();
+			for (const role of ["viewer", "operator", "", "admin"]) {
+				window.flashgateLive.draw(Object.assign({}, v, {role}));
+				out[role] = buttons();
+			}
+			window.flashgateLive.draw(v);
+			return out;
+		})`, &byRole, func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }),
 	); err != nil {
 		t.Fatal(err)
 	}
-	want := map[any][]string{nil: {"reconcile", "close"}, "operator": {"pause", "resume", "reconcile", "close"}, "viewer": {}}[role]
-	if !slices.Equal(buttons, want) || len(viewer) != 0 {
-		t.Fatalf("role %v: buttons %v, want %v (a viewer's: %v)", role, buttons, want, viewer)
+	all, dflt := []string{"pause", "resume", "reconcile", "close"}, []string{"reconcile", "close"}
+	var buttons []string
+	for role, want := range map[string][]string{"viewer": {}, "operator": all, "": dflt, "admin": {}, "served:": dflt, "served:viewer": {}, "served:operator": all} {
+		got, ok := byRole[role]
+		if strings.HasPrefix(role, "served:") {
+			if !ok {
+				continue // live.json's role is another
+			}
+			buttons = got
+		}
+		if !ok || !slices.Equal(got, want) {
+			t.Errorf("role %q: buttons %v, want %v", role, got, want)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 
 	// Reconcile, clicked once the flood is over, reaches the admin API (the

@@ -297,9 +297,10 @@
     }
   }
 
-  // What the charts hold, for a look from the console (and the tests).
+  // What the charts hold, and draw, for a look from the console (and the tests).
   window.flashgateLive = {
     actionsFor,
+    draw,
     charts(id) {
       const c = cards.get(id);
       if (!c) return null;
