@@ -76,7 +76,7 @@ func (l *live) onStats(st bus.GatewayStats) {
 	}
 	g.prev, g.cur, g.heard = g.cur, st, now
 	l.pruneHistory(now)
-	l.recordTraffic(&g.prev, &g.cur)
+	l.recordTraffic(&g.prev, &g.cur, now)
 }
 
 // Funnel is one sale's traffic over the gateways heard from lately: answers
@@ -262,7 +262,9 @@ func (l *live) view(ctx context.Context) (LiveView, error) {
 		if f == nil {
 			f = &Funnel{RefusalsPerSec: map[string]float64{}, ByCode: map[string]uint64{}}
 		}
-		l.recordBooks(id, time.Now(), st) // a backend not the leader has books only so
+		// Into the series too: a backend not the leader has books there only
+		// from the views it serves.
+		l.recordBooks(id, time.Now(), st)
 		v.Sales = append(v.Sales, LiveSale{
 			Sale: &row.Sale, State: row.Sale.StateAt(now, st.Remaining), Funnel: f,
 			Books: liveBooks{Total: st.Total, Remaining: st.Remaining, Reserved: st.Reserved, Sold: st.Sold,

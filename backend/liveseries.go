@@ -160,13 +160,17 @@ func (l *live) pruneHistory(now time.Time) {
 }
 
 // recordTraffic writes into the series what one gateway answered between its
-// reports prev and cur: each sale's answers a second, spread over the seconds
-// since the previous report (one, unless a report was lost), and its 202s by
-// latency in cur's second. l.mu is held.
-func (l *live) recordTraffic(prev, cur *bus.GatewayStats) {
+// reports prev and cur, heard at now: each sale's answers a second, spread
+// over the seconds since the previous report (one, unless a report was lost),
+// and its 202s by latency in cur's second. The seconds are the gateway's
+// (its reports are a second apart on its clock, whatever their delay on the
+// way); a gateway whose clock is more than gatewayForget ahead of this
+// backend's is left out, lest its seconds push the others' out of the rings
+// (the clock-skew alert fires long before). l.mu is held.
+func (l *live) recordTraffic(prev, cur *bus.GatewayStats, now time.Time) {
 	dt := cur.At.Sub(prev.At).Seconds()
-	if prev.At.IsZero() || dt <= 0 || dt > gatewayForget.Seconds() {
-		return // no previous report, or one too old to make a rate of
+	if prev.At.IsZero() || dt <= 0 || dt > gatewayForget.Seconds() || cur.At.After(now.Add(gatewayForget)) {
+		return // no previous report, one too old to make a rate of, or a clock far ahead
 	}
 	from, to := prev.At.Unix(), cur.At.Unix()
 	if to-from > historyLen {
@@ -205,23 +209,23 @@ func (l *live) recordTraffic(prev, cur *bus.GatewayStats) {
 				h.refusedRing(code).add(i, r)
 			}
 		}
-		if now, ok := cur.AcceptedLatency[sale]; ok && len(now) == metrics.LatencyCounts {
+		if lat, ok := cur.AcceptedLatency[sale]; ok && len(lat) == metrics.LatencyCounts {
 			i, ok := h.slot(to)
 			if !ok {
 				continue
 			}
 			before := prev.AcceptedLatency[sale]
-			if len(before) != len(now) {
-				before = make([]uint64, len(now))
+			if len(before) != len(lat) {
+				before = make([]uint64, len(lat))
 			}
-			for b := range now {
-				if now[b] < before[b] {
-					before = make([]uint64, len(now)) // begun again
+			for b := range lat {
+				if lat[b] < before[b] {
+					before = make([]uint64, len(lat)) // begun again
 					break
 				}
 			}
-			for b := range now {
-				d := now[b] - before[b]
+			for b := range lat {
+				d := lat[b] - before[b]
 				h.lat[i][b] = uint32(min(uint64(h.lat[i][b])+d, math.MaxUint32))
 			}
 		}

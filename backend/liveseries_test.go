@@ -221,4 +221,17 @@ func TestLiveSeriesBounded(t *testing.T) {
 		t.Error("now's slot was overwritten")
 	}
 	l.mu.Unlock()
+
+	// A gateway whose clock runs an hour ahead is left out of the series.
+	l = newLive(nil, nil, nil)
+	ahead := time.Now().Add(time.Hour)
+	for sec := range 3 {
+		l.onStats(bus.GatewayStats{Gateway: "ahead", At: ahead.Add(time.Duration(sec) * time.Second),
+			Sales: map[string]map[string]uint64{"s": {"accepted": uint64(sec)}}})
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.hist) != 0 {
+		t.Errorf("a gateway an hour ahead wrote series: %d", len(l.hist))
+	}
 }
