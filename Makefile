@@ -18,7 +18,7 @@ GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
 
-.PHONY: install help deps build bench-build up infra-up down status reset test demo bench bench-go bench-edge hostile lint fmt clean fuzz
+.PHONY: install help deps build bench-build up infra-up down status reset test demo bench bench-go bench-edge hostile lint fmt clean fuzz vendor-ui vendor-ui-check
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -143,6 +143,14 @@ lint: ## go vet and a gofmt check
 
 fmt: ## gofmt -w the sources
 	@find . -name '*.go' -not -path './var/*' -not -path './bin/*' -print0 | xargs -0r $(GOFMT) -w
+
+# The live view's charting library, uPlot, is vendored under backend/ui/vendor/uplot and embedded
+# in the binary: the version and the npm tarball's integrity are pinned in scripts/vendor-uplot.sh.
+vendor-ui: ## re-vendor uPlot (the live view's charts) from the npm registry, pinned and checked
+	@scripts/vendor-uplot.sh
+
+vendor-ui-check: ## check backend/ui/vendor/uplot is exactly what the pinned uPlot tarball gives
+	@scripts/vendor-uplot.sh --check
 
 clean: ## remove bin/
 	rm -rf bin/

@@ -11,6 +11,10 @@ package backend
 // (bus.GatewayStats): the backends need no list of gateways to scrape, a
 // gateway behind nginx needs no admin port reachable from the backends, and the
 // same subscription serves every backend, leader or not.
+//
+// Beside the numbers of now, the view serves each sale's last five minutes a
+// second at a time (liveseries.go): the traffic as the stats arrive, the books
+// as they are read.
 
 import (
 	"context"
@@ -41,8 +45,9 @@ type live struct {
 	gauges *metrics.Sales
 	log    *slog.Logger
 
-	mu  sync.Mutex
-	gws map[string]*gatewaySamples
+	mu   sync.Mutex
+	gws  map[string]*gatewaySamples
+	hist map[string]*saleHistory // each sale's series (liveseries.go)
 }
 
 // gatewaySamples are one gateway's last two stats messages.
@@ -52,11 +57,13 @@ type gatewaySamples struct {
 }
 
 func newLive(rec *reconciler, gauges *metrics.Sales, log *slog.Logger) *live {
-	return &live{rec: rec, gauges: gauges, log: log, gws: map[string]*gatewaySamples{}}
+	return &live{rec: rec, gauges: gauges, log: log, gws: map[string]*gatewaySamples{}, hist: map[string]*saleHistory{}}
 }
 
-// onStats keeps a gateway's stats (bus.SubscribeStats).
+// onStats keeps a gateway's stats (bus.SubscribeStats) and writes what it
+// answered since its previous report into the series.
 func (l *live) onStats(st bus.GatewayStats) {
+	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	g := l.gws[st.Gateway]
@@ -67,7 +74,9 @@ func (l *live) onStats(st bus.GatewayStats) {
 	if !st.At.After(g.cur.At) {
 		return // out of order
 	}
-	g.prev, g.cur, g.heard = g.cur, st, time.Now()
+	g.prev, g.cur, g.heard = g.cur, st, now
+	l.pruneHistory(now)
+	l.recordTraffic(&g.prev, &g.cur, now)
 }
 
 // Funnel is one sale's traffic over the gateways heard from lately: answers
@@ -192,6 +201,7 @@ func (l *live) gaugeLoop(ctx context.Context) {
 				continue
 			}
 			l.gauges.Set(id, st)
+			l.recordBooks(id, time.Now(), st)
 			shown[id] = true
 		}
 		for id := range shown {
@@ -204,12 +214,13 @@ func (l *live) gaugeLoop(ctx context.Context) {
 }
 
 // LiveSale is one sale in the live view: its spec (the limits in force), its
-// state now, its books and its funnel.
+// state now, its books, its funnel and its last minutes (nil: nothing yet).
 type LiveSale struct {
 	Sale   *flashgate.Sale     `json:"sale"`
 	State  flashgate.SaleState `json:"state"`
 	Books  liveBooks           `json:"books"`
 	Funnel *Funnel             `json:"funnel"`
+	Series *Series             `json:"series"`
 }
 
 type liveBooks struct {
@@ -251,11 +262,21 @@ func (l *live) view(ctx context.Context) (LiveView, error) {
 		if f == nil {
 			f = &Funnel{RefusalsPerSec: map[string]float64{}, ByCode: map[string]uint64{}}
 		}
+		// Into the series too: a backend not the leader has books there only
+		// from the views it serves.
+		l.recordBooks(id, time.Now(), st)
 		v.Sales = append(v.Sales, LiveSale{
 			Sale: &row.Sale, State: row.Sale.StateAt(now, st.Remaining), Funnel: f,
 			Books: liveBooks{Total: st.Total, Remaining: st.Remaining, Reserved: st.Reserved, Sold: st.Sold,
 				Pending: st.Pending, Conservation: st.Conservation},
 		})
+	}
+	now = time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	complete := l.completeThrough(now)
+	for i := range v.Sales {
+		v.Sales[i].Series = l.series(v.Sales[i].Sale.ID, now, complete)
 	}
 	return v, nil
 }

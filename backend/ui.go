@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
-	"encoding/json"
 	"html/template"
 	"io/fs"
 	"net/http"
@@ -13,9 +12,10 @@ import (
 	"github.com/flashgate/flashgate"
 )
 
-// The live view: GET /ui/ renders every recent sale (live.go) server-side;
-// its script (ui/live.js) polls GET /ui/live.json every second and redraws the
-// numbers. Everything under /ui/ is behind the admin token, as a header
+// The live view: GET /ui/ is the page (ui/index.html) with every recent sale
+// (live.go) in it as JSON; its script (ui/live.js) draws them, numbers, charts
+// (uPlot, vendored under ui/vendor by scripts/vendor-uplot.sh) and tables,
+// then polls GET /ui/live.json every second and draws again. Everything under /ui/ is behind the admin token, as a header
 // (Authorization: Bearer …) or as the cookie that POST /ui/login sets from a
 // form, since a browser cannot send the header by itself.
 
@@ -26,19 +26,7 @@ var uiFiles embed.FS
 // it), SameSite=Strict (no other site's page sends it), path /ui/.
 const uiCookie = "flashgate_admin"
 
-var uiPage = template.Must(template.New("index.html").Funcs(template.FuncMap{
-	"sumRates": func(m map[string]float64) float64 {
-		t := 0.0
-		for _, v := range m {
-			t += v
-		}
-		return t
-	},
-	"json": func(v any) string {
-		b, _ := json.MarshalIndent(v, "", "  ")
-		return string(b)
-	},
-}).ParseFS(uiFiles, "ui/index.html"))
+var uiPage = template.Must(template.ParseFS(uiFiles, "ui/index.html"))
 
 // uiRoutes mounts the live view on mux.
 func (a *adminAPI) uiRoutes(mux *http.ServeMux) {
@@ -48,6 +36,15 @@ func (a *adminAPI) uiRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /ui/live.js", a.uiAuth(login, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/javascript; charset=utf-8")
 		_, _ = w.Write(script)
+	}))
+	vendor, _ := fs.Sub(uiFiles, "ui/vendor")
+	mux.Handle("GET /ui/vendor/{file...}", a.uiAuth(nil, func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("file")
+		if st, err := fs.Stat(vendor, name); err != nil || st.IsDir() {
+			http.NotFound(w, r)
+			return
+		}
+		http.ServeFileFS(w, r, vendor, name)
 	}))
 	mux.Handle("GET /ui/live.json", a.uiAuth(nil, func(w http.ResponseWriter, r *http.Request) {
 		v, err := a.live.view(r.Context())

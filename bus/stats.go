@@ -17,6 +17,10 @@ type GatewayStats struct {
 	Gateway string                       `json:"gateway"`
 	At      time.Time                    `json:"at"`
 	Sales   map[string]map[string]uint64 `json:"sales"`
+	// AcceptedLatency is, per sale, the 202s answered since the gateway
+	// started by latency bucket (metrics.LatencyBounds, then one past the
+	// largest): the live view's p99 of the 202s. Absent: none yet.
+	AcceptedLatency map[string][]uint64 `json:"accepted_latency,omitempty"`
 	// Limits are the gateway's rate limits in force (its GET /admin/v1/limits).
 	Limits json.RawMessage `json:"limits,omitempty"`
 }

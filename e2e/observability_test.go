@@ -17,16 +17,21 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/loadgen"
 	"github.com/flashgate/flashgate/lua"
 )
 
@@ -416,58 +421,86 @@ func TestDashboardMetricsExist(t *testing.T) {
 	t.Logf("%d panels' queries use %d metrics, all live", len(exprs), len(checked))
 }
 
-// TestLiveView loads the backend's /ui/ in headless Chromium while a sale
-// sells: the page logs in with the admin token, shows the sale, and its
-// numbers (sold, requests/s) move without a reload. It keeps the screenshot
-// as docs/live-view.png when FLASHGATE_SCREENSHOT is set.
+// TestLiveView opens the backend's /ui/ in headless Chromium during a flood
+// (loadgen, paced, a quarter of the requests from buyers who already bought)
+// and checks that the page draws the sale: after logging in with the admin
+// token, each chart of the sale is a uPlot instance whose canvas holds its
+// lines' colours, the traffic series grow a point a second without a reload,
+// the limits table lists the sale's limits and the gateway's rate limits, and
+// the sale-day buttons are those live.json's role allows; reconcile, clicked,
+// reaches the admin API. The vendored uPlot, the page's script and its
+// stylesheet are behind the token. With FLASHGATE_SCREENSHOT set it writes the
+// page, mid-flood, to docs/live-view.png.
 func TestLiveView(t *testing.T) {
 	const chromium = "/usr/bin/chromium"
 	if _, err := os.Stat(chromium); err != nil {
 		t.Fatal("chromium not found: install Debian's chromium package (scripts/stack.sh deps)")
 	}
 	cfg := e2eConfig(t)
+	// Rate limits the flood stays under, for the table to show.
+	cfg.RateLimit = config.RateLimit{PerIP: config.Rate{Rate: 50, Burst: 100}, PerUser: config.Rate{Rate: 5, Burst: 10},
+		PerSale: config.Rate{Rate: 5000, Burst: 5000}, MaxInflight: 2000}
 	be := startBackend(t, cfg)
 	gw := startGateway(t, cfg)
-	s := newSale(400, 1)
-	s.Title = "live view"
+	s := newSale(5000, 1)
+	s.Title = "flash sale"
+	s.Limits = []flashgate.Limit{{Dimension: flashgate.DimIP, Max: 2, Per: flashgate.PerDay}}
 	createSale(t, cfg, be.AdminAddr(), s)
 	awaitSale(t, gw, s.ID)
 
-	// Unauthenticated: the login form, not the numbers.
-	res, err := http.Get("http://" + be.AdminAddr() + "/ui/live.json")
-	if err != nil {
-		t.Fatal(err)
+	// Unauthenticated: neither the numbers nor the page's files.
+	for _, path := range []string{"/ui/live.json", "/ui/vendor/uplot/uPlot.iife.min.js"} {
+		res, err := http.Get("http://" + be.AdminAddr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("%s without the token: %d", path, res.StatusCode)
+		}
 	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("live.json without the token: %d", res.StatusCode)
+	for path, ctype := range map[string]string{"/ui/vendor/uplot/uPlot.iife.min.js": "text/javascript", "/ui/vendor/uplot/uPlot.min.css": "text/css"} {
+		req, _ := http.NewRequest("GET", "http://"+be.AdminAddr()+path, nil)
+		req.Header.Set("Authorization", "Bearer "+cfg.Admin.Token)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 || !strings.HasPrefix(res.Header.Get("Content-Type"), ctype) || len(b) < 1000 {
+			t.Fatalf("%s: %d %q, %d bytes", path, res.StatusCode, res.Header.Get("Content-Type"), len(b))
+		}
 	}
 
-	// Buyers arrive steadily while the page is open: new ones buy, one who
-	// already has is refused (limit_reached) every third request.
-	toks := tokens(t, cfg, "live", 300)
-	stop := make(chan struct{})
+	// The flood: 60 purchases a second from buyers with addresses of their
+	// own (X-Forwarded-For), one in four from a buyer who already bought
+	// (limit_reached), until the test ends.
+	toks := tokens(t, cfg, "live", 3000)
+	users := make([][]byte, len(toks))
+	for i := range users {
+		users[i] = toks[i]
+		if i%4 == 3 {
+			users[i] = toks[i-3]
+		}
+	}
+	flood, stopFlood := context.WithCancel(context.Background())
+	var floodRes *loadgen.Result
+	var floodErr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for i := 1; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			tok := toks[i%len(toks)]
-			if i%3 == 0 {
-				tok = toks[0]
-			}
-			req, _ := http.NewRequest("POST", "http://"+gw.Addr()+"/v1/sales/"+s.ID+"/orders", strings.NewReader(`{"quantity":1}`))
-			req.Header.Set("Authorization", string(tok))
-			if res, err := http.DefaultClient.Do(req); err == nil {
-				_, _ = io.Copy(io.Discard, res.Body)
-				res.Body.Close()
-			}
-		}
+		floodRes, floodErr = loadgen.Run(flood, loadgen.Config{Target: "http://" + gw.Addr(), Sale: s.ID, Tokens: users,
+			Concurrency: 8, Rate: 60, Duration: 10 * time.Minute, ClientIPs: true})
 	})
-	t.Cleanup(func() { close(stop); wg.Wait() })
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			stopFlood()
+			wg.Wait()
+		}
+	}
+	t.Cleanup(stop)
 
 	profile, err := os.MkdirTemp("", "flashgate-chromium-")
 	if err != nil {
@@ -491,44 +524,138 @@ func TestLiveView(t *testing.T) {
 	defer cancelA()
 	bctx, cancel := chromedp.NewContext(actx)
 	defer cancel()
-	ctx, cancelT := context.WithTimeout(bctx, 90*time.Second)
+	ctx, cancelT := context.WithTimeout(bctx, 4*time.Minute)
 	defer cancelT()
 
-	sel := `.sale[data-sale="` + s.ID + `"] `
-	var sold1, sold2, rps string
+	card := `.sale[data-sale="` + s.ID + `"]`
 	if err := chromedp.Run(ctx,
 		chromedp.Navigate("http://"+be.AdminAddr()+"/ui/"),
 		chromedp.WaitVisible(`#token`, chromedp.ByQuery),
 		chromedp.SendKeys(`#token`, cfg.Admin.Token, chromedp.ByQuery),
 		chromedp.Click(`#login`, chromedp.ByQuery),
-		chromedp.WaitVisible(sel+`[data-f="sold"]`, chromedp.ByQuery),
-		chromedp.Text(sel+`[data-f="sold"]`, &sold1, chromedp.ByQuery),
+		chromedp.WaitVisible(card+` [data-f="sold"]`, chromedp.ByQuery),
 	); err != nil {
 		t.Fatalf("live view: %v", err)
 	}
-	// The numbers move: sold grows and requests/s is above 0 within a few
-	// polls, with no reload.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if err := chromedp.Run(ctx,
-			chromedp.Text(sel+`[data-f="sold"]`, &sold2, chromedp.ByQuery),
-			chromedp.Text(sel+`[data-f="requests_per_sec"]`, &rps, chromedp.ByQuery),
-		); err != nil {
-			t.Fatal(err)
+
+	// The charting library loaded (the page loads it before its own script,
+	// which drew the card).
+	var lib string
+	if err := chromedp.Run(ctx, chromedp.Evaluate(`typeof window.uPlot`, &lib)); err != nil || lib != "function" {
+		t.Fatalf("uPlot did not load (typeof uPlot %q, %v): the vendored script is missing or broken", lib, err)
+	}
+
+	// chartState is what the page's uPlot instances of the sale hold.
+	type chartState struct {
+		Series []string `json:"series"`
+		First  float64  `json:"first"`
+		Last   float64  `json:"last"`
+		Points []int    `json:"points"` // non-null values per line
+	}
+	charts := func() map[string]chartState {
+		t.Helper()
+		var out map[string]chartState
+		if err := chromedp.Run(ctx, chromedp.Evaluate(`window.flashgateLive ? window.flashgateLive.charts(`+strconv.Quote(s.ID)+`) : null`, &out)); err != nil {
+			t.Fatalf("reading the charts: %v", err)
 		}
-		a, _ := strconv.Atoi(sold1)
-		b, _ := strconv.Atoi(sold2)
-		r, _ := strconv.ParseFloat(rps, 64)
-		if b > a && r > 0 {
+		return out
+	}
+	// awaitCharts waits until every chart is drawn and the traffic one has
+	// at least n seconds of requests and admissions.
+	awaitCharts := func(n int) map[string]chartState {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			c := charts()
+			tr, ok := c["traffic"]
+			if len(c) == 4 && ok && len(tr.Points) >= 2 && tr.Points[0] >= n && tr.Points[1] >= n {
+				return c
+			}
+			if time.Now().After(deadline) {
+				var html string
+				_ = chromedp.Run(ctx, chromedp.OuterHTML(card, &html, chromedp.ByQuery))
+				t.Fatalf("the charts of the sale were not drawn with %d points: %+v\n%s", n, c, html)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	first := awaitCharts(10)
+	for name, want := range map[string][]string{"traffic": {"requests", "admissions (202)"}, "stock": {"sold", "remaining"},
+		"p99": {"p99 ms"}, "backlog": {"orders"}} {
+		got := first[name].Series
+		if len(got) < len(want) || !slices.Equal(got[:len(want)], want) {
+			t.Errorf("chart %s draws %v, want %v first", name, got, want)
+		}
+	}
+	if !slices.Contains(first["traffic"].Series, "limit_reached") {
+		t.Errorf("the traffic chart has no limit_reached line: %v", first["traffic"].Series)
+	}
+	// The series advance: three more seconds, no reload.
+	var later map[string]chartState
+	deadline := time.Now().Add(time.Minute)
+	for {
+		later = charts()
+		if tr := later["traffic"]; tr.Last >= first["traffic"].Last+3 && len(tr.Points) > 0 && tr.Points[0] > first["traffic"].Points[0] {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the live view did not move: sold %s then %s, requests/s %s", sold1, sold2, rps)
+			t.Fatalf("the traffic series did not advance: %+v then %+v", first["traffic"], later["traffic"])
 		}
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond)
 	}
-	t.Logf("live view: sold %s → %s, requests/s %s", sold1, sold2, rps)
+	for _, name := range []string{"stock", "p99"} {
+		if later[name].Points[0] == 0 {
+			t.Errorf("chart %s has no point: %+v", name, later[name])
+		}
+	}
+
+	// Each chart's canvas holds the colour of its first line (live.js's
+	// COLOR), not only axes: the lines were drawn.
+	var pixels map[string]int
+	if err := chromedp.Run(ctx, chromedp.Evaluate(`(() => {
+		const want = {traffic: [91, 107, 130], stock: [26, 152, 80], p99: [142, 68, 173]};
+		const out = {};
+		for (const [name, rgb] of Object.entries(want)) {
+			const cv = document.querySelector(`+strconv.Quote(card)+` + ' [data-chart="' + name + '"] canvas');
+			if (!cv) { out[name] = -1; continue; }
+			const d = cv.getContext("2d").getImageData(0, 0, cv.width, cv.height).data;
+			let n = 0;
+			for (let i = 0; i < d.length; i += 4) {
+				if (d[i+3] > 128 && Math.abs(d[i]-rgb[0]) + Math.abs(d[i+1]-rgb[1]) + Math.abs(d[i+2]-rgb[2]) < 60) n++;
+			}
+			out[name] = n;
+		}
+		return out;
+	})()`, &pixels)); err != nil {
+		t.Fatal(err)
+	}
+	for name, n := range pixels {
+		if n < 20 {
+			t.Errorf("chart %s: %d pixels of its line's colour on its canvas: not drawn", name, n)
+		}
+	}
+
+	// The limits in force, as tables: the sale's and the gateway's.
+	var limits, gwLimits string
+	if err := chromedp.Run(ctx,
+		chromedp.Text(card+` [data-f="limits"]`, &limits, chromedp.ByQuery),
+		chromedp.Text(`#gwlimits`, &gwLimits, chromedp.ByQuery),
+	); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"stock\t5000 units", "per user\t1 unit\t", "per order\t1 unit\t", "per ip\t2 units\ta day (UTC)"} {
+		if !strings.Contains(limits, want) {
+			t.Errorf("the limits table lacks %q:\n%s", want, limits)
+		}
+	}
+	for _, want := range []string{"50/s, burst 100", "5/s, burst 10", "5000/s, burst 5000", "2000"} {
+		if !strings.Contains(gwLimits, want) {
+			t.Errorf("the gateways' limits table lacks %q:\n%s", want, gwLimits)
+		}
+	}
+
 	if os.Getenv("FLASHGATE_SCREENSHOT") != "" {
+		awaitCharts(45) // the picture of a minute of the flood
 		var png []byte
 		if err := chromedp.Run(ctx, chromedp.FullScreenshot(&png, 100)); err != nil {
 			t.Fatal(err)
@@ -537,4 +664,69 @@ func TestLiveView(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+
+	// The sale-day buttons are those live.json's role allows: live.json as
+	// served, then with each role, drawn at once (before the next poll).
+	var byRole map[string][]string
+	if err := chromedp.Run(ctx,
+		chromedp.Evaluate(`fetch("live.json").then(r => r.json()).then(v => {
+			const buttons = () => [...document.querySelectorAll(`+strconv.Quote(card+` .actions button`)+`)].map(b => b.dataset.action);
+			const out = {};
+			out["served:" + (v.role === undefined ? "" : v.role)] = buttons();
+			for (const role of ["viewer", "operator", "", "admin"]) {
+				window.flashgateLive.draw(Object.assign({}, v, {role}));
+				out[role] = buttons();
+			}
+			window.flashgateLive.draw(v);
+			return out;
+		})`, &byRole, func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }),
+	); err != nil {
+		t.Fatal(err)
+	}
+	all, dflt := []string{"pause", "resume", "reconcile", "close"}, []string{"reconcile", "close"}
+	var buttons []string
+	for role, want := range map[string][]string{"viewer": {}, "operator": all, "": dflt, "admin": {}, "served:": dflt, "served:viewer": {}, "served:operator": all} {
+		got, ok := byRole[role]
+		if strings.HasPrefix(role, "served:") {
+			if !ok {
+				continue // live.json's role is another
+			}
+			buttons = got
+		}
+		if !ok || !slices.Equal(got, want) {
+			t.Errorf("role %q: buttons %v, want %v", role, got, want)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// Reconcile, clicked once the flood is over, reaches the admin API (the
+	// browser sending the token as a header, as a client of it would).
+	stop()
+	if floodErr != nil {
+		t.Fatalf("flood: %v", floodErr)
+	}
+	t.Logf("flood: %d requests, by code %v", floodRes.Requests, floodRes.ByCode)
+	if floodRes.ByCode["accepted"] == 0 || floodRes.ByCode["limit_reached"] == 0 {
+		t.Fatalf("flood: by code %v, want 202s and limit_reached", floodRes.ByCode)
+	}
+	if slices.Contains(buttons, "reconcile") {
+		var result string
+		if err := chromedp.Run(ctx,
+			network.SetExtraHTTPHeaders(network.Headers{"Authorization": "Bearer " + cfg.Admin.Token}),
+			chromedp.Click(card+` button[data-action="reconcile"]`, chromedp.ByQuery),
+			chromedp.Poll(`(() => { const r = document.querySelector(`+strconv.Quote(card+` [data-f="action_result"]`)+`); return r && r.textContent.startsWith("reconcile:") ? r.textContent : null; })()`,
+				&result, chromedp.WithPollingTimeout(time.Minute)),
+		); err != nil {
+			t.Fatalf("reconcile button: %v", err)
+		}
+		if result != "reconcile: done" {
+			t.Fatalf("reconcile button: %q", result)
+		}
+		if n := scrape(t, be.AdminAddr())[`flashgate_backend_reconciles_total{result="ok"}`]; n < 1 {
+			t.Fatalf("reconciles_total{ok} = %v after the button", n)
+		}
+	}
+	t.Logf("live view: charts %+v", later)
 }

@@ -100,8 +100,12 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 			g.methodNotAllowed(ctx)
 		} else {
 			g.purchase(ctx, s)
-			if s != nil {
-				s.counts.Add(responseCode(ctx)) // the live view's funnel (stats.go)
+			if s != nil { // the live view's funnel and 202 latency (stats.go)
+				code := responseCode(ctx)
+				s.counts.Add(code)
+				if code == flashgate.CodeAccepted {
+					s.counts.Accepted(time.Since(ctx.Time()))
+				}
 			}
 		}
 		return metrics.RoutePurchase

@@ -3,8 +3,8 @@ package gateway
 // What the gateway tells others about its traffic, beside its /metrics: the
 // request id of each admitted order (nginx's $request_id, which travels with
 // the order to the backend's log), a sampled access log, and every sale's
-// purchase answers by code, sent to the backends every second for their live
-// view (docs/observability.md).
+// purchase answers by code and its 202s by latency, sent to the backends every
+// second for their live view (docs/observability.md).
 
 import (
 	"context"
@@ -93,6 +93,12 @@ func (g *Gateway) statsLoop(ctx context.Context) {
 		for _, s := range g.sales.list() {
 			if c := s.counts.Snapshot(); len(c) > 0 {
 				st.Sales[s.spec.ID] = c
+			}
+			if l := s.counts.AcceptedLatency(); l != nil {
+				if st.AcceptedLatency == nil {
+					st.AcceptedLatency = map[string][]uint64{}
+				}
+				st.AcceptedLatency[s.spec.ID] = l
 			}
 		}
 		if err := bus.PublishStats(g.nc, g.cfg.NATS, st); err != nil {

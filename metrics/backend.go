@@ -92,7 +92,7 @@ func NewBackend() *Backend {
 	m.batchTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: sub, Name: "batch_duration_seconds",
 		Help:    "Time to write one sale batch: Redis claim, MySQL transaction, Redis write-back, acks.",
-		Buckets: latencyBuckets,
+		Buckets: latencyBuckets[:],
 	})
 	m.batchFailed = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: sub, Name: "batches_failed_total",

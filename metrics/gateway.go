@@ -197,12 +197,12 @@ func NewGateway() *Gateway {
 	m.admit = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: sub, Name: "admit_duration_seconds",
 		Help:    "Latency of the atomic admission (the Lua call on the sale's Redis shard).",
-		Buckets: latencyBuckets,
+		Buckets: latencyBuckets[:],
 	})
 	m.publish = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: sub, Name: "publish_duration_seconds",
 		Help:    "Latency of publishing an admitted order to JetStream, until its ack.",
-		Buckets: latencyBuckets,
+		Buckets: latencyBuckets[:],
 	})
 	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: namespace, Subsystem: sub, Name: "inflight",

@@ -29,7 +29,7 @@ const namespace = "flashgate"
 
 // latencyBuckets (seconds) span 50µs, a local Redis round trip, to 5s, far past
 // any timeout the edge allows: 1-2.5-5 steps so dashboards read round numbers.
-var latencyBuckets = []float64{
+var latencyBuckets = [...]float64{
 	50e-6, 100e-6, 250e-6, 500e-6,
 	1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3,
 	1, 2.5, 5,

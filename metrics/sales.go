@@ -3,7 +3,9 @@ package metrics
 import (
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -115,11 +117,90 @@ func (s *Sales) Reset() {
 	}
 }
 
-// SaleCounters count one sale's purchase answers by code on one gateway, for
-// the live view (the gateway sends them to the backends every second). Add
-// allocates nothing.
+// SaleCounters count one sale's purchase answers by code on one gateway, and
+// its 202s by latency, for the live view (the gateway sends them to the
+// backends every second). Add and Accepted allocate nothing.
 type SaleCounters struct {
-	n [len(codes)]atomic.Uint64
+	n   [len(codes)]atomic.Uint64
+	lat [LatencyCounts]atomic.Uint64 // 202s by latency bucket; the last past the largest bound
+}
+
+// latencyBounds are latencyBuckets as durations, for Accepted's search.
+var latencyBounds = func() (b [len(latencyBuckets)]time.Duration) {
+	for i, s := range latencyBuckets {
+		b[i] = time.Duration(s * float64(time.Second))
+	}
+	return b
+}()
+
+// Accepted counts one 202 answered d after its request arrived, in the first
+// bucket whose bound d does not pass (Prometheus's le).
+func (c *SaleCounters) Accepted(d time.Duration) {
+	i := 0
+	for i < len(latencyBounds) && d > latencyBounds[i] {
+		i++
+	}
+	c.lat[i].Add(1)
+}
+
+// AcceptedLatency is the 202s so far by latency bucket (LatencyBounds, then
+// one past the largest), nil when there were none.
+func (c *SaleCounters) AcceptedLatency() []uint64 {
+	var out []uint64
+	for i := range c.lat {
+		if v := c.lat[i].Load(); v > 0 {
+			if out == nil {
+				out = make([]uint64, len(c.lat))
+			}
+			out[i] = v
+		}
+	}
+	return out
+}
+
+// LatencyCounts is the length of counts by latency bucket
+// (SaleCounters.AcceptedLatency): one per bound of LatencyBounds, and one past
+// the largest.
+const LatencyCounts = len(latencyBuckets) + 1
+
+// LatencyBounds are the upper bounds (seconds) of the latency buckets of
+// SaleCounters.AcceptedLatency (and of the latency histograms): counts by
+// bucket have one more entry, past the largest.
+func LatencyBounds() []float64 { return slices.Clone(latencyBuckets[:]) }
+
+// LatencyQuantile is the q-quantile (0 < q < 1), in seconds, of counts by
+// bucket of LatencyBounds (one more entry, past the largest), interpolated
+// linearly within its bucket as Prometheus's histogram_quantile does; a
+// quantile past the largest bound is that bound. ok is false when counts hold
+// nothing or are not of that shape.
+func LatencyQuantile(counts []uint64, q float64) (secs float64, ok bool) {
+	if len(counts) != LatencyCounts {
+		return 0, false
+	}
+	var total uint64
+	for _, n := range counts {
+		total += n
+	}
+	if total == 0 {
+		return 0, false
+	}
+	rank := q * float64(total)
+	var seen uint64
+	for i, n := range counts {
+		if n == 0 || float64(seen+n) < rank {
+			seen += n
+			continue
+		}
+		if i == len(latencyBuckets) {
+			return latencyBuckets[i-1], true
+		}
+		lo := 0.0
+		if i > 0 {
+			lo = latencyBuckets[i-1]
+		}
+		return lo + (latencyBuckets[i]-lo)*(rank-float64(seen))/float64(n), true
+	}
+	return latencyBuckets[len(latencyBuckets)-1], true
 }
 
 // Add counts one purchase answered with code.

@@ -1,8 +1,10 @@
 package metrics
 
 import (
+	"math"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/metrics/metricstest"
@@ -61,6 +63,70 @@ func TestSaleCounters(t *testing.T) {
 	}
 	if a := testing.AllocsPerRun(1000, func() { c.Add(flashgate.CodeRateLimited) }); a != 0 {
 		t.Fatalf("Add allocates %v per call", a)
+	}
+}
+
+// TestAcceptedLatency: a 202's latency lands in the first bucket whose bound
+// it does not pass (past the largest: the last entry), Accepted allocates
+// nothing, and LatencyQuantile reads a quantile back as histogram_quantile
+// would.
+func TestAcceptedLatency(t *testing.T) {
+	var c SaleCounters
+	if c.AcceptedLatency() != nil {
+		t.Fatal("latency counts before any 202")
+	}
+	bounds := LatencyBounds()
+	c.Accepted(0)                     // bucket 0
+	c.Accepted(50 * time.Microsecond) // on the bound: bucket 0
+	c.Accepted(3 * time.Millisecond)  // (2.5ms, 5ms]
+	c.Accepted(time.Minute)           // past 5s: the last
+	got := c.AcceptedLatency()
+	if len(got) != len(bounds)+1 {
+		t.Fatalf("%d buckets, want %d", len(got), len(bounds)+1)
+	}
+	want := make([]uint64, len(bounds)+1)
+	want[0], want[len(bounds)] = 2, 1
+	for i, b := range bounds {
+		if b == 5e-3 {
+			want[i] = 1
+		}
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("buckets %v, want %v", got, want)
+		}
+	}
+	if a := testing.AllocsPerRun(1000, func() { c.Accepted(7 * time.Millisecond) }); a != 0 {
+		t.Fatalf("Accepted allocates %v per call", a)
+	}
+
+	// 100 answers: 98 in (1ms, 2.5ms], 2 in (5ms, 10ms]: the 99th is halfway
+	// through the latter bucket, the 50th a third through the former.
+	counts := make([]uint64, len(bounds)+1)
+	idx := func(b float64) int {
+		for i, v := range bounds {
+			if v == b {
+				return i
+			}
+		}
+		t.Fatalf("no bound %v", b)
+		return 0
+	}
+	counts[idx(2.5e-3)], counts[idx(10e-3)] = 98, 2
+	for q, want := range map[float64]float64{0.99: 7.5e-3, 0.5: 1e-3 + 1.5e-3*50/98} {
+		if v, ok := LatencyQuantile(counts, q); !ok || math.Abs(v-want) > 1e-9 {
+			t.Errorf("q%v = %v (%t), want %v", q, v, ok, want)
+		}
+	}
+	counts[len(bounds)] = 1000 // most past the largest bound: that bound
+	if v, _ := LatencyQuantile(counts, 0.99); v != bounds[len(bounds)-1] {
+		t.Errorf("q0.99 past the largest bound = %v", v)
+	}
+	if _, ok := LatencyQuantile(make([]uint64, len(bounds)+1), 0.99); ok {
+		t.Error("a quantile of nothing")
+	}
+	if _, ok := LatencyQuantile([]uint64{1, 2}, 0.99); ok {
+		t.Error("a quantile of counts of another shape")
 	}
 }
 
