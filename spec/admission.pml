@@ -355,11 +355,16 @@ inline writeBack(o, e) {
   }
 }
 
-/* claim.lua, decide, write back, ack; drop a released one */
-inline handle(o, e) {
-  atomic { if :: rec[o] == R_PENDING -> rec[o] = R_PROCESSING :: else -> skip fi };
+/* claim.lua, decide, write back, ack; drop a released one; on a cold tag
+ * nothing (the message waits for the rebuild) */
+inline handle(o, e, cold) {
+  atomic {
+    cold = !meta[home(o)] && !COLD;
+    if :: !cold && rec[o] == R_PENDING -> rec[o] = R_PROCESSING :: else -> skip fi
+  };
   if
-  :: rec[o] == R_RELEASED -> stream[o] = false
+  :: cold -> skip
+  :: !cold && rec[o] == R_RELEASED -> stream[o] = false
   :: else -> decide(o, e); writeBack(o, e); stream[o] = false
   fi
 }
@@ -368,19 +373,23 @@ inline handle(o, e) {
  * after MySQL decided it (no write-back, no ack: it is delivered again). */
 proctype Backend() {
   byte o, e;
+  bool cold;
   do
   :: running == 0 -> break
   /* claim.lua answers 'cold' while the order's tag is not warm: the
    * message waits for the rebuild */
-  :: atomic { stream[0] && (meta[home(0)] || COLD) -> o = 0 }; handle(o, e)
-  :: atomic { stream[1] && (meta[home(1)] || COLD) -> o = 1 }; handle(o, e)
-  :: atomic { stream[2] && (meta[home(2)] || COLD) -> o = 2 }; handle(o, e)
-  :: atomic { stream[3] && (meta[home(3)] || COLD) -> o = 3 }; handle(o, e)
+  :: atomic { stream[0] && (meta[home(0)] || COLD) -> o = 0 }; handle(o, e, cold)
+  :: atomic { stream[1] && (meta[home(1)] || COLD) -> o = 1 }; handle(o, e, cold)
+  :: atomic { stream[2] && (meta[home(2)] || COLD) -> o = 2 }; handle(o, e, cold)
+  :: atomic { stream[3] && (meta[home(3)] || COLD) -> o = 3 }; handle(o, e, cold)
   :: crashes > 0 && ((stream[0] && (meta[home(0)] || COLD)) || (stream[2] && (meta[home(2)] || COLD))) ->
     crashes--;
     if :: stream[0] && (meta[home(0)] || COLD) -> o = 0 :: else -> o = 2 fi;
-    atomic { if :: rec[o] == R_PENDING -> rec[o] = R_PROCESSING :: else -> skip fi };
-    if :: rec[o] != R_RELEASED -> decide(o, e) :: else -> skip fi
+    atomic {
+      cold = !meta[home(o)] && !COLD;
+      if :: !cold && rec[o] == R_PENDING -> rec[o] = R_PROCESSING :: else -> skip fi
+    };
+    if :: !cold && rec[o] != R_RELEASED -> decide(o, e) :: else -> skip fi
   od
 }
 
@@ -566,6 +575,7 @@ proctype Leader() {
 
 init {
   byte o, e;
+  bool cold;
   lost = 1;
   rebuilds = 1;
   meta[0] = true; meta[1] = true; stock[0] = 1; stock[1] = 1; epochKey[0] = 1; epochKey[1] = 1;
@@ -609,7 +619,7 @@ init {
   do
   :: o < NO ->
     if :: resv[o] && st[o] == M_NONE && !stream[o] -> stream[o] = true :: else -> skip fi;
-    if :: stream[o] -> handle(o, e) :: else -> skip fi;
+    if :: stream[o] -> handle(o, e, cold) :: else -> skip fi;
     o++
   :: else -> break
   od;
