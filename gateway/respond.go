@@ -58,6 +58,15 @@ func failRetry(ctx *fasthttp.RequestCtx, status int, code flashgate.Code, msg st
 	ctx.Response.Header.SetBytesKV(hdrRetryAfter, strconv.AppendInt(buf[:0], secs, 10))
 }
 
+// pausedRetry is the Retry-After of a paused sale's purchases: a pause is an
+// operator's and lasts minutes, not milliseconds.
+const pausedRetry = 30
+
+// paused answers a purchase of a paused sale: 503 paused, nothing reserved.
+func paused(ctx *fasthttp.RequestCtx) {
+	failRetry(ctx, fasthttp.StatusServiceUnavailable, flashgate.CodePaused, "the sale is paused; try again later", pausedRetry)
+}
+
 func unavailable(ctx *fasthttp.RequestCtx, msg string) {
 	failRetry(ctx, fasthttp.StatusServiceUnavailable, flashgate.CodeUnavailable, msg, 1)
 }

@@ -64,10 +64,10 @@ func TestMigrationsParse(t *testing.T) {
 	for _, s := range p.ListSources() {
 		vs = append(vs, s.Version)
 	}
-	if len(vs) != 8 || vs[0] != 1 || vs[7] != 9 {
-		t.Fatalf("versions %v, want 1…9 (no 5)", vs)
+	if len(vs) != 9 || vs[0] != 1 || vs[7] != 9 || vs[8] != 12 {
+		t.Fatalf("versions %v, want 1…9 (no 5) and 12", vs)
 	}
-	if v, err := LatestVersion(); err != nil || v != 9 {
+	if v, err := LatestVersion(); err != nil || v != 12 {
 		t.Fatalf("LatestVersion = %d, %v", v, err)
 	}
 }
@@ -87,8 +87,8 @@ func TestMigrateUpThenStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms) != 8 {
-		t.Fatalf("status lists %d migrations, want 8", len(ms))
+	if len(ms) != 9 {
+		t.Fatalf("status lists %d migrations, want 9", len(ms))
 	}
 	for _, m := range ms {
 		if !m.Applied || m.AppliedAt.IsZero() || !strings.HasSuffix(m.Name, ".sql") {
@@ -131,8 +131,8 @@ func TestMigrateConcurrent(t *testing.T) {
 	}
 	defer db.Close()
 	var n int
-	if err := db.QueryRow(`SELECT COUNT(*) FROM goose_db_version WHERE version_id > 0`).Scan(&n); err != nil || n != 8 {
-		t.Errorf("goose_db_version has %d versions (%v), want 8", n, err)
+	if err := db.QueryRow(`SELECT COUNT(*) FROM goose_db_version WHERE version_id > 0`).Scan(&n); err != nil || n != 9 {
+		t.Errorf("goose_db_version has %d versions (%v), want 9", n, err)
 	}
 	// The CHECK constraint is there: sold can never pass total.
 	now := time.Now().UTC()
@@ -149,10 +149,10 @@ func TestOldSchemaRefused(t *testing.T) {
 	upTo(t, db, 2)
 	err := CheckSchema(ctx(t), db)
 	se := schemaError(t, err)
-	if se.Version != 2 || se.Want != 9 || len(se.Pending) != 6 {
+	if se.Version != 2 || se.Want != 12 || len(se.Pending) != 7 {
 		t.Errorf("%+v", se)
 	}
-	if want := "schema at version 2, this binary needs 9: run `flashgate migrate up`"; err.Error() != want {
+	if want := "schema at version 2, this binary needs 12: run `flashgate migrate up`"; err.Error() != want {
 		t.Errorf("message %q, want %q", err, want)
 	}
 	if err := Migrate(ctx(t), db); err != nil {
@@ -171,13 +171,13 @@ func TestNewerSchemaRefused(t *testing.T) {
 	if err := Migrate(ctx(t), db); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES (10, 1)`); err != nil {
+	if _, err := db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES (13, 1)`); err != nil {
 		t.Fatal(err)
 	}
 	for name, f := range map[string]func(context.Context, *sql.DB) error{"check": CheckSchema, "up": Migrate} {
 		err := f(ctx(t), db)
 		se := schemaError(t, err)
-		if len(se.Unknown) != 1 || se.Unknown[0] != 10 || !strings.Contains(err.Error(), "newer than this binary knows") {
+		if len(se.Unknown) != 1 || se.Unknown[0] != 13 || !strings.Contains(err.Error(), "newer than this binary knows") {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

@@ -36,8 +36,11 @@ tools
   sale list                  the newest sales, one line each
   sale show ID               print a sale's ledger
   sale update ID --total N   change a live sale's window, total or limits (refused if it breaks counts taken)
+  sale pause ID | resume ID  purchases answer 503 paused and reserve nothing | sell again
   sale close ID              stop selling now
   sale reconcile ID          repair and report a sale's ledger
+  sale audit ID              check a sale's invariants (exit 3 if one is broken)
+  audit-log [--sale S]       who changed what through the admin API, before and after
   migrate up | status        apply the pending schema migrations | list them, applied or pending
   bench --sale ID ...        fire purchase requests, then audit the invariants
   demo                       create a sale and bench it (what 'make demo' runs)
@@ -81,6 +84,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return tokenCmd(args, stdout, stderr)
 	case "sale":
 		return saleCmd(args, stdout, stderr)
+	case "audit-log":
+		return auditLogCmd(args, stdout, stderr)
 	case "migrate":
 		return runMigrate(context.Background(), args, stdout, stderr)
 	case "bench":

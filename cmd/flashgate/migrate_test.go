@@ -18,14 +18,14 @@ func TestMigrateCommand(t *testing.T) {
 		!strings.Contains(err.Error(), "run `flashgate migrate up`") {
 		t.Errorf("status of an empty database: %v", err)
 	}
-	if got := strings.Count(out.String(), "pending"); got != 8 {
-		t.Errorf("status lists %d pending, want 8:\n%s", got, out.String())
+	if got := strings.Count(out.String(), "pending"); got != 9 {
+		t.Errorf("status lists %d pending, want 9:\n%s", got, out.String())
 	}
 	out.Reset()
 	if err := run([]string{"migrate", "up", "--config", ""}, &out, &errb); err != nil {
 		t.Fatalf("up: %v\n%s", err, errb.String())
 	}
-	if got := strings.Count(out.String(), "applied"); got != 8 || !strings.Contains(out.String(), "0007  0007_degrade.sql") || !strings.Contains(out.String(), "0009  0009_sale_epoch.sql") {
+	if got := strings.Count(out.String(), "applied"); got != 9 || !strings.Contains(out.String(), "0007  0007_degrade.sql") || !strings.Contains(out.String(), "0012  0012_admin_audit.sql") {
 		t.Errorf("after up:\n%s", out.String())
 	}
 	out.Reset()
