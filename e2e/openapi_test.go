@@ -165,6 +165,8 @@ func TestOpenAPIContract(t *testing.T) {
 	cfg.Gateway.AdmitTimeout = 2 * time.Second
 	// Each call below is a buyer of its own, except the one that trips this.
 	cfg.RateLimit.PerUser = config.Rate{Rate: 0.01, Burst: 10}
+	view := testenv.Secret("viewer-")
+	cfg.Admin.Keys = []config.AdminKey{{ID: "viewer", Role: config.RoleViewer, Token: view}}
 	gw := startGateway(t, cfg)
 	be := startBackend(t, cfg)
 	pub, gadm, badm := "http://"+gw.Addr(), "http://"+gw.AdminAddr(), "http://"+be.AdminAddr()
@@ -186,6 +188,7 @@ func TestOpenAPIContract(t *testing.T) {
 		return string(b)
 	}
 	live, soon, closed, one := testenv.ID("live"), testenv.ID("soon"), testenv.ID("closed"), testenv.ID("one")
+	paused := testenv.ID("paused")
 	readme := testenv.ID("readme")
 
 	// The backend admin API.
@@ -217,6 +220,29 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(401, "unauthorized", "POST", badm+"/admin/v1/sales/"+live+"/reconcile", "", "")
 	c.want(404, "sale_not_found", "POST", badm+"/admin/v1/sales/nosuch/reconcile", adm, "")
 
+	// Roles: a viewer reads, an operator changes; the audit log and the audit.
+	c.want(403, "forbidden", "POST", badm+"/admin/v1/sales", view, spec(testenv.ID("v"), 10, now, now.Add(time.Hour)))
+	c.want(403, "forbidden", "PATCH", badm+"/admin/v1/sales/"+soon, view, `{"total":30}`)
+	c.want(403, "forbidden", "POST", badm+"/admin/v1/sales/"+live+"/close", view, "")
+	c.want(403, "forbidden", "POST", badm+"/admin/v1/sales/"+live+"/reconcile", view, "")
+	c.want(200, "", "GET", badm+"/admin/v1/sales/"+live, view, "")
+	c.want(201, "", "POST", badm+"/admin/v1/sales", adm, spec(paused, 10, now.Add(-time.Minute), now.Add(time.Hour)))
+	for _, act := range []string{"pause", "resume"} {
+		c.want(403, "forbidden", "POST", badm+"/admin/v1/sales/"+paused+"/"+act, view, "")
+		c.want(401, "unauthorized", "POST", badm+"/admin/v1/sales/"+paused+"/"+act, "", "")
+		c.want(404, "sale_not_found", "POST", badm+"/admin/v1/sales/nosuch/"+act, adm, "")
+	}
+	c.want(200, "", "POST", badm+"/admin/v1/sales/"+paused+"/resume", adm, "")
+	c.want(200, "", "POST", badm+"/admin/v1/sales/"+paused+"/pause", adm, "")
+	c.want(200, "", "GET", badm+"/admin/v1/sales/"+live+"/audit", view, "")
+	c.want(401, "unauthorized", "GET", badm+"/admin/v1/sales/"+live+"/audit", "", "")
+	c.want(404, "sale_not_found", "GET", badm+"/admin/v1/sales/nosuch/audit", view, "")
+	if b := c.want(200, "", "GET", badm+"/admin/v1/audit-log?sale="+paused, view, ""); !strings.Contains(string(b), `"action":"pause"`) {
+		t.Errorf("audit log of %s: %s", paused, b)
+	}
+	c.want(400, "invalid_request", "GET", badm+"/admin/v1/audit-log?limit=0", view, "")
+	c.want(401, "unauthorized", "GET", badm+"/admin/v1/audit-log", "", "")
+
 	// The probes and the document, on both admin ports.
 	for _, base := range []string{gadm, badm} {
 		c.want(200, "", "GET", base+"/healthz", "", "")
@@ -230,8 +256,31 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(401, "unauthorized", "GET", gadm+"/admin/v1/limits", "", "")
 
 	// The public API. The gateway learns of the sales by event.
-	for _, id := range []string{live, soon, closed, one, readme} {
+	for _, id := range []string{live, soon, closed, one, readme, paused} {
 		awaitSale(t, gw, id)
+	}
+	// The paused sale: 503 paused with Retry-After (once the gateway has the event).
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		req, _ := http.NewRequest("POST", pub+"/v1/sales/"+paused+"/orders", strings.NewReader(`{}`))
+		req.Header.Set("Authorization", "Bearer "+token())
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		c.check(req, res, body)
+		if res.StatusCode == 503 && strings.Contains(string(body), `"paused"`) {
+			if res.Header.Get("Retry-After") == "" {
+				t.Errorf("503 paused without Retry-After")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("purchase of the paused sale: %d %s", res.StatusCode, body)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	c.want(200, "", "GET", pub+"/v1/sales/"+live, "", "")
 	c.want(404, "sale_not_found", "GET", pub+"/v1/sales/nosuch", "", "")
@@ -319,6 +368,10 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(503, "unavailable", "PATCH", badm+"/admin/v1/sales/"+live, adm, `{"total":50}`)
 	c.want(503, "unavailable", "POST", badm+"/admin/v1/sales/"+live+"/close", adm, "")
 	c.want(503, "unavailable", "POST", badm+"/admin/v1/sales/"+live+"/reconcile", adm, "")
+	c.want(503, "unavailable", "POST", badm+"/admin/v1/sales/"+live+"/pause", adm, "")
+	c.want(503, "unavailable", "POST", badm+"/admin/v1/sales/"+live+"/resume", adm, "")
+	c.want(503, "unavailable", "GET", badm+"/admin/v1/sales/"+live+"/audit", adm, "")
+	c.want(503, "unavailable", "GET", badm+"/admin/v1/audit-log", adm, "")
 
 	if m := c.missing(); len(m) > 0 {
 		t.Errorf("documented answers never seen (%d):\n  %s", len(m), strings.Join(m, "\n  "))

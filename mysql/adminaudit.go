@@ -21,8 +21,8 @@ type AdminChange struct {
 	Action string          `json:"action"`
 	SaleID string          `json:"sale_id,omitempty"`
 	Target string          `json:"target,omitempty"`
-	Before json.RawMessage `json:"before"`
-	After  json.RawMessage `json:"after"`
+	Before json.RawMessage `json:"before,omitempty"`
+	After  json.RawMessage `json:"after,omitempty"`
 }
 
 // RecordAdminChange appends c to the admin audit log (in q's transaction,
@@ -95,7 +95,7 @@ func rawOrNull(b json.RawMessage) any {
 
 func rawOf(s sql.NullString) json.RawMessage {
 	if !s.Valid {
-		return json.RawMessage("null")
+		return nil
 	}
 	return json.RawMessage(s.String)
 }
