@@ -44,6 +44,8 @@ type adminAPI struct {
 	// reconcile is Backend.ReconcileWith; isLeader reports the election.
 	reconcile func(ctx context.Context, id string, opt ReconcileOptions) (ReconcileReport, error)
 	isLeader  func() bool
+	// cancel is lifecycle.cancel: an operator's cancel is the buyer's.
+	cancel cancelFunc
 	// live reads the live view's numbers (live.go, ui.go); sessions are
 	// its logins.
 	live     *live
@@ -85,6 +87,10 @@ func (a *adminAPI) handler() http.Handler {
 	mux.Handle("POST /admin/v1/sales/{sale}/resume", a.operator(a.resumeSale))
 	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", a.operator(a.reconcileSale))
 	mux.Handle("GET /admin/v1/audit-log", a.viewer(a.auditLog))
+	mux.Handle("GET /admin/v1/sales/{sale}/export", a.viewer(a.exportSale))
+	mux.Handle("GET /admin/v1/orders", a.viewer(a.listOrders))
+	mux.Handle("GET /admin/v1/orders/{order}", a.viewer(a.showOrder))
+	mux.Handle("POST /admin/v1/orders/{order}/cancel", a.operator(a.cancelOrder))
 	a.uiRoutes(mux)
 	mux.Handle("/admin/", a.viewer(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such admin route: "+r.Method+" "+r.URL.Path)

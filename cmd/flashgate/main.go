@@ -40,6 +40,9 @@ tools
   sale close ID              stop selling now
   sale reconcile ID          repair and report a sale's ledger
   sale audit ID              check a sale's invariants (exit 3 if one is broken)
+  sale export ID --format F  every order of a sale as csv or json, streamed
+  order show ID | list --sale S [--user U] | cancel ID --reason R
+                             one order, a sale's orders page by page, an operator's cancel
   audit-log [--sale S]       who changed what through the admin API, before and after
   migrate up | status        apply the pending schema migrations | list them, applied or pending
   bench --sale ID ...        fire purchase requests, then audit the invariants
@@ -84,6 +87,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return tokenCmd(args, stdout, stderr)
 	case "sale":
 		return saleCmd(args, stdout, stderr)
+	case "order":
+		return orderCmd(args, stdout, stderr)
 	case "audit-log":
 		return auditLogCmd(args, stdout, stderr)
 	case "migrate":

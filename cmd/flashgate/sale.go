@@ -19,7 +19,7 @@ import (
 	"github.com/flashgate/flashgate/adminapi"
 )
 
-const saleUsage = `usage: flashgate sale <create|list|show|update|pause|resume|close|reconcile|audit> ...
+const saleUsage = `usage: flashgate sale <create|list|show|update|pause|resume|close|reconcile|audit|export> ...
 
   sale create --id ID --title T --price-cents N --total N --starts-at T (--ends-at T | --duration D)
               --per-user-limit N --per-order-max N [--region bj=400 ...]
@@ -36,6 +36,8 @@ const saleUsage = `usage: flashgate sale <create|list|show|update|pause|resume|c
   sale reconcile ID     repair and report
   sale audit ID         check every invariant of docs/design.md §2 from MySQL, Redis and the stream,
                         without load; exit 0 if they hold, 3 if one is broken (docs/runbook.md)
+  sale export ID [--format csv|json] [--out FILE]
+                        every order of the sale, streamed (GET /admin/v1/sales/ID/export)
 
 Times are RFC 3339, "now", or offsets from now such as "+30s" or "-5m".
 `
@@ -56,6 +58,8 @@ func saleCmd(args []string, stdout, stderr io.Writer) error {
 		return saleActionCmd(args[0], args[1:], stdout, stderr)
 	case "audit":
 		return saleAuditCmd(args[1:], stdout, stderr)
+	case "export":
+		return saleExportCmd(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, saleUsage)
 		return nil
