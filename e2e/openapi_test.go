@@ -349,6 +349,45 @@ func TestOpenAPIContract(t *testing.T) {
 	}
 	c.want(409, "order_closed", "POST", order2+"/pay", buyer2, "")
 
+	// The admin API's orders: show, list, export, an operator's cancel.
+	paidID, aord := strings.TrimPrefix(order, orders+"/"), badm+"/admin/v1/orders"
+	c.want(200, "", "GET", aord+"/"+paidID, view, "")
+	c.want(401, "unauthorized", "GET", aord+"/"+paidID, "", "")
+	c.want(404, "order_not_found", "GET", aord+"/12345", view, "")
+	c.want(200, "", "GET", aord+"?sale="+live+"&limit=1", view, "")
+	c.want(400, "invalid_request", "GET", aord, view, "")
+	c.want(401, "unauthorized", "GET", aord+"?sale="+live, "", "")
+	c.want(404, "sale_not_found", "GET", aord+"?sale=nosuch", view, "")
+	if b := c.want(200, "", "GET", badm+"/admin/v1/sales/"+live+"/export", view, ""); !bytes.Contains(b, []byte(paidID)) {
+		t.Errorf("csv export lacks order %s: %s", paidID, b)
+	}
+	c.want(200, "", "GET", badm+"/admin/v1/sales/"+live+"/export?format=json", view, "")
+	c.want(400, "invalid_request", "GET", badm+"/admin/v1/sales/"+live+"/export?format=xml", view, "")
+	c.want(401, "unauthorized", "GET", badm+"/admin/v1/sales/"+live+"/export", "", "")
+	c.want(404, "sale_not_found", "GET", badm+"/admin/v1/sales/nosuch/export", view, "")
+	buyer3 := token()
+	b = c.want(202, "", "POST", orders, buyer3, `{}`)
+	if err := json.Unmarshal(b, &acc); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		st, b := c.call("GET", orders+"/"+acc.OrderID, buyer3, "")
+		if st == 200 && bytes.Contains(b, []byte(`"confirmed"`)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("order %s never confirmed: %d %s", acc.OrderID, st, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel3 := aord + "/" + acc.OrderID + "/cancel"
+	c.want(400, "invalid_request", "POST", cancel3, adm, `{}`)
+	c.want(403, "forbidden", "POST", cancel3, view, `{"reason":"contract"}`)
+	c.want(401, "unauthorized", "POST", cancel3, "", `{"reason":"contract"}`)
+	c.want(404, "order_not_found", "POST", aord+"/12345/cancel", adm, `{"reason":"contract"}`)
+	c.want(200, "", "POST", cancel3, adm, `{"reason":"contract"}`)
+	c.want(409, "order_closed", "POST", aord+"/"+paidID+"/cancel", adm, `{"reason":"contract"}`)
+
 	// The README's curl examples, against this gateway.
 	readmeCurls(t, c, pub, readme, cfg)
 
@@ -372,6 +411,10 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(503, "unavailable", "POST", badm+"/admin/v1/sales/"+live+"/resume", adm, "")
 	c.want(503, "unavailable", "GET", badm+"/admin/v1/sales/"+live+"/audit", adm, "")
 	c.want(503, "unavailable", "GET", badm+"/admin/v1/audit-log", adm, "")
+	c.want(503, "unavailable", "GET", aord+"/"+paidID, adm, "")
+	c.want(503, "unavailable", "GET", aord+"?sale="+live, adm, "")
+	c.want(503, "unavailable", "POST", cancel3, adm, `{"reason":"contract"}`)
+	c.want(503, "unavailable", "GET", badm+"/admin/v1/sales/"+live+"/export", adm, "")
 
 	if m := c.missing(); len(m) > 0 {
 		t.Errorf("documented answers never seen (%d):\n  %s", len(m), strings.Join(m, "\n  "))
