@@ -91,6 +91,8 @@ func (a *adminAPI) handler() http.Handler {
 	mux.Handle("GET /admin/v1/orders", a.viewer(a.listOrders))
 	mux.Handle("GET /admin/v1/orders/{order}", a.viewer(a.showOrder))
 	mux.Handle("POST /admin/v1/orders/{order}/cancel", a.operator(a.cancelOrder))
+	mux.Handle("GET /admin/v1/dlq", a.viewer(a.listDLQ))
+	mux.Handle("POST /admin/v1/dlq/{seq}/redrive", a.operator(a.redriveDLQ))
 	a.uiRoutes(mux)
 	mux.Handle("/admin/", a.viewer(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such admin route: "+r.Method+" "+r.URL.Path)

@@ -3,8 +3,10 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/flashgate/flashgate"
 )
@@ -37,4 +39,61 @@ func ListOrders(ctx context.Context, q Querier, sale, user string, after uint64,
 		return nil, fmt.Errorf("orders of %s: %w", sale, err)
 	}
 	return out, nil
+}
+
+// DeleteDeadLettered removes the row of an order that ended failed because
+// its message was dead-lettered (reason), so that the message, redriven into
+// the orders stream, is written as if for the first time. A failed order
+// counts nowhere: no counter moves. It answers whether it removed a row.
+func DeleteDeadLettered(ctx context.Context, tx Querier, id uint64, reason string) (bool, error) {
+	res, err := tx.ExecContext(ctx, `DELETE FROM orders WHERE id = ? AND status = ? AND reason = ?`, id, string(flashgate.OrderFailed), reason)
+	if err != nil {
+		return false, fmt.Errorf("order %d: %w", id, err)
+	}
+	n, _ := res.RowsAffected()
+	return n == 1, nil
+}
+
+// OrderLock is a MySQL named lock on one order id (GET_LOCK, on a
+// connection of its own): redrives of one order run one at a time, across
+// backends.
+type OrderLock struct {
+	conn *sql.Conn
+	name string
+}
+
+// LockOrderID takes the named lock of order id in this database, waiting up
+// to wait.
+func LockOrderID(ctx context.Context, db *sql.DB, id uint64, wait time.Duration) (*OrderLock, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Named locks are the server's: the name has the database in it.
+	var name string
+	if err := conn.QueryRowContext(ctx, `SELECT CONCAT('fg-order-', SHA1(CONCAT(DATABASE(), '/', ?)))`, id).Scan(&name); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	var got sql.NullInt64
+	err = conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, ?)`, name, int(wait/time.Second)).Scan(&got)
+	if err != nil || got.Int64 != 1 {
+		conn.Close()
+		if err == nil {
+			err = fmt.Errorf("order %d: another redrive holds it", id)
+		}
+		return nil, err
+	}
+	return &OrderLock{conn: conn, name: name}, nil
+}
+
+// Release gives the lock back and the connection to the pool.
+func (l *OrderLock) Release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := l.conn.ExecContext(ctx, `DO RELEASE_LOCK(?)`, l.name); err != nil {
+		// The session may still hold it: end the session rather than pool it.
+		_ = l.conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	l.conn.Close()
 }
