@@ -57,7 +57,8 @@ func (a *adminAPI) dlqStream(ctx context.Context) (jetstream.Stream, error) {
 const maxDLQPage = 1000
 
 // listDLQ is GET /admin/v1/dlq[?sale=S][&after=SEQ][&limit=N]: the dead
-// letters in stream order; "next" is the after of the next page.
+// letters in stream order (of a sale MySQL knows, with ?sale); "next" is the
+// after of the next page.
 func (a *adminAPI) listDLQ(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	limit, after := 100, uint64(0)
@@ -79,8 +80,7 @@ func (a *adminAPI) listDLQ(w http.ResponseWriter, r *http.Request) {
 	}
 	subject := bus.DeadLetterSubject(a.natsCfg, "*", "*")
 	if sale := q.Get("sale"); sale != "" {
-		if !flashgate.ValidID(sale) {
-			writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, "sale: not a sale id")
+		if _, ok := a.saleOr404(w, r, sale); !ok {
 			return
 		}
 		subject = bus.DeadLetterSubject(a.natsCfg, "*", sale)

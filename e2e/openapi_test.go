@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,9 +19,12 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/api"
 	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 )
@@ -165,6 +169,9 @@ func TestOpenAPIContract(t *testing.T) {
 	cfg.Gateway.AdmitTimeout = 2 * time.Second
 	// Each call below is a buyer of its own, except the one that trips this.
 	cfg.RateLimit.PerUser = config.Rate{Rate: 0.01, Burst: 10}
+	// Dead letters come quickly, and a redrive need not wait long for the
+	// stream to forget an order id.
+	cfg.Backend.MaxDeliver, cfg.Backend.AckWait, cfg.NATS.DedupWindow = 2, time.Second, time.Second
 	view := testenv.Secret("viewer-")
 	cfg.Admin.Keys = []config.AdminKey{{ID: "viewer", Role: config.RoleViewer, Token: view}}
 	gw := startGateway(t, cfg)
@@ -388,6 +395,74 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(200, "", "POST", cancel3, adm, `{"reason":"contract"}`)
 	c.want(409, "order_closed", "POST", aord+"/"+paidID+"/cancel", adm, `{"reason":"contract"}`)
 
+	// The dead-letter stream: an unparseable message and two poison orders
+	// (a payment deadline no DATETIME holds), published as a gateway would.
+	nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := bus.OrderSubject(cfg.NATS, live)
+	if _, err := js.Publish(t.Context(), subj, []byte("not an order")); err != nil {
+		t.Fatal(err)
+	}
+	poisons := map[string]bool{}
+	for i := range 2 {
+		p := flashgate.Order{ID: uint64(now.UnixNano()) + uint64(i), SaleID: live, UserID: fmt.Sprintf("poison%d", i), Quantity: 1,
+			Status: flashgate.OrderPending, CreatedAt: now.Truncate(time.Millisecond), ExpiresAt: time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC)}
+		if _, err := js.Publish(t.Context(), subj, bus.AppendOrder(nil, &p), jetstream.WithMsgID(strconv.FormatUint(p.ID, 10))); err != nil {
+			t.Fatal(err)
+		}
+		poisons[strconv.FormatUint(p.ID, 10)] = true
+	}
+	var dead struct {
+		DeadLetters []struct {
+			Seq     uint64 `json:"seq"`
+			Kind    string `json:"kind"`
+			OrderID string `json:"order_id"`
+		} `json:"dead_letters"`
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		_, b := c.call("GET", badm+"/admin/v1/dlq?sale="+live, view, "")
+		if json.Unmarshal(b, &dead) == nil && len(dead.DeadLetters) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead letters: %s", b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var unparseable, poison, poison2 string
+	for _, d := range dead.DeadLetters {
+		seq := strconv.FormatUint(d.Seq, 10)
+		switch {
+		case d.Kind == "unparseable":
+			unparseable = seq
+		case poisons[d.OrderID] && poison == "":
+			poison = seq
+		case poisons[d.OrderID]:
+			poison2 = seq
+		}
+	}
+	dlq := badm + "/admin/v1/dlq"
+	c.want(400, "invalid_request", "GET", dlq+"?limit=0", view, "")
+	c.want(401, "unauthorized", "GET", dlq, "", "")
+	c.want(404, "sale_not_found", "GET", dlq+"?sale=nosuch", view, "")
+	c.want(409, "conflict", "POST", dlq+"/"+unparseable+"/redrive", adm, "")
+	c.want(403, "forbidden", "POST", dlq+"/"+poison+"/redrive", view, "")
+	c.want(401, "unauthorized", "POST", dlq+"/"+poison+"/redrive", "", "")
+	c.want(404, "not_found", "POST", dlq+"/999999/redrive", adm, "")
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		st, b := c.call("POST", dlq+"/"+poison+"/redrive", adm, "")
+		if st == 200 {
+			break
+		}
+		if st != 409 || time.Now().After(deadline) {
+			t.Fatalf("redrive: %d %s", st, b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
 	// The README's curl examples, against this gateway.
 	readmeCurls(t, c, pub, readme, cfg)
 
@@ -415,6 +490,8 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(503, "unavailable", "GET", aord+"?sale="+live, adm, "")
 	c.want(503, "unavailable", "POST", cancel3, adm, `{"reason":"contract"}`)
 	c.want(503, "unavailable", "GET", badm+"/admin/v1/sales/"+live+"/export", adm, "")
+	c.want(503, "unavailable", "GET", dlq+"?sale="+live, adm, "")
+	c.want(503, "unavailable", "POST", dlq+"/"+poison2+"/redrive", adm, "")
 
 	if m := c.missing(); len(m) > 0 {
 		t.Errorf("documented answers never seen (%d):\n  %s", len(m), strings.Join(m, "\n  "))

@@ -44,6 +44,8 @@ tools
   order show ID | list --sale S [--user U] | cancel ID --reason R
                              one order, a sale's orders page by page, an operator's cancel
   audit-log [--sale S]       who changed what through the admin API, before and after
+  dlq list [--sale S]        the dead-letter stream's orders and why they failed
+  dlq redrive SEQ            republish a dead-lettered order once its cause is fixed
   migrate up | status        apply the pending schema migrations | list them, applied or pending
   bench --sale ID ...        fire purchase requests, then audit the invariants
   demo                       create a sale and bench it (what 'make demo' runs)
@@ -87,6 +89,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return tokenCmd(args, stdout, stderr)
 	case "sale":
 		return saleCmd(args, stdout, stderr)
+	case "dlq":
+		return dlqCmd(args, stdout, stderr)
 	case "order":
 		return orderCmd(args, stdout, stderr)
 	case "audit-log":
