@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
@@ -34,6 +35,7 @@ type adminAPI struct {
 	// an id the admin audit log records (adminops.go).
 	keys    *auth.AdminKeys
 	natsCfg config.NATS
+	js      jetstream.JetStream
 	log     *slog.Logger
 	db      *sql.DB
 	rc      rueidis.Client

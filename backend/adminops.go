@@ -221,12 +221,9 @@ func (a *adminAPI) saleAudit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := saleAudit{Report: rep}
-	js, err := jetstream.New(a.nc)
+	out.StreamPending, err = subjectMsgs(r, a.js, a.natsCfg.Stream, bus.OrderSubject(a.natsCfg, id))
 	if err == nil {
-		out.StreamPending, err = subjectMsgs(r, js, a.natsCfg.Stream, bus.OrderSubject(a.natsCfg, id))
-	}
-	if err == nil {
-		out.DeadLettered, err = subjectMsgs(r, js, bus.DeadLetterStream(a.natsCfg), bus.DeadLetterSubject(a.natsCfg, "*", id))
+		out.DeadLettered, err = subjectMsgs(r, a.js, bus.DeadLetterStream(a.natsCfg), bus.DeadLetterSubject(a.natsCfg, "*", id))
 	}
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "NATS: "+err.Error())

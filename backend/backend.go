@@ -170,7 +170,7 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	b.ingest.room = newWaitRoom(b.ingest)
 	b.admin = &adminAPI{
-		keys: auth.NewAdminKeys(opts.AdminKeys), natsCfg: opts.NATS, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
+		keys: auth.NewAdminKeys(opts.AdminKeys), natsCfg: opts.NATS, js: b.js, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
 		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout,
 		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader, cancel: b.life.cancel, live: b.live,
 	}

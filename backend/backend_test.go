@@ -590,7 +590,7 @@ func TestStartRefusesOldSchema(t *testing.T) {
 	cfg := testenv.Config(t)
 	cfg.MySQL.AutoMigrate = false
 	_, err := dialAndStart(t, cfg)
-	if err == nil || !strings.Contains(err.Error(), "schema at version 0, this binary needs 9: run `flashgate migrate up`") {
+	if err == nil || !strings.Contains(err.Error(), "schema at version 0, this binary needs 12: run `flashgate migrate up`") {
 		t.Fatalf("Start on an empty schema without auto_migrate: %v", err)
 	}
 	cfg.MySQL.AutoMigrate = true

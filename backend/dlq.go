@@ -46,11 +46,7 @@ func deadLetterOf(m *jetstream.RawStreamMsg) deadLetter {
 }
 
 func (a *adminAPI) dlqStream(ctx context.Context) (jetstream.Stream, error) {
-	js, err := jetstream.New(a.nc)
-	if err != nil {
-		return nil, err
-	}
-	return js.Stream(ctx, bus.DeadLetterStream(a.natsCfg))
+	return a.js.Stream(ctx, bus.DeadLetterStream(a.natsCfg))
 }
 
 // maxDLQPage bounds a page of GET /admin/v1/dlq.
@@ -195,12 +191,8 @@ func (a *adminAPI) redriveDLQ(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, view)
 		return
 	}
-	js, err := jetstream.New(a.nc)
-	var ack *jetstream.PubAck
-	if err == nil {
-		msg := &nats.Msg{Subject: bus.OrderSubject(a.natsCfg, o.SaleID), Data: m.Data, Header: nats.Header{}}
-		ack, err = js.PublishMsg(ctx, msg, jetstream.WithMsgID(strconv.FormatUint(o.ID, 10)))
-	}
+	msg := &nats.Msg{Subject: bus.OrderSubject(a.natsCfg, o.SaleID), Data: m.Data, Header: nats.Header{}}
+	ack, err := a.js.PublishMsg(ctx, msg, jetstream.WithMsgID(strconv.FormatUint(o.ID, 10)))
 	if err == nil && ack.Duplicate {
 		err = errDuplicateWindow
 	}
