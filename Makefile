@@ -149,10 +149,12 @@ clean: ## remove bin/
 
 # Each scenario runs a stack of its own (private Redis, NATS, MariaDB, gateway and backend
 # processes on free ports), so this runs beside anything else. The last line is the summary.
-chaos: deps ## fault suite: kill/stop each part mid-flood, then check the invariants (REDIS=cluster NATS=cluster GATEWAYS=3 BACKENDS=2: on the fleet)
-	@mkdir -p var/chaos var/log; rc=0; \
+# CHAOS_RUN narrows the suite to some scenarios (a go test -run pattern, e.g. 'TestChaos/patch').
+CHAOS_RUN ?= TestChaos
+chaos: deps ## fault suite: kill/stop each part mid-flood, then check the invariants and every client's history (REDIS=cluster NATS=cluster GATEWAYS=3 BACKENDS=2: on the fleet)
+	@mkdir -p var/chaos var/log; rm -f var/chaos/report.txt; rc=0; \
 	REDIS="$(REDIS)" NATS="$(NATS)" GATEWAYS="$(GATEWAYS)" BACKENDS="$(BACKENDS)" \
-	CHAOS_REPORT=$(CURDIR)/var/chaos/report.txt $(GO) test -count=1 -v -timeout 30m -run TestChaos ./chaos > var/log/chaos.log 2>&1 || rc=$$?; \
+	CHAOS_REPORT=$(CURDIR)/var/chaos/report.txt $(GO) test -count=1 -v -timeout 30m -run '$(CHAOS_RUN)' ./chaos > var/log/chaos.log 2>&1 || rc=$$?; \
 	grep -E '^\s+[a-z_]+_test.go|^--- |^FAIL|^ok' var/log/chaos.log || true; \
 	if [[ -s var/chaos/report.txt ]]; then cat var/chaos/report.txt; else tail -n 30 var/log/chaos.log; fi; \
 	exit $$rc

@@ -26,6 +26,7 @@ var rooms = map[string]int{
 	"metrics/metricstest": 2,
 
 	"audit":         3, // reads MySQL and Redis through the store and the scripts
+	"history":       3, // checks a client history against the state at rest (no I/O)
 	"internal/dial": 3, // dials MySQL, Redis, NATS and the leader lock as the processes want them
 
 	"gateway": 4, "backend": 4, // the two processes; neither imports the other

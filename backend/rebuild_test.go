@@ -2,6 +2,7 @@ package backend
 
 import (
 	"errors"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,19 +17,23 @@ import (
 )
 
 // loseRedis deletes everything Redis holds of sale (one key at a time: a
-// split sale's keys are on several slots), as a master that lost its data.
+// split sale's keys are on several slots), as a Redis that lost its data; with
+// tags, only the keys on the same Cluster master as one of theirs, as that
+// master restarting empty.
 func loseRedis(t *testing.T, rc rueidis.Client, sale *flashgate.Sale, tags ...*lua.Keys) {
 	t.Helper()
 	var keys []string
 	if len(tags) == 0 {
 		keys = lua.AllKeys(sale)
 	} else {
-		all := lua.AllKeys(sale)
-		for _, key := range all {
-			for _, tg := range tags {
-				if lua.Slot(key) == lua.Slot(tg.Meta) {
-					keys = append(keys, key)
-				}
+		master := masterOf(t, rc)
+		lost := map[string]bool{}
+		for _, tg := range tags {
+			lost[master(tg.Meta)] = true
+		}
+		for _, key := range lua.AllKeys(sale) {
+			if lost[master(key)] {
+				keys = append(keys, key)
 			}
 		}
 	}
@@ -38,6 +43,42 @@ func loseRedis(t *testing.T, rc rueidis.Client, sale *flashgate.Sale, tags ...*l
 	}
 	if err := sendAll(ctx(t), rc, cmds); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// masterOf maps a key to the address of the Cluster master serving its slot.
+func masterOf(t *testing.T, rc rueidis.Client) func(key string) string {
+	t.Helper()
+	res, err := rc.Do(ctx(t), rc.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		t.Fatalf("cluster slots: %v", err)
+	}
+	type span struct {
+		lo, hi int64
+		addr   string
+	}
+	var spans []span
+	for _, r := range res {
+		v, err := r.ToArray()
+		if err != nil || len(v) < 3 {
+			t.Fatalf("cluster slots: %v", err)
+		}
+		lo, _ := v[0].AsInt64()
+		hi, _ := v[1].AsInt64()
+		node, _ := v[2].ToArray()
+		host, _ := node[0].ToString()
+		port, _ := node[1].AsInt64()
+		spans = append(spans, span{lo, hi, host + ":" + strconv.FormatInt(port, 10)})
+	}
+	return func(key string) string {
+		slot := int64(lua.Slot(key))
+		for _, s := range spans {
+			if slot >= s.lo && slot <= s.hi {
+				return s.addr
+			}
+		}
+		t.Fatalf("no master serves slot %d", slot)
+		return ""
 	}
 }
 
@@ -204,7 +245,8 @@ func TestRebuildRacesFailedWrite(t *testing.T) {
 }
 
 // Findings 5 and 6 of the rebuild issue, on a split sale: the master holding
-// the sale's own meta is lost, then one holding only a bucket. Each time
+// the sale's own meta is lost (with the buckets it serves), then one holding
+// only buckets. Each time
 // orders are in flight (one reserved in Redis, one only in the stream), and a
 // retry of an idempotency key answers the order it made; the stock of every
 // bucket adds up to MySQL's, less what is in flight.
@@ -224,21 +266,31 @@ func TestSplitSaleLosesOneMaster(t *testing.T) {
 		}
 		return a
 	}
-	for round, lost := range []*lua.Keys{k, k.Buckets()[1]} {
+	// A bucket on another master than the sale's meta.
+	master := masterOf(t, e.rc)
+	var other *lua.Keys
+	for _, b := range k.Buckets() {
+		if master(b.Meta) != master(k.Meta) {
+			other = b
+		}
+	}
+	if other == nil {
+		t.Fatal("every bucket is on the meta's master")
+	}
+	for round, lost := range []*lua.Keys{k, other} {
 		written, _ := buy(t, e, k, "w"+string(rune('a'+round)), 2, "")
 		e.process(sale.ID, []flashgate.Order{written})
 		reserved := idem("r"+string(rune('a'+round)), "key", 1)
 		if reserved.Outcome != lua.Admitted {
 			t.Fatalf("round %d: %+v", round, reserved)
 		}
+		// The keyed order is published: in flight, in the stream.
+		publishTo(t, r.js, e, flashgate.Order{ID: reserved.OrderID, SaleID: sale.ID, UserID: "r" + string(rune('a'+round)),
+			Quantity: 1, IdemKey: "key", CreatedAt: reserved.At, ExpiresAt: reserved.At.Add(15 * time.Minute)})
 		flying, _ := buy(t, e, k, "f"+string(rune('a'+round)), 3, "")
 		publishTo(t, r.js, e, flying)
-		// The stream holds the flying order; Redis loses one master's part.
-		if lost == k {
-			loseRedis(t, e.rc, sale, k)
-		} else {
-			loseRedis(t, e.rc, sale, lost)
-		}
+		// The stream holds both; Redis loses one master's part.
+		loseRedis(t, e.rc, sale, lost)
 		rep := reconcileNow(t, r, sale.ID, ReconcileOptions{})
 		if !rep.Rewarmed || !rep.Invariant3Holds {
 			t.Fatalf("round %d: reconcile %+v", round, rep)

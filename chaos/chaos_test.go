@@ -29,12 +29,27 @@ import (
 	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/history"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/loadgen"
 	"github.com/flashgate/flashgate/mysql"
+	"github.com/redis/rueidis"
 )
 
 var binary string
+
+// No step of the suite waits without a deadline: the build, every HTTP call
+// (httpClient; the buyers' own buyClient), every query of the state at rest.
+const (
+	buildTimeout = 10 * time.Minute
+	// callTimeout bounds one HTTP call to a process of the scenario (its
+	// admin API, readiness, metrics, a sale's page).
+	callTimeout = 10 * time.Second
+	// queryTimeout bounds one read of MySQL, Redis or the stream.
+	queryTimeout = 30 * time.Second
+)
+
+var httpClient = &http.Client{Timeout: callTimeout}
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "flashgate-chaos")
@@ -42,8 +57,9 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "flashgate")
-	if out, err := exec.Command("go", "build", "-tags", "failpoints", "-o", binary, "../cmd/flashgate").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build flashgate: %v\n%s", err, out)
+	build := testenv.Command(buildTimeout, "go", "build", "-tags", "failpoints", "-o", binary, "../cmd/flashgate")
+	if out, err := build.CombinedOutput(); build.Done(err) != nil {
+		fmt.Fprintf(os.Stderr, "build flashgate: %v\n%s", build.Done(err), out)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -77,7 +93,7 @@ func (p *proc) start() {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		if res, err := http.Get("http://" + p.admin + "/readyz"); err == nil {
+		if res, err := httpClient.Get("http://" + p.admin + "/readyz"); err == nil {
 			res.Body.Close()
 			if res.StatusCode == 200 {
 				return
@@ -140,6 +156,11 @@ type stack struct {
 	// faultEnd is when the fault ended (the killed part back, the outage
 	// over); recovery is measured from it.
 	faultEnd time.Time
+	// hist is what the scenario's clients saw, and the specs of its sales
+	// over time, for the history checker (history_test.go); allow are the
+	// costs the scenario measures instead of failing on.
+	hist  recorder
+	allow history.Allow
 }
 
 func newStack(t *testing.T, gatewayEnv ...[]string) *stack {
@@ -270,7 +291,7 @@ func (st *stack) admin(method, path string, body any) (int, []byte) {
 	}
 	req, _ := http.NewRequest(method, "http://"+to.admin+path, rd)
 	req.Header.Set("Authorization", "Bearer "+st.cfg.Admin.Token)
-	res, err := http.DefaultClient.Do(req)
+	res, err := httpClient.Do(req)
 	if err != nil {
 		return 0, []byte(err.Error())
 	}
@@ -302,10 +323,11 @@ func (st *stack) createLimited(total, perUser int64, k int, limits []flashgate.L
 	if code, b := st.admin("POST", "/admin/v1/sales", s); code != 201 {
 		st.t.Fatalf("create sale: %d %s", code, b)
 	}
+	st.hist.sale(s)
 	for _, g := range st.gateways {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			res, err := http.Get("http://" + g.addr + "/v1/sales/" + s.ID)
+			res, err := httpClient.Get("http://" + g.addr + "/v1/sales/" + s.ID)
 			if err == nil {
 				res.Body.Close()
 				if res.StatusCode == 200 {
@@ -344,8 +366,10 @@ func (st *stack) floodPhones(sale string, users, requests, phones int, fault fun
 	perGateway := users / len(st.gateways)
 	for i, g := range st.gateways {
 		toks := make([][]byte, perGateway)
+		names := make([]string, perGateway)
 		for j := range toks {
 			user := "f" + strconv.Itoa(st.floods) + "g" + strconv.Itoa(i) + "u" + strconv.Itoa(j)
+			names[j] = user
 			var o auth.MintOptions
 			if phones > 0 {
 				o.Phone = fmt.Sprintf("+1555%02d%06d", st.floods, (i*perGateway+j)%phones)
@@ -365,12 +389,13 @@ func (st *stack) floodPhones(sale string, users, requests, phones int, fault fun
 			defer wg.Done()
 			res, err := loadgen.Run(context.Background(), loadgen.Config{
 				Target: "http://" + g.addr, Sale: sale, Tokens: toks, Concurrency: 32,
-				Requests: int64(requests / len(st.gateways)),
+				Requests: int64(requests / len(st.gateways)), Record: true,
 			})
 			if err != nil {
 				st.t.Errorf("%s flood: %v", g.name, err)
 				return
 			}
+			st.hist.calls(sale, names, 1, "", res.Calls)
 			mu.Lock()
 			accepted = append(accepted, res.Accepted...)
 			sent += res.Requests
@@ -408,13 +433,14 @@ func (st *stack) settle(sale string, accepted []uint64) (audit.Report, time.Dura
 	for {
 		// What the leader does periodically, now.
 		st.admin("POST", "/admin/v1/sales/"+sale+"/reconcile?older_than=2s", nil)
-		rep, err = audit.Check(context.Background(), db, rc, sale, accepted)
+		rep, err = auditCheck(db, rc, sale, accepted)
 		if err == nil && rep.Lost == 0 && rep.RedisReserved == 0 && rep.LedgerHolds {
 			// At rest: audit once more, on one moment.
-			if rep, err = audit.Check(context.Background(), db, rc, sale, accepted); err == nil {
+			if rep, err = auditCheck(db, rc, sale, accepted); err == nil {
 				noteFailed(st.t, db, sale, accepted)
 				elapsed := time.Since(start)
 				st.noteConservation(sale)
+				st.checkHistory(db, rc, sale)
 				return rep, elapsed
 			}
 		}
@@ -422,10 +448,18 @@ func (st *stack) settle(sale string, accepted []uint64) (audit.Report, time.Dura
 			noteFailed(st.t, db, sale, accepted)
 			elapsed := time.Since(start)
 			st.noteConservation(sale)
+			st.checkHistory(db, rc, sale)
 			return rep, elapsed
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// auditCheck is audit.Check bounded by queryTimeout.
+func auditCheck(db *sql.DB, rc rueidis.Client, sale string, accepted []uint64) (audit.Report, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+	defer cancel()
+	return audit.Check(ctx, db, rc, sale, accepted)
 }
 
 type row struct {
@@ -500,7 +534,7 @@ func (st *stack) noteConservation(sale string) {
 // scrapeSample reads one sample (name with its labels, as exposed) from a
 // process's /metrics; ok is false when it is absent.
 func scrapeSample(admin, sample string) (v float64, ok bool, err error) {
-	res, err := http.Get("http://" + admin + "/metrics")
+	res, err := httpClient.Get("http://" + admin + "/metrics")
 	if err != nil {
 		return 0, false, err
 	}
@@ -531,7 +565,10 @@ func noteFailed(t *testing.T, db *sql.DB, sale string, accepted []uint64) {
 		}
 		var c int64
 		q := "SELECT COUNT(*) FROM orders WHERE sale_id = ? AND status = 'failed' AND id IN (?" + strings.Repeat(",?", len(part)-1) + ")"
-		if err := db.QueryRowContext(context.Background(), q, args...).Scan(&c); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+		err := db.QueryRowContext(ctx, q, args...).Scan(&c)
+		cancel()
+		if err != nil {
 			t.Errorf("counting failed orders: %v", err)
 			return
 		}
@@ -599,6 +636,7 @@ func TestChaos(t *testing.T) {
 	if excused {
 		fmt.Fprintf(&b, "* accepted orders a Redis failover without wait_replicas turned into failed ones (units returned; docs/recovery.md): not in the failed below\n")
 	}
+	fmt.Fprintln(&b, historyLine())
 	fmt.Fprintf(&b, "chaos: %d scenarios, oversold %d, over-limit %d, lost %d, duplicated %d, failed %d, conservation error not 0 in %d\n",
 		len(rows), over, limit, lost, dup, failed, unconserved)
 	fmt.Print(b.String())

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -44,6 +43,7 @@ func redisDownDegradeMySQL(t *testing.T) {
 	if code, b := st.admin("POST", "/admin/v1/sales", s); code != 201 {
 		t.Fatalf("create sale: %d %s", code, b)
 	}
+	st.hist.sale(s)
 	st.waitSale(s.ID)
 
 	var paused, resumed time.Time
@@ -53,8 +53,10 @@ func redisDownDegradeMySQL(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, g := range st.gateways {
 		toks := make([][]byte, 12000)
+		names := make([]string, len(toks))
 		for j := range toks {
-			tok, err := auth.MintHS256(st.cfg.Auth.JWTSecret, "dg"+strconv.Itoa(i)+"u"+strconv.Itoa(j), auth.MintOptions{})
+			names[j] = "dg" + strconv.Itoa(i) + "u" + strconv.Itoa(j)
+			tok, err := auth.MintHS256(st.cfg.Auth.JWTSecret, names[j], auth.MintOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -63,11 +65,13 @@ func redisDownDegradeMySQL(t *testing.T) {
 		wg.Go(func() {
 			res, err := loadgen.Run(context.Background(), loadgen.Config{
 				Target: "http://" + g.addr, Sale: s.ID, Tokens: toks, Concurrency: 64, Duration: degradeFlood, Rate: degradeRate,
+				Record: true,
 			})
 			if err != nil {
 				t.Errorf("%s flood: %v", g.name, err)
 				return
 			}
+			st.hist.calls(s.ID, names, 1, "", res.Calls)
 			mu.Lock()
 			accepted = append(accepted, res.Accepted...)
 			sent += res.Requests
@@ -168,7 +172,7 @@ func (st *stack) waitSale(id string) {
 	for _, g := range st.gateways {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			res, err := http.Get("http://" + g.addr + "/v1/sales/" + id)
+			res, err := httpClient.Get("http://" + g.addr + "/v1/sales/" + id)
 			if err == nil {
 				res.Body.Close()
 				if res.StatusCode == 200 {

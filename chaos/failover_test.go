@@ -108,6 +108,9 @@ func redisMasterFailover(t *testing.T, waitReplicas int) {
 	t.Logf("accepted during the flood with the failover %d, after it %d", len(accepted), len(acceptedAfter))
 	accepted = append(accepted, acceptedAfter...)
 	requests += more
+	// Without wait_replicas a 202 the failover lost from Redis may end
+	// failed: the row's measured price, not an anomaly.
+	st.allow.FailedAccepted = waitReplicas == 0
 	rep, rec := st.settle(s.ID, accepted)
 	recordRow(t, row{name: name, requests: requests, accepted: int64(len(accepted)), orders: rep.Orders,
 		oversold: rep.Oversold, overLimit: rep.OverLimitUsers, lost: rep.Lost, duplicated: rep.Duplicated,

@@ -115,7 +115,7 @@ func (st *stack) keyedFlood(sale string, groups [][]*buyer, tries int, fault fun
 					}
 					b := groups[i][j]
 					for range tries {
-						a := buy(g.addr, sale, b)
+						a := st.buy(g.addr, sale, b)
 						sent.Add(1)
 						b.answers = append(b.answers, a)
 						if a.status != 503 && a.status != 0 {
@@ -198,36 +198,7 @@ func redisLostBuyersRetry(t *testing.T) {
 		}
 	})
 	// Every buyer asks once more, with the key, after the loss: a replay.
-	var replays atomic.Int64
-	for i, g := range groups {
-		var wg sync.WaitGroup
-		var next atomic.Int64
-		for range 32 {
-			wg.Go(func() {
-				for {
-					j := next.Add(1) - 1
-					if j >= int64(len(g)) {
-						return
-					}
-					b := g[j]
-					if b.accepted() == 0 {
-						continue
-					}
-					for range 50 {
-						a := buy(st.gateways[i].addr, s.ID, b)
-						replays.Add(1)
-						b.answers = append(b.answers, a)
-						if a.status != 503 && a.status != 0 {
-							break
-						}
-						time.Sleep(100 * time.Millisecond)
-					}
-				}
-			})
-		}
-		wg.Wait()
-	}
-	requests += replays.Load()
+	requests += st.replayAccepted(s.ID, groups)
 	accepted := acceptedOf(groups)
 	rep, rec := st.settle(s.ID, accepted)
 	byUser := st.ordersByUser(s.ID)

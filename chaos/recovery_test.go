@@ -88,7 +88,10 @@ func waitCount(t *testing.T, db *sql.DB, sale, where string, n int64, within tim
 	deadline := time.Now().Add(within)
 	for {
 		var got int64
-		if err := db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM orders WHERE sale_id = ? AND "+where, sale).Scan(&got); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM orders WHERE sale_id = ? AND "+where, sale).Scan(&got)
+		cancel()
+		if err != nil {
 			t.Fatal(err)
 		}
 		if got >= n {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -98,7 +97,7 @@ func backendCounter(t *testing.T, st *stack, sample string) float64 {
 	t.Helper()
 	var sum float64
 	for _, b := range st.backends {
-		res, err := http.Get("http://" + b.admin + "/metrics")
+		res, err := httpClient.Get("http://" + b.admin + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -56,6 +56,8 @@ type answerMsg struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Order   string `json:"order_id"`
+	// Dimension is the limit a 403 limit_reached names (user, phone, …).
+	Dimension string `json:"dimension"`
 }
 
 // TestLimitsThroughTheGateway: a sale with five limits; each refusal names its
@@ -104,6 +106,12 @@ func TestLimitsThroughTheGateway(t *testing.T) {
 		if status == 202 {
 			accepted = append(accepted, a.Order)
 		}
+		if code == "limit_reached" {
+			// The dimension is a field of its own, the first word of the mention.
+			if dim, _, _ := strings.Cut(mention, " "); a.Dimension != dim {
+				t.Fatalf("%s: %s names dimension %q, want %q", what, a.raw, a.Dimension, dim)
+			}
+		}
 	}
 	a := buyer{user: "ua", phone: "+86 138-0000-0001", device: "dev-a", ip: "198.18.1.1"}
 	// What a limit needs and the request lacks.
@@ -131,7 +139,7 @@ func TestLimitsThroughTheGateway(t *testing.T) {
 		if i < 3 {
 			want("user", r, 202, "accepted", "")
 		} else {
-			want("user per day", r, 403, "limit_reached", "per user per day")
+			want("user per day", r, 403, "limit_reached", "user limit reached: at most 3 units per user per day")
 		}
 	}
 

@@ -88,3 +88,18 @@ func BenchmarkPurchaseSoldOutFromMemory(b *testing.B) {
 	}
 	benchPurchase(b, e, s, e.token("bench"), 409)
 }
+
+// BenchmarkPurchaseRateLimited: a buyer over the per-user rate, answered 429
+// with a jittered Retry-After from memory. It must not allocate.
+func BenchmarkPurchaseRateLimited(b *testing.B) {
+	e := start(b, func(c *config.Config) {
+		c.RateLimit.PerIP = config.Rate{Rate: 1e9, Burst: 1e9}
+		c.RateLimit.PerUser = config.Rate{Rate: 0.001, Burst: 1}
+	})
+	s := e.sale(nil)
+	tok := e.token("bench")
+	if r := e.buy(s, tok, `{}`, nil); r.Status != 202 {
+		b.Fatalf("first purchase: %d", r.Status)
+	}
+	benchPurchase(b, e, s, tok, 429)
+}

@@ -24,11 +24,27 @@ import (
 // without touching its dependency; after cfg.BreakerOpen it lets probes
 // through, and their success closes it again by itself.
 type breakers struct {
-	settings func(name string) gobreaker.Settings
-	redis    atomic.Pointer[map[string]*gobreaker.CircuitBreaker[struct{}]]
-	mu       sync.Mutex // serialises redis map writers
-	slots    atomic.Pointer[[]slotRange]
-	nats     *gobreaker.CircuitBreaker[struct{}]
+	newBreaker func(name string) *breaker
+	redis      atomic.Pointer[map[string]*breaker]
+	mu         sync.Mutex // serialises redis map writers
+	slots      atomic.Pointer[[]slotRange]
+	nats       *breaker
+}
+
+// breaker is a circuit breaker that knows when it will let probes through
+// again: a 503 it causes tells the buyer to come back about then
+// (Retry-After, unavailableFor), rather than every buyer in the next second.
+type breaker struct {
+	*gobreaker.CircuitBreaker[struct{}]
+	openUntil atomic.Int64 // unix ns: when the last opening ends
+}
+
+// retryIn is how long the breaker stays open from now (0 unless it is open).
+func (b *breaker) retryIn(now time.Time) time.Duration {
+	if b.State() != gobreaker.StateOpen {
+		return 0
+	}
+	return max(time.Duration(b.openUntil.Load()-now.UnixNano()), 0)
 }
 
 // standalone names the one shard of a Redis that is not a cluster.
@@ -41,8 +57,9 @@ type slotRange struct {
 
 func newBreakers(failures int, open time.Duration, m *metrics.Gateway) *breakers {
 	b := &breakers{}
-	b.settings = func(name string) gobreaker.Settings {
-		return gobreaker.Settings{
+	b.newBreaker = func(name string) *breaker {
+		br := &breaker{}
+		br.CircuitBreaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 			Name:        name,
 			MaxRequests: 3, // half-open probes
 			Timeout:     open,
@@ -51,14 +68,18 @@ func newBreakers(failures int, open time.Duration, m *metrics.Gateway) *breakers
 			// own error reply means Redis is there.
 			IsSuccessful: func(err error) bool { return err == nil || isReply(err) },
 			OnStateChange: func(name string, from, to gobreaker.State) {
+				if to == gobreaker.StateOpen {
+					br.openUntil.Store(time.Now().Add(open).UnixNano())
+				}
 				slog.Warn("circuit breaker", "breaker", name, "from", from.String(), "to", to.String())
 				m.BreakerState(name, breakerGauge(to))
 			},
-		}
+		})
+		return br
 	}
-	b.nats = gobreaker.NewCircuitBreaker[struct{}](b.settings("nats"))
+	b.nats = b.newBreaker("nats")
 	m.BreakerState("nats", metrics.BreakerClosed)
-	empty := map[string]*gobreaker.CircuitBreaker[struct{}]{}
+	empty := map[string]*breaker{}
 	b.redis.Store(&empty)
 	return b
 }
@@ -89,7 +110,7 @@ func refusedByBreaker(err error) bool {
 
 // forSlot is the breaker of the shard that owns slot. It does not allocate once
 // the shard has a breaker.
-func (b *breakers) forSlot(slot uint16) *gobreaker.CircuitBreaker[struct{}] {
+func (b *breakers) forSlot(slot uint16) *breaker {
 	addr := standalone
 	if r := b.slots.Load(); r != nil {
 		rs := *r
@@ -111,7 +132,7 @@ func (b *breakers) forSlot(slot uint16) *gobreaker.CircuitBreaker[struct{}] {
 	if addr == standalone {
 		name = standalone
 	}
-	cb := gobreaker.NewCircuitBreaker[struct{}](b.settings(name))
+	cb := b.newBreaker(name)
 	m = maps.Clone(m)
 	m[addr] = cb
 	b.redis.Store(&m)

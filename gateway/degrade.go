@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -100,12 +99,7 @@ func (g *Gateway) answerLane(ctx *fasthttp.RequestCtx, s *sale, region string, r
 	case flashgate.LaneBadOrder:
 		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "the purchase does not fit the sale")
 	case flashgate.LaneLimitReached:
-		msg := "user limit reached: at most " + strconv.FormatInt(s.spec.PerUserLimit, 10) + " units per user"
-		if r.Limit >= 0 && r.Limit < len(s.spec.Limits) {
-			l := s.spec.Limits[r.Limit]
-			msg = string(l.Dimension) + " limit reached: " + l.String()
-		}
-		fail(ctx, fasthttp.StatusForbidden, flashgate.CodeLimitReached, msg)
+		limitReached(ctx, s.limitBody(r.Limit))
 	case flashgate.LaneSoldOut:
 		g.markSoldOut(s, region)
 		fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -78,7 +79,8 @@ func TestLaneAnswers(t *testing.T) {
 			func(r reply) bool { return r.OrderID == "4242" && r.State == "confirmed" }},
 		{"replay", bus.LaneReply{Outcome: "replay", OrderID: 4241, Status: "paid"}, 202, "accepted",
 			func(r reply) bool { return r.OrderID == "4241" && r.State == "paid" }},
-		{"limit", bus.LaneReply{Outcome: "limit_reached", Limit: -1, Held: 2}, 403, "limit_reached", nil},
+		{"limit", bus.LaneReply{Outcome: "limit_reached", Limit: -1, Held: 2}, 403, "limit_reached",
+			func(r reply) bool { return strings.Contains(string(r.Raw), `"dimension":"user"`) }},
 		{"not started", bus.LaneReply{Outcome: "not_started", WaitMS: 2500}, 425, "not_started",
 			func(r reply) bool { return r.RetryAfter == "3" }},
 		{"ended", bus.LaneReply{Outcome: "ended"}, 410, "ended", nil},

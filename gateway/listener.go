@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strconv"
@@ -93,16 +94,30 @@ func newEdgeListener(ln net.Listener, o edgeOptions) *edgeListener {
 }
 
 // Refusals written to a connection before it is closed: built once, so a
-// flood of refused connections costs no allocation.
+// flood of refused connections costs no allocation. Each comes with every
+// Retry-After retryAfter(0) can draw (1-3 s), one picked at random per
+// refusal (refusal), so the refused come back spread out.
 var (
-	refuseBusy = rawJSONResponse(503, "Service Unavailable", `{"code":"unavailable","message":"too many connections: retry shortly"}`, true)
-	refuseIP   = rawJSONResponse(429, "Too Many Requests", `{"code":"rate_limited","message":"too many connections from your address"}`, true)
+	refuseBusy = rawJSONRefusals(503, "Service Unavailable", `{"code":"unavailable","message":"too many connections: retry shortly"}`)
+	refuseIP   = rawJSONRefusals(429, "Too Many Requests", `{"code":"rate_limited","message":"too many connections from your address"}`)
 )
 
-func rawJSONResponse(status int, reason, body string, retry bool) []byte {
+// rawJSONRefusals is a refusal with a Retry-After of 1, 2 and 3 seconds.
+func rawJSONRefusals(status int, reason, body string) [3][]byte {
+	var out [3][]byte
+	for i := range out {
+		out[i] = rawJSONResponse(status, reason, body, i+1)
+	}
+	return out
+}
+
+// refusal picks one of rs at random.
+func refusal(rs *[3][]byte) []byte { return rs[rand.IntN(len(rs))] }
+
+func rawJSONResponse(status int, reason, body string, retryAfter int) []byte {
 	s := "HTTP/1.1 " + strconv.Itoa(status) + " " + reason + "\r\nContent-Type: application/json\r\n"
-	if retry {
-		s += "Retry-After: 1\r\n"
+	if retryAfter > 0 {
+		s += "Retry-After: " + strconv.Itoa(retryAfter) + "\r\n"
 	}
 	return []byte(s + "Connection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 }
@@ -154,7 +169,7 @@ func (l *edgeListener) Accept() (net.Conn, error) {
 		if l.open.Add(1) > l.max {
 			l.open.Add(-1)
 			l.refusedMax.Inc()
-			l.refuse(c, refuseBusy)
+			l.refuse(c, refusal(&refuseBusy))
 			continue
 		}
 		ec := &edgeConn{Conn: c, l: l}
@@ -167,7 +182,7 @@ func (l *edgeListener) Accept() (net.Conn, error) {
 					l.mu.Unlock()
 					l.open.Add(-1)
 					l.refusedIP.Inc()
-					l.refuse(c, refuseIP)
+					l.refuse(c, refusal(&refuseIP))
 					continue
 				}
 				l.byIP[ip]++

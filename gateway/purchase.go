@@ -226,10 +226,11 @@ func (g *Gateway) allowIP(ctx *fasthttp.RequestCtx, now time.Time) bool {
 	return true
 }
 
-// limited answers 429 for limit l with the wait the limiter advised.
+// limited answers 429 for limit l, with a Retry-After drawn from the wait the
+// limiter advised (retryAfter).
 func (g *Gateway) limited(ctx *fasthttp.RequestCtx, l metrics.Limit, msg string, wait time.Duration) {
 	g.metrics.Refused(l)
-	failRetry(ctx, fasthttp.StatusTooManyRequests, flashgate.CodeRateLimited, msg, ceilSeconds(wait.Milliseconds()))
+	refuseRetry(ctx, fasthttp.StatusTooManyRequests, flashgate.CodeRateLimited, msg, wait)
 }
 
 // soldOutEarly answers 409 from the sold-out mark before the token is checked:
@@ -403,7 +404,7 @@ func (g *Gateway) maybeReplay(s *sale, user, idem string) bool {
 func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjects, qty int64, region, idem string, now time.Time, charges []flashgate.Charge) {
 	if g.breakers.nats.State() == gobreaker.StateOpen {
 		// Admitting would only reserve units the publish cannot carry.
-		unavailable(ctx, "order queue unavailable")
+		unavailableFor(ctx, "order queue unavailable", g.breakers.nats.retryIn(time.Now()))
 		return
 	}
 	if g.laneFirst(s) && g.viaLane(ctx, s, sub, qty, region, idem, now) {
@@ -421,7 +422,8 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 	}
 	var adm lua.Admission
 	start := time.Now()
-	_, err := g.breakers.forSlot(s.slotOf(sub.User)).Execute(func() (struct{}, error) {
+	cb := g.breakers.forSlot(s.slotOf(sub.User))
+	_, err := cb.Execute(func() (struct{}, error) {
 		actx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
 		defer cancel()
 		var err error
@@ -432,7 +434,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 	})
 	if refusedByBreaker(err) {
 		if !g.viaLane(ctx, s, sub, qty, region, idem, now) {
-			unavailable(ctx, "stock service unavailable")
+			unavailableFor(ctx, "stock service unavailable", cb.retryIn(time.Now()))
 		}
 		return
 	}
@@ -443,7 +445,7 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		// orders. The undo releases it; the buyer's retry meets the open
 		// breaker and goes to the lane.
 		g.undoAdmit(s, sub.User, args.OrderID, region, args.EncodedCharges, err)
-		unavailable(ctx, "stock service unavailable")
+		unavailableFor(ctx, "stock service unavailable", cb.retryIn(time.Now()))
 		return
 	}
 	g.answerAdmission(ctx, s, sub, &args, adm, lease)
@@ -492,12 +494,7 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 	case lua.BadQuantity:
 		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "quantity out of range")
 	case lua.LimitReached:
-		msg := "user limit reached: at most " + strconv.FormatInt(s.spec.PerUserLimit, 10) + " units per user"
-		if adm.Limit >= 0 {
-			l := s.spec.Limits[adm.Limit]
-			msg = string(l.Dimension) + " limit reached: " + l.String()
-		}
-		fail(ctx, fasthttp.StatusForbidden, flashgate.CodeLimitReached, msg)
+		limitReached(ctx, s.limitBody(adm.Limit))
 	case lua.SoldOut:
 		if adm.Remaining > 0 {
 			// Units are left, fewer than asked for: not a mark for everyone.
@@ -566,14 +563,14 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order)
 	case rerr != nil:
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
 		g.enqueueRelease(releaseJob{s: s, user: m.UserID, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
-		unavailable(ctx, "order queue unavailable")
+		unavailableFor(ctx, "order queue unavailable", g.breakers.nats.retryIn(time.Now()))
 	case rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased):
 		accepted(ctx, m.ID, flashgate.OrderPending)
 	default:
 		if rel.Released {
 			g.restocked(s, m.Region)
 		}
-		unavailable(ctx, "order queue unavailable")
+		unavailableFor(ctx, "order queue unavailable", g.breakers.nats.retryIn(time.Now()))
 	}
 }
 

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -47,7 +48,8 @@ func fail(ctx *fasthttp.RequestCtx, status int, code flashgate.Code, msg string)
 	r.AppendBodyString("}")
 }
 
-// failRetry is fail with a Retry-After of secs seconds.
+// failRetry is fail with a Retry-After of exactly secs seconds (at least 1):
+// for an answer whose wait is a fact, like the seconds left before a start.
 func failRetry(ctx *fasthttp.RequestCtx, status int, code flashgate.Code, msg string, secs int64) {
 	fail(ctx, status, code, msg)
 	if secs <= 1 {
@@ -58,17 +60,71 @@ func failRetry(ctx *fasthttp.RequestCtx, status int, code flashgate.Code, msg st
 	ctx.Response.Header.SetBytesKV(hdrRetryAfter, strconv.AppendInt(buf[:0], secs, 10))
 }
 
-// pausedRetry is the Retry-After of a paused sale's purchases: a pause is an
-// operator's and lasts minutes, not milliseconds.
-const pausedRetry = 30
+// pausedWait is the wait behind a paused sale's Retry-After (retryAfter
+// jitters it to 10-21 s): a pause is an operator's and lasts minutes, and
+// buyers refused together should not come back together.
+const pausedWait = 10 * time.Second
 
 // paused answers a purchase of a paused sale: 503 paused, nothing reserved.
 func paused(ctx *fasthttp.RequestCtx) {
-	failRetry(ctx, fasthttp.StatusServiceUnavailable, flashgate.CodePaused, "the sale is paused; try again later", pausedRetry)
+	refuseRetry(ctx, fasthttp.StatusServiceUnavailable, flashgate.CodePaused, "the sale is paused; try again later", pausedWait)
 }
 
+// The bounds of a jittered Retry-After, in seconds.
+const (
+	minRetryAfter = 1
+	maxRetryAfter = 30
+)
+
+// retryAfter is the Retry-After of a refusal caused by something that lasts
+// about wait (a rate limiter's advised wait, a breaker's remaining open time;
+// 0 when nothing is known): never less than wait rounded up to whole seconds,
+// and a random number of seconds up to as much again plus one more, all within
+// 1-30 s. Buyers refused in the same instant come back spread over that span,
+// not together at the next second to be refused together again. math/rand/v2's
+// top-level functions use a per-thread source: no lock, no allocation.
+func retryAfter(wait time.Duration) int64 {
+	lo := min(max(ceilSeconds(wait.Milliseconds()), minRetryAfter), maxRetryAfter)
+	hi := min(2*lo+1, maxRetryAfter)
+	return lo + rand.Int64N(hi-lo+1)
+}
+
+// refuseRetry is fail with a jittered Retry-After derived from wait
+// (retryAfter): the 429s and 503s.
+func refuseRetry(ctx *fasthttp.RequestCtx, status int, code flashgate.Code, msg string, wait time.Duration) {
+	failRetry(ctx, status, code, msg, retryAfter(wait))
+}
+
+// unavailable answers 503 for a dependency that is away for an unknown time.
 func unavailable(ctx *fasthttp.RequestCtx, msg string) {
-	failRetry(ctx, fasthttp.StatusServiceUnavailable, flashgate.CodeUnavailable, msg, 1)
+	refuseRetry(ctx, fasthttp.StatusServiceUnavailable, flashgate.CodeUnavailable, msg, 0)
+}
+
+// unavailableFor answers 503 for an outage expected to last about wait (an
+// open breaker's remaining time).
+func unavailableFor(ctx *fasthttp.RequestCtx, msg string, wait time.Duration) {
+	refuseRetry(ctx, fasthttp.StatusServiceUnavailable, flashgate.CodeUnavailable, msg, wait)
+}
+
+// limitBody is the 403 limit_reached body of one purchase limit: the limit's
+// dimension (user, phone, device, ip, address) as a field of its own, so a
+// client need not read it out of the message. Built once for each limit of a
+// sale (newSale): the refusal then copies bytes and allocates nothing.
+func limitBody(dim flashgate.Dimension, msg string) []byte {
+	b := append([]byte(`{"code":"`), flashgate.CodeLimitReached...)
+	b = append(b, `","message":`...)
+	b = appendJSONString(b, msg)
+	b = append(b, `,"dimension":`...)
+	b = appendJSONString(b, string(dim))
+	return append(b, '}')
+}
+
+// limitReached answers 403 with a body limitBody built.
+func limitReached(ctx *fasthttp.RequestCtx, body []byte) {
+	ctx.SetStatusCode(fasthttp.StatusForbidden)
+	ctx.SetContentTypeBytes(ctJSON)
+	ctx.Response.ResetBody()
+	ctx.Response.AppendBody(body)
 }
 
 func appendJSONString(b []byte, s string) []byte {

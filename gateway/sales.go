@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"reflect"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,10 @@ type sale struct {
 	// counts are the purchase answers by code, sent to the backends every
 	// second for the live view (stats.go).
 	counts metrics.SaleCounters
+
+	// limitBodies are the sale's 403 limit_reached bodies, written once:
+	// [0] for per_user_limit, [1+i] for spec.Limits[i] (limitBody).
+	limitBodies [][]byte
 }
 
 func newSale(spec *flashgate.Sale) *sale {
@@ -86,8 +91,22 @@ func newSale(spec *flashgate.Sale) *sale {
 		s.bucketSlots = append(s.bucketSlots, uint16(lua.Slot(b.Meta)))
 	}
 	s.rateKey = ratelimit.KeyString(spec.ID)
+	s.limitBodies = append(s.limitBodies, limitBody(flashgate.DimUser,
+		"user limit reached: at most "+strconv.FormatInt(spec.PerUserLimit, 10)+" units per user"))
+	for _, l := range spec.Limits {
+		s.limitBodies = append(s.limitBodies, limitBody(l.Dimension, string(l.Dimension)+" limit reached: "+l.String()))
+	}
 	s.render(time.Now())
 	return s
+}
+
+// limitBody is the 403 body of the limit the admission named: i indexes
+// spec.Limits, anything else (-1) is per_user_limit.
+func (s *sale) limitBody(i int) []byte {
+	if i >= 0 && i+1 < len(s.limitBodies) {
+		return s.limitBodies[1+i]
+	}
+	return s.limitBodies[0]
 }
 
 // slotOf is the slot user's admissions run on: the sale's, or the home

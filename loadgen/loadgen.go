@@ -77,6 +77,27 @@ type Config struct {
 	ClientIPs bool
 	// Progress receives a line a second and a final one; nil means none.
 	Progress io.Writer
+	// Record keeps every request and its answer in Result.Calls, for a
+	// checker of the run's history (package history). It allocates per
+	// request: leave it off for a benchmark.
+	Record bool
+}
+
+// Call is one request of a recorded run and its answer.
+type Call struct {
+	// User is the index in Config.Tokens of the user who sent it.
+	User int
+	// Key is the Idempotency-Key sent ("" without one).
+	Key string
+	// Status is the HTTP status, 0 when no answer came (a transport error
+	// or a timeout: the request may have been served all the same).
+	Status int
+	// Code is the body's "code"; Order the order id of a 202 (0 if none).
+	Code  string
+	Order uint64
+	// Sent and Answered bound the request (Answered when the error came,
+	// for a transport error).
+	Sent, Answered time.Time
 }
 
 // Result is what a run saw.
@@ -103,6 +124,9 @@ type Result struct {
 	Errors int64
 	// BadOrderIDs counts 202 answers without a readable order_id.
 	BadOrderIDs int64
+	// Calls are every request and its answer, with Config.Record (in no
+	// particular order); nil without.
+	Calls []Call
 }
 
 // NoCode is the ByCode key of responses whose body has no "code".
@@ -161,6 +185,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	perm := mrand.Perm(len(cfg.Tokens))
 	users := make([][]byte, len(cfg.Tokens))
 	var ips [][]byte
+	// userOf[i] is the token index of users[i] (for a recorded run).
+	userOf := perm
 	if cfg.ClientIPs {
 		ips = make([][]byte, len(cfg.Tokens))
 	}
@@ -179,7 +205,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	r := &run{cfg: cfg, client: client, uri: reqURI, body: body, users: users, ips: ips, idemPrefix: idemPrefix,
-		limit: cfg.Requests}
+		limit: cfg.Requests, userOf: userOf}
 	if cfg.Rate > 0 {
 		r.interval = float64(time.Second) / cfg.Rate
 		if cfg.Duration > 0 {
@@ -317,6 +343,7 @@ type run struct {
 	users      [][]byte
 	idemPrefix []byte
 	ips        [][]byte // X-Forwarded-For per user, or nil
+	userOf     []int    // token index of each of users
 	workers    []*worker
 	shards     []histShard
 	// limit is the number of requests to send (0: until stopped).
@@ -388,6 +415,7 @@ type worker struct {
 	byStatus map[int]int64
 	byCode   map[string]*int64
 	ids      []uint64
+	calls    []Call // with Config.Record
 	hist     *histShard
 }
 
@@ -471,6 +499,16 @@ func (r *run) work(w *worker) {
 			// Open loop: the request's latency runs from when it was due.
 			us = t1.Sub(due).Microseconds()
 			w.recordLag(t0.Sub(due).Microseconds())
+		}
+		if r.cfg.Record {
+			c := Call{User: r.userOf[i%n], Key: string(idem), Sent: t0, Answered: t1}
+			if err == nil {
+				c.Status, c.Code = resp.StatusCode(), string(jsonString(resp.Body(), keyCode))
+				if c.Status == fasthttp.StatusAccepted {
+					c.Order, _ = parseUint(jsonString(resp.Body(), keyOrderID))
+				}
+			}
+			w.calls = append(w.calls, c)
 		}
 		if err != nil {
 			w.errors.Add(1)
@@ -616,6 +654,7 @@ func (r *run) merge(elapsed time.Duration) *Result {
 			res.ByCode[c] += *n
 		}
 		res.Accepted = append(res.Accepted, w.ids...)
+		res.Calls = append(res.Calls, w.calls...)
 	}
 	for i := range r.shards {
 		res.Latency.Merge(r.shards[i].lat)

@@ -560,3 +560,52 @@ func TestSummary(t *testing.T) {
 		t.Fatalf("unpaced summary %+v", s)
 	}
 }
+
+// A recorded run keeps every request: who sent it (the token's index), its
+// key, and its answer, the 202s with their order ids.
+func TestRecordKeepsEveryCall(t *testing.T) {
+	g, url := startFake(t, 5, 0)
+	toks := tokens(4)
+	res, err := Run(context.Background(), Config{Target: url, Sale: "s", Tokens: toks, Concurrency: 3, Requests: 12,
+		Idempotency: true, Record: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Calls) != 12 {
+		t.Fatalf("%d calls recorded of 12", len(res.Calls))
+	}
+	perUser := map[int]int{}
+	keys := map[string]bool{}
+	var ids []uint64
+	for _, c := range res.Calls {
+		perUser[c.User]++
+		keys[c.Key] = true
+		if c.Answered.Before(c.Sent) {
+			t.Errorf("call answered before it was sent: %+v", c)
+		}
+		switch c.Status {
+		case 202:
+			ids = append(ids, c.Order)
+		case 409:
+			if c.Code != "sold_out" || c.Order != 0 {
+				t.Errorf("a 409 recorded as %+v", c)
+			}
+		default:
+			t.Errorf("status %d", c.Status)
+		}
+	}
+	slices.Sort(ids)
+	if !slices.Equal(ids, res.Accepted) {
+		t.Errorf("recorded 202s %v, accepted %v", ids, res.Accepted)
+	}
+	if len(keys) != 12 {
+		t.Errorf("%d distinct keys recorded, want 12", len(keys))
+	}
+	// Each user is asked for in turn: 3 requests each, and the fake saw the
+	// same users under their tokens.
+	for u, n := range perUser {
+		if n != 3 || g.users[string(toks[u])] != 3 {
+			t.Errorf("user %d: %d recorded, %d seen by the server", u, n, g.users[string(toks[u])])
+		}
+	}
+}

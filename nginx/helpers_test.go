@@ -359,15 +359,23 @@ func try(method, url, token string, body []byte, hdr map[string]string) (reply, 
 }
 
 // wantError checks a docs/design.md §3 error answer: the status, Content-Type application/json, and a
-// body of exactly {"code": code, "message": "<non-empty>"}.
+// body of exactly {"code": code, "message": "<non-empty>"}, and for limit_reached the limit's
+// "dimension" too.
 func wantError(t testing.TB, r reply, status int, code string) {
 	t.Helper()
 	if r.Status != status || !strings.HasPrefix(r.ContentType, "application/json") {
 		t.Fatalf("got %d %q %q, want %d application/json", r.Status, r.ContentType, r.Raw, status)
 	}
 	msg, _ := r.JSON["message"].(string)
-	if len(r.JSON) != 2 || r.code() != code || msg == "" {
-		t.Fatalf("body %q: want exactly {\"code\":%q,\"message\":\"…\"}", r.Raw, code)
+	fields := 2
+	if code == string(flashgate.CodeLimitReached) {
+		if dim, _ := r.JSON["dimension"].(string); dim == "" {
+			t.Fatalf("body %q: limit_reached without its dimension", r.Raw)
+		}
+		fields = 3
+	}
+	if len(r.JSON) != fields || r.code() != code || msg == "" {
+		t.Fatalf("body %q: want exactly {\"code\":%q,\"message\":\"…\"} (and a limit_reached's dimension)", r.Raw, code)
 	}
 }
 

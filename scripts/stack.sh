@@ -451,7 +451,7 @@ write_secrets_env() {
 # leader lock (rueidislock) runs its own scripts (GET, SET, DEL, PEXPIREAT) on flashgate:*.
 REDIS_CONN_CMDS="+ping +hello +auth +client|setname +client|getname +client|id +client|tracking +client|caching +readonly +cluster|slots +cluster|shards +cluster|info +cluster|myid"
 REDIS_SCRIPT_CMDS="+evalsha +eval +evalsha_ro +eval_ro +script|load +script|exists"
-REDIS_DATA_CMDS="+wait +get +set +del +exists +pttl +pexpire +pexpireat +persist +rename +mget +incrby +decrby +hget +hset +hsetnx +hdel +hexists +hgetall +hincrby +hmget +hvals +hlen +sadd +srem +smembers +sismember +scard +zadd +zrem +zrange +zrangebyscore +zscore +zmscore +zcard"
+REDIS_DATA_CMDS="+wait +time +get +set +del +exists +pttl +pexpire +pexpireat +persist +rename +mget +incrby +decrby +hget +hset +hsetnx +hdel +hexists +hgetall +hincrby +hmget +hvals +hlen +sadd +srem +smembers +sismember +scard +zadd +zrem +zrange +zrangebyscore +zscore +zmscore +zcard"
 
 render_redis_acl() {
 	local extra=""

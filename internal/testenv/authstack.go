@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -39,11 +38,11 @@ func StartAuthStack(t testing.TB) *AuthStack {
 	}
 	root = filepath.Dir(root)
 	dir := t.TempDir()
-	cmd := exec.Command("bash", filepath.Join(root, "scripts", "stack.sh"), "auth-conf")
+	cmd := command(InstallTimeout, "bash", filepath.Join(root, "scripts", "stack.sh"), "auth-conf")
 	// Only what the script needs: a password the environment gives would
 	// replace a generated one.
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "STACK_VAR=" + dir}
-	if out, err := cmd.CombinedOutput(); err != nil {
+	if out, err := cmd.CombinedOutput(); cmd.Done(err) != nil {
 		t.Fatalf("stack.sh auth-conf: %v\n%s", err, out)
 	}
 	s := readSecrets(filepath.Join(dir, "secrets", "generated.env"))

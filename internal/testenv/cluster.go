@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -160,9 +159,53 @@ type RedisCluster struct {
 // create, and waits until every node sees the cluster ok and every master has
 // its replicas. Each node's cluster bus port is a free port of its own
 // (cluster-port), not port+10000, which could be an ephemeral port.
+//
+// The create and the wait for the cluster to settle have deadlines
+// (ClusterCreateTimeout, clusterSettleTimeout); past one, the attempt's
+// nodes are killed and the cluster is made again on fresh ports, up to
+// clusterAttempts times: a cluster that does not join (a port taken between
+// FreePort and the bind, a bus that cannot connect) costs a minute, not the
+// run.
 func StartRedisCluster(t testing.TB, masters, replicas int, nodeTimeout time.Duration) *RedisCluster {
 	t.Helper()
+	var errs []string
+	for attempt := 1; attempt <= clusterAttempts; attempt++ {
+		c, err := startRedisCluster(t, masters, replicas, nodeTimeout, clusterCreateTimeout, clusterSettleTimeout, clusterPrepare)
+		if err == nil {
+			return c
+		}
+		errs = append(errs, fmt.Sprintf("attempt %d: %v", attempt, err))
+		t.Logf("redis cluster: attempt %d of %d failed, trying again on fresh ports: %v", attempt, clusterAttempts, err)
+	}
+	t.Fatalf("redis cluster not made in %d attempts:\n%s", clusterAttempts, strings.Join(errs, "\n"))
+	return nil
+}
+
+const (
+	clusterAttempts      = 3
+	clusterSettleTimeout = 30 * time.Second
+)
+
+// clusterCreateTimeout is ClusterCreateTimeout (this package's tests
+// shorten it).
+var clusterCreateTimeout = ClusterCreateTimeout
+
+// clusterPrepare, when set (by this package's tests), runs on each attempt's
+// nodes before the create: a test breaks an attempt with it.
+var clusterPrepare func(attempt []*Server)
+
+// startRedisCluster is one attempt of StartRedisCluster: on failure its
+// nodes are killed (and the error says why).
+func startRedisCluster(t testing.TB, masters, replicas int, nodeTimeout, createTimeout, settleTimeout time.Duration, prepare func([]*Server)) (_ *RedisCluster, err error) {
+	t.Helper()
 	c := &RedisCluster{}
+	defer func() {
+		if err != nil {
+			for _, s := range c.Nodes {
+				s.Kill()
+			}
+		}
+	}()
 	var addrs []string
 	for range masters * (1 + replicas) {
 		port, bus := FreePort(t), FreePort(t)
@@ -180,19 +223,32 @@ func StartRedisCluster(t testing.TB, masters, replicas int, nodeTimeout time.Dur
 		c.Nodes = append(c.Nodes, s)
 		addrs = append(addrs, s.Addr)
 	}
+	if prepare != nil {
+		prepare(c.Nodes)
+	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
-	if out, err := redisCLI(args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	cmd := redisCLI(createTimeout, args...)
+	if out, err := cmd.CombinedOutput(); cmd.Done(err) != nil {
+		return nil, fmt.Errorf("redis-cli --cluster create (within %v): %w\n%s", createTimeout, cmd.Done(err), tail(out, 10))
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(settleTimeout)
 	for !c.settled(masters, replicas) {
 		if time.Now().After(deadline) {
-			t.Fatalf("redis cluster %v not ok with %d replicas per master within 30s", addrs, replicas)
+			return nil, fmt.Errorf("redis cluster %v not ok with %d replicas per master within %v", addrs, replicas, settleTimeout)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return c
+	return c, nil
+}
+
+// tail is the last n lines of out.
+func tail(out []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // Addrs are every node's address (seeds for a client).
@@ -204,23 +260,25 @@ func (c *RedisCluster) Addrs() []string {
 	return a
 }
 
-// cli runs redis-cli against s and returns its output.
+// cli runs redis-cli against s (bounded by CLITimeout) and returns its
+// output.
 func cli(s *Server, args ...string) (string, error) {
 	host, port, _ := strings.Cut(s.Addr, ":")
-	out, err := redisCLI(append([]string{"-h", host, "-p", port}, args...)...).Output()
-	return strings.TrimSpace(string(out)), err
+	cmd := redisCLI(CLITimeout, append([]string{"-h", host, "-p", port}, args...)...)
+	out, err := cmd.Output()
+	return strings.TrimSpace(string(out)), cmd.Done(err)
 }
 
 // redisCLI is redis-cli logged in as the servers of this package are set up:
 // as RedisUsername when there is one, else as nobody. REDISCLI_AUTH (which
 // var/secrets.env exports for the stack's own servers) is left out of its
 // environment: redis-cli would send it as the default user's password to a
-// server that has none.
-func redisCLI(args ...string) *exec.Cmd {
+// server that has none. It is killed past d; call Done once it is over.
+func redisCLI(d time.Duration, args ...string) *Timed {
 	if u := RedisUsername(); u != "" {
 		args = append([]string{"--user", u, "--pass", RedisPassword(), "--no-auth-warning"}, args...)
 	}
-	cmd := exec.Command("redis-cli", args...)
+	cmd := command(d, "redis-cli", args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "REDISCLI_AUTH=") {
 			cmd.Env = append(cmd.Env, kv)

@@ -123,7 +123,8 @@ func StartMariaDB(t testing.TB) *Server {
 	if os.Geteuid() == 0 {
 		args = append(args, "--user=root")
 	}
-	if out, err := exec.Command("mariadb-install-db", args...).CombinedOutput(); err != nil {
+	install := command(InstallTimeout, "mariadb-install-db", args...)
+	if out, err := install.CombinedOutput(); install.Done(err) != nil {
 		t.Fatalf("mariadb-install-db (make deps installs it): %v\n%s", err, out)
 	}
 	port := FreePort(t)
@@ -136,7 +137,7 @@ func StartMariaDB(t testing.TB) *Server {
 		s.args = append(s.args, "--user=root")
 	}
 	s.ready = func() error {
-		db, err := sql.Open("mysql", "root@tcp("+s.Addr+")/?timeout=1s")
+		db, err := sql.Open("mysql", "root@tcp("+s.Addr+")/?timeout=1s&readTimeout=2s&writeTimeout=2s")
 		if err != nil {
 			return err
 		}
