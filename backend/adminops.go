@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -67,11 +68,16 @@ func auditEntry(r *http.Request, ch change) mysql.AdminChange {
 // MySQL could not.
 func (a *adminAPI) record(r *http.Request, ch change) {
 	e := auditEntry(r, ch)
-	if err := mysql.RecordAdminChange(context.WithoutCancel(r.Context()), a.db, e); err != nil {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), recordTimeout)
+	defer cancel()
+	if err := mysql.RecordAdminChange(ctx, a.db, e); err != nil {
 		a.log.Error("admin change not recorded in the audit log", "err", err, "key", e.KeyID, "source", e.Source,
 			"action", e.Action, "sale", e.SaleID, "target", e.Target, "before", string(e.Before), "after", string(e.After))
 	}
 }
+
+// recordTimeout bounds writing one entry of the audit log.
+const recordTimeout = 5 * time.Second
 
 // pauseView is the before and after of a pause or a resume.
 type pauseView struct {

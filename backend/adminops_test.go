@@ -151,6 +151,13 @@ func TestPauseResume(t *testing.T) {
 	if got := try("u3"); got != lua.Paused {
 		t.Fatalf("admission after the rebuild: %v", got)
 	}
+	// A change of the spec keeps the pause (it rewrites the meta from MySQL's row).
+	if status, body := s.call("PATCH", "/admin/v1/sales/"+id, op, `{"total":12}`); status != 200 || body["paused"] != true {
+		t.Fatalf("update of the paused sale: %d %v", status, body)
+	}
+	if got := try("u3"); got != lua.Paused {
+		t.Fatalf("admission after an update: %v", got)
+	}
 	if status, body := s.call("POST", "/admin/v1/sales/"+id+"/resume", op, ""); status != 200 || body["paused"] == true {
 		t.Fatalf("resume: %d %v", status, body)
 	}
@@ -161,12 +168,12 @@ func TestPauseResume(t *testing.T) {
 		t.Fatalf("admission after resume: %v", got)
 	}
 	entries := auditLog(t, s, id)
-	if len(entries) != 3 || entries[0].Action != "resume" || entries[1].Action != "pause" {
+	if len(entries) != 4 || entries[0].Action != "resume" || entries[1].Action != "update" || entries[2].Action != "pause" {
 		t.Fatalf("audit log: %+v", entries)
 	}
-	if string(entries[1].Before) != `{"paused":false,"closed":false}` || string(entries[1].After) != `{"paused":true,"closed":false}` ||
+	if string(entries[2].Before) != `{"paused":false,"closed":false}` || string(entries[2].After) != `{"paused":true,"closed":false}` ||
 		string(entries[0].Before) != `{"paused":true,"closed":false}` || string(entries[0].After) != `{"paused":false,"closed":false}` {
-		t.Errorf("pause %s → %s, resume %s → %s", entries[1].Before, entries[1].After, entries[0].Before, entries[0].After)
+		t.Errorf("pause %s → %s, resume %s → %s", entries[2].Before, entries[2].After, entries[0].Before, entries[0].After)
 	}
 }
 
