@@ -155,6 +155,9 @@ func TestPauseResume(t *testing.T) {
 	if status, body := s.call("PATCH", "/admin/v1/sales/"+id, op, `{"total":12}`); status != 200 || body["paused"] != true {
 		t.Fatalf("update of the paused sale: %d %v", status, body)
 	}
+	if ev := nextEvent(t, events); ev.Type != bus.EventCreated || ev.Sale == nil || !ev.Sale.Paused {
+		t.Errorf("the update's event %+v: gateways must learn the new spec still paused", ev)
+	}
 	if got := try("u3"); got != lua.Paused {
 		t.Fatalf("admission after an update: %v", got)
 	}
