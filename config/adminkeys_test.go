@@ -1,6 +1,7 @@
 package config
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -40,5 +41,18 @@ func TestAdminKeys(t *testing.T) {
 	}
 	if len(got.Admin.Keys) != 1 || got.Admin.Keys[0].ID != "ann" {
 		t.Fatalf("from env: %+v", got.Admin.Keys)
+	}
+	// Environ hands them to a child process (the tests' spawned backends).
+	env := map[string]string{}
+	for _, kv := range Environ(got) {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	back := Default()
+	if err := applyEnv(&back, func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back.Admin.Keys, got.Admin.Keys) {
+		t.Fatalf("through Environ: %+v, want %+v", back.Admin.Keys, got.Admin.Keys)
 	}
 }

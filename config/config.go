@@ -758,6 +758,9 @@ func environ(v reflect.Value, prefix string, out *[]string) {
 		case []Key:
 			b, _ := json.Marshal(x) // JSON is YAML flow form
 			s = string(b)
+		case []AdminKey:
+			b, _ := json.Marshal(x)
+			s = string(b)
 		default:
 			s = fmt.Sprint(x)
 		}
