@@ -68,6 +68,7 @@ const (
 	LaneReplayed     LaneOutcome = "replay"
 	LaneNotStarted   LaneOutcome = "not_started"
 	LaneEnded        LaneOutcome = "ended"
+	LanePaused       LaneOutcome = "paused"
 	LaneBadQuantity  LaneOutcome = "bad_quantity"
 	LaneLimitReached LaneOutcome = "limit_reached"
 	LaneSoldOut      LaneOutcome = "sold_out"

@@ -45,6 +45,8 @@ const (
 	CodeAlreadyPaid Code = "already_paid"
 	// CodePaymentIDUsed: the payment_id has paid another order.
 	CodePaymentIDUsed Code = "payment_id_used"
+	// CodePaused: the sale is paused by an operator (sale pause); nothing was reserved.
+	CodePaused Code = "paused"
 )
 
 // SaleState is the public state of a sale as GET /v1/sales/{sale} reports it.
@@ -73,6 +75,9 @@ type Sale struct {
 	Limits   []Limit `json:"limits,omitempty"`
 	TimeZone string  `json:"time_zone,omitempty"`
 	Closed   bool    `json:"closed,omitempty"`
+	// Paused: purchases answer 503 paused until the sale resumes (docs/runbook.md);
+	// nothing is reserved meanwhile. A pause does not move the window.
+	Paused bool `json:"paused,omitempty"`
 	// Degrade is what purchases meet while the sale's Redis shard is
 	// unreachable (degrade.go): DegradeClosed ("" too) answers 503,
 	// DegradeMySQL decides them in MySQL, at most DegradeRate at once per

@@ -54,6 +54,33 @@ func (a *Client) CreateSale(ctx context.Context, s *flashgate.Sale) ([]byte, err
 	return a.Do(ctx, http.MethodPost, "/admin/v1/sales", s)
 }
 
+// Stream calls GET path and copies a 2xx answer's body to w as it comes
+// (an export of any size); an answer cut short is an error.
+func (a *Client) Stream(ctx context.Context, path string, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+path, nil)
+	if err != nil {
+		return fmt.Errorf("admin API: %w", err)
+	}
+	if a.token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.token)
+	}
+	hc := *a.hc
+	hc.Timeout = 0 // as long as the export takes; ctx bounds it
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("admin API (is the backend up?): %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		out, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return fmt.Errorf("admin API GET %s: %w", path, a.apiError(resp.StatusCode, out))
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("admin API GET %s: cut short: %w", path, err)
+	}
+	return nil
+}
+
 // Do calls the admin API and returns the body of a 2xx answer.
 func (a *Client) Do(ctx context.Context, method, path string, in any) ([]byte, error) {
 	var body io.Reader
@@ -86,12 +113,17 @@ func (a *Client) Do(ctx context.Context, method, path string, in any) ([]byte, e
 	if resp.StatusCode/100 == 2 {
 		return out, nil
 	}
-	e := &APIError{Status: resp.StatusCode}
+	return nil, fmt.Errorf("admin API %s %s: %w", method, path, a.apiError(resp.StatusCode, out))
+}
+
+// apiError is the APIError of a non-2xx answer with body out.
+func (a *Client) apiError(status int, out []byte) *APIError {
+	e := &APIError{Status: status}
 	if json.Unmarshal(out, e) != nil || e.Code == "" {
 		e.Message = strings.TrimSpace(string(out))
 	}
-	if resp.StatusCode == http.StatusUnauthorized && a.token == "" {
+	if status == http.StatusUnauthorized && a.token == "" {
 		e.hint = " (no admin token: set FLASHGATE_ADMIN_TOKEN or admin.token)"
 	}
-	return nil, fmt.Errorf("admin API %s %s: %w", method, path, e)
+	return e
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
@@ -20,6 +21,7 @@ import (
 	"github.com/flashgate/flashgate/audit"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/mysql"
@@ -29,7 +31,11 @@ import (
 // the ledger view, the probes, the metrics and pprof. It holds only what those
 // answers read; reconcile and leadership are the owner's, reached by function.
 type adminAPI struct {
-	token   string
+	// keys are the admin credentials: viewer and operator keys, each with
+	// an id the admin audit log records (adminops.go).
+	keys    *auth.AdminKeys
+	natsCfg config.NATS
+	js      jetstream.JetStream
 	log     *slog.Logger
 	db      *sql.DB
 	rc      rueidis.Client
@@ -40,8 +46,12 @@ type adminAPI struct {
 	// reconcile is Backend.ReconcileWith; isLeader reports the election.
 	reconcile func(ctx context.Context, id string, opt ReconcileOptions) (ReconcileReport, error)
 	isLeader  func() bool
-	// live reads the live view's numbers (live.go, ui.go).
-	live *live
+	// cancel is lifecycle.cancel: an operator's cancel is the buyer's.
+	cancel cancelFunc
+	// live reads the live view's numbers (live.go, ui.go); sessions are
+	// its logins.
+	live     *live
+	sessions uiSessions
 	// waitReplicas, waitTimeout: redis.wait_replicas, redis.wait_timeout (a
 	// PATCH lowering a split sale lands transfers only once confirmed).
 	waitReplicas int
@@ -52,7 +62,8 @@ type adminAPI struct {
 const maxAdminBody = 64 << 10
 
 // handler serves docs/design.md §4, the health probes, the metrics and pprof.
-// Everything under /admin/ needs the bearer token; the probes and /metrics need
+// Everything under /admin/ needs an admin key's bearer token (a viewer's
+// reads, an operator's changes: adminops.go); the probes and /metrics need
 // none (Prometheus and orchestrators scrape them; they reveal counts, not
 // orders). /debug/pprof/ needs the token too: profiles expose internals (the
 // command line with any secret passed on it, heap contents, every goroutine's
@@ -67,25 +78,28 @@ func (a *adminAPI) handler() http.Handler {
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", a.metrics.Handler())
 	mux.Handle("GET /openapi.json", api.Handler())
-	mux.Handle("/debug/pprof/", a.auth(metrics.PprofHandler().ServeHTTP))
-	mux.Handle("POST /admin/v1/sales", a.auth(a.createSale))
-	mux.Handle("GET /admin/v1/sales", a.auth(a.listSales))
-	mux.Handle("PATCH /admin/v1/sales/{sale}", a.auth(a.updateSale))
-	mux.Handle("GET /admin/v1/sales/{sale}", a.auth(a.ledger))
-	mux.Handle("POST /admin/v1/sales/{sale}/close", a.auth(a.closeSale))
-	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", a.auth(a.reconcileSale))
+	mux.Handle("/debug/pprof/", a.operator(metrics.PprofHandler().ServeHTTP))
+	mux.Handle("POST /admin/v1/sales", a.operator(a.createSale))
+	mux.Handle("GET /admin/v1/sales", a.viewer(a.listSales))
+	mux.Handle("PATCH /admin/v1/sales/{sale}", a.operator(a.updateSale))
+	mux.Handle("GET /admin/v1/sales/{sale}", a.viewer(a.ledger))
+	mux.Handle("GET /admin/v1/sales/{sale}/audit", a.viewer(a.saleAudit))
+	mux.Handle("POST /admin/v1/sales/{sale}/close", a.operator(a.closeSale))
+	mux.Handle("POST /admin/v1/sales/{sale}/pause", a.operator(a.pauseSale))
+	mux.Handle("POST /admin/v1/sales/{sale}/resume", a.operator(a.resumeSale))
+	mux.Handle("POST /admin/v1/sales/{sale}/reconcile", a.operator(a.reconcileSale))
+	mux.Handle("GET /admin/v1/audit-log", a.viewer(a.auditLog))
+	mux.Handle("GET /admin/v1/sales/{sale}/export", a.viewer(a.exportSale))
+	mux.Handle("GET /admin/v1/orders", a.viewer(a.listOrders))
+	mux.Handle("GET /admin/v1/orders/{order}", a.viewer(a.showOrder))
+	mux.Handle("POST /admin/v1/orders/{order}/cancel", a.operator(a.cancelOrder))
+	mux.Handle("GET /admin/v1/dlq", a.viewer(a.listDLQ))
+	mux.Handle("POST /admin/v1/dlq/{seq}/redrive", a.operator(a.redriveDLQ))
 	a.uiRoutes(mux)
-	mux.Handle("/admin/", a.auth(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/admin/", a.viewer(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such admin route: "+r.Method+" "+r.URL.Path)
 	}))
 	return mux
-}
-
-// auth lets a request through only with "Authorization: Bearer <admin.token>"
-// (the gateway's admin port uses the same guard). An empty configured token
-// refuses everything.
-func (a *adminAPI) auth(h http.HandlerFunc) http.Handler {
-	return auth.RequireAdmin(a.token, h)
 }
 
 // saleSpec is the body of POST /admin/v1/sales. per_order_max may be left out:
@@ -178,6 +192,7 @@ func (a *adminAPI) createSale(w http.ResponseWriter, r *http.Request) {
 	case !did:
 		a.log.Warn("Redis already held the new sale: stale keys of an earlier sale with this id?", "sale", sale.ID)
 	}
+	a.record(r, change{action: "create", sale: sale.ID, after: sale})
 	a.events.publish(bus.SaleEvent{Type: bus.EventCreated, SaleID: sale.ID, Sale: sale})
 	a.log.Info("sale created", "sale", sale.ID, "total", sale.Total)
 	writeJSON(w, http.StatusCreated, sale)
@@ -324,7 +339,8 @@ func (a *adminAPI) closeLocked(ctx context.Context, id string) (string, error) {
 // that fails half-way answers 503 and is safe to repeat.
 func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sale")
-	if _, ok := a.saleOr404(w, r, id); !ok {
+	before, ok := a.saleOr404(w, r, id)
+	if !ok {
 		return
 	}
 	// A cold sale is warmed first (lua.Close alone would leave a meta with
@@ -344,6 +360,7 @@ func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	a.record(r, change{action: "close", sale: id, before: &before.Sale, after: &row.Sale})
 	a.events.publish(bus.SaleEvent{Type: bus.EventClosed, SaleID: id, Sale: &row.Sale})
 	a.log.Info("sale closed", "sale", id)
 	writeJSON(w, http.StatusOK, &row.Sale)
@@ -376,6 +393,7 @@ func (a *adminAPI) reconcileSale(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "reconcile: "+err.Error())
 		return
 	}
+	a.record(r, change{action: "reconcile", sale: id, before: rep.Before, after: rep.After})
 	a.log.Info("reconciled on request", "sale", id, "rewarmed", rep.Rewarmed, "republished", rep.Republished,
 		"repaired", rep.Repair.Done, "diff_before", rep.Before.Diff, "diff_after", rep.After.Diff)
 	writeJSON(w, http.StatusOK, rep)

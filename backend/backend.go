@@ -21,6 +21,7 @@ import (
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidislock"
 
+	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
@@ -173,17 +174,17 @@ func (b *Backend) build(ctx context.Context) error {
 	}
 	b.ingest.room = newWaitRoom(b.ingest)
 	b.admin = &adminAPI{
-		token: opts.AdminToken, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
+		keys: auth.NewAdminKeys(opts.AdminKeys), natsCfg: opts.NATS, js: b.js, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
 		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout,
-		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader, live: b.live,
+		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader, cancel: b.life.cancel, live: b.live,
 	}
 	return nil
 }
 
 // serveAdmin listens on backend.admin_listen and serves the admin API.
 func (b *Backend) serveAdmin() error {
-	if b.opts.AdminToken == "" {
-		b.log.Warn("admin.token is empty: the admin API refuses every request (set FLASHGATE_ADMIN_TOKEN)")
+	if len(b.opts.AdminKeys) == 0 {
+		b.log.Warn("no admin key (admin.token, admin.keys): the admin API refuses every request (set FLASHGATE_ADMIN_TOKEN)")
 	}
 	ln, err := net.Listen("tcp", b.opts.Backend.AdminListen)
 	if err != nil {

@@ -102,7 +102,8 @@ func (a *adminAPI) updateSale(w http.ResponseWriter, r *http.Request) {
 			"body: nothing to change (starts_at, ends_at, total, per_user_limit, per_order_max, limits, regions)")
 		return
 	}
-	if _, ok := a.saleOr404(w, r, id); !ok {
+	before, ok := a.saleOr404(w, r, id)
+	if !ok {
 		return
 	}
 	sale, err := a.applyPatch(r, id, &p)
@@ -125,6 +126,7 @@ func (a *adminAPI) updateSale(w http.ResponseWriter, r *http.Request) {
 	a.events.publish(bus.SaleEvent{Type: bus.EventCreated, SaleID: id, Sale: sale})
 	a.log.Info("sale updated", "sale", id, "total", sale.Total, "starts_at", sale.StartsAt, "ends_at", sale.EndsAt,
 		"per_user_limit", sale.PerUserLimit, "per_order_max", sale.PerOrderMax)
+	a.record(r, change{action: "update", sale: id, before: &before.Sale, after: sale})
 	writeJSON(w, http.StatusOK, sale)
 }
 

@@ -76,6 +76,8 @@ func OrderSubject(cfg config.NATS, sale string) string { return cfg.OrderSubject
 const (
 	EventCreated   = "created"
 	EventClosed    = "closed"
+	EventPaused    = "paused"  // purchases answer 503 paused until resumed
+	EventResumed   = "resumed" // a paused sale sells again
 	EventSoldOut   = "sold_out"
 	EventRestocked = "restocked"
 	EventWarm      = "warm"    // a gateway found the sale not warmed: a backend should warm it

@@ -11,8 +11,9 @@ type BackendOptions struct {
 	// NATS names the stream, the durable consumer and the subjects of orders,
 	// dead letters, sale events and order commands.
 	NATS NATS
-	// AdminToken guards the admin API and pprof.
-	AdminToken string
+	// AdminKeys guard the admin API and pprof: admin.keys, and admin.token
+	// as the operator key "default".
+	AdminKeys []AdminKey
 	// Retention is sales.retention: how long after its end a settled sale
 	// stays in Redis.
 	Retention time.Duration
@@ -34,7 +35,7 @@ func (c Config) BackendOptions() BackendOptions {
 	return BackendOptions{
 		Backend:        c.Backend,
 		NATS:           c.NATS,
-		AdminToken:     c.Admin.Token,
+		AdminKeys:      c.Admin.AdminKeys(),
 		Retention:      c.Sales.Retention,
 		PublishTimeout: c.Gateway.PublishTimeout,
 		WaitReplicas:   c.Redis.WaitReplicas,

@@ -208,6 +208,36 @@ type Admin struct {
 	Token string `yaml:"token"`
 	// URL is where the CLI finds the backend's admin API.
 	URL string `yaml:"url"`
+	// Keys are the admin API's credentials, each with an id (recorded in the admin audit log) and a role: viewer (reads) or operator (reads and changes); token, when set, is one more operator key with id "default" (docs/credentials.md).
+	Keys []AdminKey `yaml:"keys"`
+}
+
+// Admin roles: a viewer reads (the live view, ledgers, orders, audits,
+// exports, the audit log); an operator also changes (create, update, pause,
+// close, cancel, redrive).
+const (
+	RoleViewer   = "viewer"
+	RoleOperator = "operator"
+)
+
+// DefaultAdminKeyID is the id admin.token is recorded under.
+const DefaultAdminKeyID = "default"
+
+// AdminKey is one admin credential.
+type AdminKey struct {
+	ID    string `yaml:"id" json:"id"`
+	Role  string `yaml:"role" json:"role"`
+	Token string `yaml:"token" json:"token"`
+}
+
+// AdminKeys are admin.keys with admin.token (if set) as the operator key
+// "default".
+func (a Admin) AdminKeys() []AdminKey {
+	keys := slices.Clone(a.Keys)
+	if a.Token != "" {
+		keys = append(keys, AdminKey{ID: DefaultAdminKeyID, Role: RoleOperator, Token: a.Token})
+	}
+	return keys
 }
 
 // Redis lists the seed addresses: one for a standalone Redis, several for a
@@ -397,7 +427,7 @@ func Default() Config {
 			AdminListen: "127.0.0.1:8082", BatchSize: 500, BatchWait: 50 * time.Millisecond,
 			MaxAckPending: 20000, MaxDeliver: 10, AckWait: 30 * time.Second, ShutdownTimeout: 15 * time.Second,
 		},
-		Admin: Admin{URL: "http://127.0.0.1:8082"},
+		Admin: Admin{URL: "http://127.0.0.1:8082", Keys: []AdminKey{}},
 		Redis: Redis{Addrs: []string{"127.0.0.1:16379"}, MaxFlushDelay: 0, WaitTimeout: 250 * time.Millisecond},
 		NATS: NATS{
 			URL: "nats://127.0.0.1:14222", Stream: "FLASHGATE_ORDERS",
@@ -592,6 +622,26 @@ func (c *Config) checkAuth() []error {
 	// An empty admin token closes the admin API (every request refused).
 	if c.Admin.Token != "" {
 		weak("admin.token (FLASHGATE_ADMIN_TOKEN)", c.Admin.Token, MinAdminTokenBytes)
+	}
+	adminIDs, adminTokens := map[string]bool{}, map[string]bool{}
+	for i, k := range c.Admin.AdminKeys() {
+		switch {
+		case k.ID == "":
+			errs = append(errs, fmt.Errorf("admin.keys[%d]: id is empty", i))
+		case adminIDs[k.ID]:
+			errs = append(errs, fmt.Errorf("admin.keys[%d]: id %q given twice (admin.token is the key %q)", i, k.ID, DefaultAdminKeyID))
+		case k.Role != RoleViewer && k.Role != RoleOperator:
+			errs = append(errs, fmt.Errorf("admin.keys[%d] (%s): role %q, want viewer or operator", i, k.ID, k.Role))
+		case k.Token == "":
+			errs = append(errs, fmt.Errorf("admin.keys[%d] (%s): token is empty", i, k.ID))
+		case adminTokens[k.Token]:
+			errs = append(errs, fmt.Errorf("admin.keys[%d] (%s): the same token as another key", i, k.ID))
+		default:
+			if k.Token != c.Admin.Token || k.ID != DefaultAdminKeyID {
+				weak("admin.keys["+k.ID+"].token", k.Token, MinAdminTokenBytes)
+			}
+		}
+		adminIDs[k.ID], adminTokens[k.Token] = true, true
 	}
 	kids := map[string]bool{}
 	for i, k := range a.Keys {
@@ -807,6 +857,9 @@ func environ(v reflect.Value, prefix string, out *[]string) {
 			s = strconv.FormatFloat(x, 'g', -1, 64)
 		case []Key:
 			b, _ := json.Marshal(x) // JSON is YAML flow form
+			s = string(b)
+		case []AdminKey:
+			b, _ := json.Marshal(x)
 			s = string(b)
 		default:
 			s = fmt.Sprint(x)

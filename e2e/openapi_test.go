@@ -21,9 +21,12 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/api"
 	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
 )
@@ -252,6 +255,11 @@ func TestOpenAPIContract(t *testing.T) {
 	cfg.Gateway.ReadTimeout = 2 * time.Second
 	// Each call below is a buyer of its own, except the one that trips this.
 	cfg.RateLimit.PerUser = config.Rate{Rate: 0.01, Burst: 10}
+	// Dead letters come quickly, and a redrive need not wait long for the
+	// stream to forget an order id.
+	cfg.Backend.MaxDeliver, cfg.Backend.AckWait, cfg.NATS.DedupWindow = 2, time.Second, time.Second
+	view := testenv.Secret("viewer-")
+	cfg.Admin.Keys = []config.AdminKey{{ID: "viewer", Role: config.RoleViewer, Token: view}}
 	gw := startGateway(t, cfg)
 	be := startBackend(t, cfg)
 	pub, gadm, badm := "http://"+gw.Addr(), "http://"+gw.AdminAddr(), "http://"+be.AdminAddr()
@@ -273,6 +281,7 @@ func TestOpenAPIContract(t *testing.T) {
 		return string(b)
 	}
 	live, soon, closed, one := testenv.ID("live"), testenv.ID("soon"), testenv.ID("closed"), testenv.ID("one")
+	paused := testenv.ID("paused")
 	readme := testenv.ID("readme")
 
 	// The backend admin API.
@@ -304,6 +313,29 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(401, "unauthorized", "POST", badm+"/admin/v1/sales/"+live+"/reconcile", "", "")
 	c.want(404, "sale_not_found", "POST", badm+"/admin/v1/sales/nosuch/reconcile", adm, "")
 
+	// Roles: a viewer reads, an operator changes; the audit log and the audit.
+	c.want(403, "forbidden", "POST", badm+"/admin/v1/sales", view, spec(testenv.ID("v"), 10, now, now.Add(time.Hour)))
+	c.want(403, "forbidden", "PATCH", badm+"/admin/v1/sales/"+soon, view, `{"total":30}`)
+	c.want(403, "forbidden", "POST", badm+"/admin/v1/sales/"+live+"/close", view, "")
+	c.want(403, "forbidden", "POST", badm+"/admin/v1/sales/"+live+"/reconcile", view, "")
+	c.want(200, "", "GET", badm+"/admin/v1/sales/"+live, view, "")
+	c.want(201, "", "POST", badm+"/admin/v1/sales", adm, spec(paused, 10, now.Add(-time.Minute), now.Add(time.Hour)))
+	for _, act := range []string{"pause", "resume"} {
+		c.want(403, "forbidden", "POST", badm+"/admin/v1/sales/"+paused+"/"+act, view, "")
+		c.want(401, "unauthorized", "POST", badm+"/admin/v1/sales/"+paused+"/"+act, "", "")
+		c.want(404, "sale_not_found", "POST", badm+"/admin/v1/sales/nosuch/"+act, adm, "")
+	}
+	c.want(200, "", "POST", badm+"/admin/v1/sales/"+paused+"/resume", adm, "")
+	c.want(200, "", "POST", badm+"/admin/v1/sales/"+paused+"/pause", adm, "")
+	c.want(200, "", "GET", badm+"/admin/v1/sales/"+live+"/audit", view, "")
+	c.want(401, "unauthorized", "GET", badm+"/admin/v1/sales/"+live+"/audit", "", "")
+	c.want(404, "sale_not_found", "GET", badm+"/admin/v1/sales/nosuch/audit", view, "")
+	if b := c.want(200, "", "GET", badm+"/admin/v1/audit-log?sale="+paused, view, ""); !strings.Contains(string(b), `"action":"pause"`) {
+		t.Errorf("audit log of %s: %s", paused, b)
+	}
+	c.want(400, "invalid_request", "GET", badm+"/admin/v1/audit-log?limit=0", view, "")
+	c.want(401, "unauthorized", "GET", badm+"/admin/v1/audit-log", "", "")
+
 	// The probes and the document, on both admin ports.
 	for _, base := range []string{gadm, badm} {
 		c.want(200, "", "GET", base+"/healthz", "", "")
@@ -317,8 +349,31 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(401, "unauthorized", "GET", gadm+"/admin/v1/limits", "", "")
 
 	// The public API. The gateway learns of the sales by event.
-	for _, id := range []string{live, soon, closed, one, readme} {
+	for _, id := range []string{live, soon, closed, one, readme, paused} {
 		awaitSale(t, gw, id)
+	}
+	// The paused sale: 503 paused with Retry-After (once the gateway has the event).
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		req, _ := http.NewRequest("POST", pub+"/v1/sales/"+paused+"/orders", strings.NewReader(`{}`))
+		req.Header.Set("Authorization", "Bearer "+token())
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		c.check(req, res, body)
+		if res.StatusCode == 503 && strings.Contains(string(body), `"paused"`) {
+			if res.Header.Get("Retry-After") == "" {
+				t.Errorf("503 paused without Retry-After")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("purchase of the paused sale: %d %s", res.StatusCode, body)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	c.want(200, "", "GET", pub+"/v1/sales/"+live, "", "")
 	c.want(404, "sale_not_found", "GET", pub+"/v1/sales/nosuch", "", "")
@@ -425,6 +480,113 @@ func TestOpenAPIContract(t *testing.T) {
 		t.Errorf("a late payment's 409 without refund: %s", b)
 	}
 
+	// The admin API's orders: show, list, export, an operator's cancel.
+	paidID, aord := strings.TrimPrefix(order, orders+"/"), badm+"/admin/v1/orders"
+	c.want(200, "", "GET", aord+"/"+paidID, view, "")
+	c.want(401, "unauthorized", "GET", aord+"/"+paidID, "", "")
+	c.want(404, "order_not_found", "GET", aord+"/12345", view, "")
+	c.want(200, "", "GET", aord+"?sale="+live+"&limit=1", view, "")
+	c.want(400, "invalid_request", "GET", aord, view, "")
+	c.want(401, "unauthorized", "GET", aord+"?sale="+live, "", "")
+	c.want(404, "sale_not_found", "GET", aord+"?sale=nosuch", view, "")
+	if b := c.want(200, "", "GET", badm+"/admin/v1/sales/"+live+"/export", view, ""); !bytes.Contains(b, []byte(paidID)) {
+		t.Errorf("csv export lacks order %s: %s", paidID, b)
+	}
+	c.want(200, "", "GET", badm+"/admin/v1/sales/"+live+"/export?format=json", view, "")
+	c.want(400, "invalid_request", "GET", badm+"/admin/v1/sales/"+live+"/export?format=xml", view, "")
+	c.want(401, "unauthorized", "GET", badm+"/admin/v1/sales/"+live+"/export", "", "")
+	c.want(404, "sale_not_found", "GET", badm+"/admin/v1/sales/nosuch/export", view, "")
+	buyer3 := token()
+	b = c.want(202, "", "POST", orders, buyer3, `{}`)
+	if err := json.Unmarshal(b, &acc); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		st, b := c.call("GET", orders+"/"+acc.OrderID, buyer3, "")
+		if st == 200 && bytes.Contains(b, []byte(`"confirmed"`)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("order %s never confirmed: %d %s", acc.OrderID, st, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel3 := aord + "/" + acc.OrderID + "/cancel"
+	c.want(400, "invalid_request", "POST", cancel3, adm, `{}`)
+	c.want(403, "forbidden", "POST", cancel3, view, `{"reason":"contract"}`)
+	c.want(401, "unauthorized", "POST", cancel3, "", `{"reason":"contract"}`)
+	c.want(404, "order_not_found", "POST", aord+"/12345/cancel", adm, `{"reason":"contract"}`)
+	c.want(200, "", "POST", cancel3, adm, `{"reason":"contract"}`)
+	c.want(409, "order_closed", "POST", aord+"/"+paidID+"/cancel", adm, `{"reason":"contract"}`)
+
+	// The dead-letter stream: an unparseable message and two poison orders
+	// (a payment deadline no DATETIME holds), published as a gateway would.
+	nc := testenv.NATS(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := bus.OrderSubject(cfg.NATS, live)
+	if _, err := js.Publish(t.Context(), subj, []byte("not an order")); err != nil {
+		t.Fatal(err)
+	}
+	poisons := map[string]bool{}
+	for i := range 2 {
+		p := flashgate.Order{ID: uint64(now.UnixNano()) + uint64(i), SaleID: live, UserID: fmt.Sprintf("poison%d", i), Quantity: 1,
+			Status: flashgate.OrderPending, CreatedAt: now.Truncate(time.Millisecond), ExpiresAt: time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC)}
+		if _, err := js.Publish(t.Context(), subj, bus.AppendOrder(nil, &p), jetstream.WithMsgID(strconv.FormatUint(p.ID, 10))); err != nil {
+			t.Fatal(err)
+		}
+		poisons[strconv.FormatUint(p.ID, 10)] = true
+	}
+	var dead struct {
+		DeadLetters []struct {
+			Seq     uint64 `json:"seq"`
+			Kind    string `json:"kind"`
+			OrderID string `json:"order_id"`
+		} `json:"dead_letters"`
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		_, b := c.call("GET", badm+"/admin/v1/dlq?sale="+live, view, "")
+		if json.Unmarshal(b, &dead) == nil && len(dead.DeadLetters) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead letters: %s", b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var unparseable, poison, poison2 string
+	for _, d := range dead.DeadLetters {
+		seq := strconv.FormatUint(d.Seq, 10)
+		switch {
+		case d.Kind == "unparseable":
+			unparseable = seq
+		case poisons[d.OrderID] && poison == "":
+			poison = seq
+		case poisons[d.OrderID]:
+			poison2 = seq
+		}
+	}
+	dlq := badm + "/admin/v1/dlq"
+	c.want(400, "invalid_request", "GET", dlq+"?limit=0", view, "")
+	c.want(401, "unauthorized", "GET", dlq, "", "")
+	c.want(404, "sale_not_found", "GET", dlq+"?sale=nosuch", view, "")
+	c.want(409, "conflict", "POST", dlq+"/"+unparseable+"/redrive", adm, "")
+	c.want(403, "forbidden", "POST", dlq+"/"+poison+"/redrive", view, "")
+	c.want(401, "unauthorized", "POST", dlq+"/"+poison+"/redrive", "", "")
+	c.want(404, "not_found", "POST", dlq+"/999999/redrive", adm, "")
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		st, b := c.call("POST", dlq+"/"+poison+"/redrive", adm, "")
+		if st == 200 {
+			break
+		}
+		if st != 409 || time.Now().After(deadline) {
+			t.Fatalf("redrive: %d %s", st, b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
 	// The README's curl examples, against this gateway.
 	readmeCurls(t, c, pub, readme, cfg)
 
@@ -444,6 +606,16 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(503, "unavailable", "PATCH", badm+"/admin/v1/sales/"+live, adm, `{"total":50}`)
 	c.want(503, "unavailable", "POST", badm+"/admin/v1/sales/"+live+"/close", adm, "")
 	c.want(503, "unavailable", "POST", badm+"/admin/v1/sales/"+live+"/reconcile", adm, "")
+	c.want(503, "unavailable", "POST", badm+"/admin/v1/sales/"+live+"/pause", adm, "")
+	c.want(503, "unavailable", "POST", badm+"/admin/v1/sales/"+live+"/resume", adm, "")
+	c.want(503, "unavailable", "GET", badm+"/admin/v1/sales/"+live+"/audit", adm, "")
+	c.want(503, "unavailable", "GET", badm+"/admin/v1/audit-log", adm, "")
+	c.want(503, "unavailable", "GET", aord+"/"+paidID, adm, "")
+	c.want(503, "unavailable", "GET", aord+"?sale="+live, adm, "")
+	c.want(503, "unavailable", "POST", cancel3, adm, `{"reason":"contract"}`)
+	c.want(503, "unavailable", "GET", badm+"/admin/v1/sales/"+live+"/export", adm, "")
+	c.want(503, "unavailable", "GET", dlq+"?sale="+live, adm, "")
+	c.want(503, "unavailable", "POST", dlq+"/"+poison2+"/redrive", adm, "")
 
 	if m := c.missing(); len(m) > 0 {
 		t.Errorf("documented answers never seen (%d):\n  %s", len(m), strings.Join(m, "\n  "))

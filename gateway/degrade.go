@@ -92,6 +92,8 @@ func (g *Gateway) answerLane(ctx *fasthttp.RequestCtx, s *sale, region string, r
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(r.WaitMS))
 	case flashgate.LaneEnded:
 		fail(ctx, fasthttp.StatusGone, flashgate.CodeEnded, "the sale has ended")
+	case flashgate.LanePaused:
+		paused(ctx)
 	case flashgate.LaneBadQuantity:
 		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "quantity out of range")
 	case flashgate.LaneBadOrder:

@@ -339,6 +339,8 @@ func (g *Gateway) onEvent(ev bus.SaleEvent) {
 			s.closed.Store(true)
 			s.render(g.now())
 		}
+	case bus.EventPaused, bus.EventResumed:
+		g.sales.setPaused(ev.SaleID, ev.Type == bus.EventPaused)
 	case bus.EventRetired:
 		g.sales.retire(ev.SaleID, g.now())
 	case bus.EventStale, bus.EventFresh:

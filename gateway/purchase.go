@@ -384,6 +384,9 @@ func (g *Gateway) saleOpen(ctx *fasthttp.RequestCtx, s *sale, region, user, idem
 	case s.closed.Load() || nowMS >= s.endsMS+margin:
 		fail(ctx, fasthttp.StatusGone, flashgate.CodeEnded, "the sale has ended")
 		return false
+	case s.paused.Load():
+		paused(ctx)
+		return false
 	case nowMS < s.startsMS-margin:
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
 		return false
@@ -498,6 +501,9 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(adm.Wait.Milliseconds()))
 	case lua.Ended:
 		fail(ctx, fasthttp.StatusGone, flashgate.CodeEnded, "the sale has ended")
+	case lua.Paused:
+		g.sales.setPaused(s.spec.ID, true)
+		paused(ctx)
 	case lua.BadQuantity:
 		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, "quantity out of range")
 	case lua.LimitReached:

@@ -60,6 +60,16 @@ func failRetry(ctx *fasthttp.RequestCtx, status int, code flashgate.Code, msg st
 	ctx.Response.Header.SetBytesKV(hdrRetryAfter, strconv.AppendInt(buf[:0], secs, 10))
 }
 
+// pausedWait is the wait behind a paused sale's Retry-After (retryAfter
+// jitters it to 10-21 s): a pause is an operator's and lasts minutes, and
+// buyers refused together should not come back together.
+const pausedWait = 10 * time.Second
+
+// paused answers a purchase of a paused sale: 503 paused, nothing reserved.
+func paused(ctx *fasthttp.RequestCtx) {
+	refuseRetry(ctx, fasthttp.StatusServiceUnavailable, flashgate.CodePaused, "the sale is paused; try again later", pausedWait)
+}
+
 // The bounds of a jittered Retry-After, in seconds.
 const (
 	minRetryAfter = 1

@@ -28,6 +28,9 @@ type sale struct {
 	startsMS int64
 	endsMS   int64
 	closed   atomic.Bool
+	// paused: purchases answer 503 paused (the sale's meta says so; events
+	// and the periodic reload keep it current).
+	paused atomic.Bool
 	// remaining is refreshed from Redis in the background; GET shows it.
 	remaining atomic.Int64
 	byRegion  atomic.Pointer[map[string]int64]
@@ -74,6 +77,7 @@ func newSale(spec *flashgate.Sale) *sale {
 	}
 	s.loc = loc
 	s.closed.Store(spec.Closed)
+	s.paused.Store(spec.Paused)
 	s.remaining.Store(spec.Total)
 	s.soldOut = map[string]*atomic.Bool{}
 	if len(spec.Regions) == 0 {
@@ -161,6 +165,7 @@ type publicSale struct {
 func (s *sale) render(now time.Time) {
 	spec := *s.spec
 	spec.Closed = s.closed.Load()
+	spec.Paused = s.paused.Load()
 	rem := s.remaining.Load()
 	var by map[string]int64
 	if p := s.byRegion.Load(); p != nil {
@@ -215,10 +220,12 @@ func (s *sales) put(spec *flashgate.Sale) {
 	if cur, ok := old[spec.ID]; ok {
 		a, b := *cur.spec, *spec
 		a.Closed, b.Closed = false, false
+		a.Paused, b.Paused = false, false
 		if reflect.DeepEqual(a, b) {
 			if spec.Closed {
 				cur.closed.Store(true)
 			}
+			cur.paused.Store(spec.Paused)
 			return
 		}
 	}
@@ -325,4 +332,12 @@ func (s *sale) regionName(b []byte) string {
 		}
 	}
 	return ""
+}
+
+// setPaused marks a cached sale paused or not (an event, or admit.lua's
+// answer); a sale not cached is left to the next load.
+func (s *sales) setPaused(id string, paused bool) {
+	if c := s.get([]byte(id)); c != nil {
+		c.paused.Store(paused)
+	}
 }

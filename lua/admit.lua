@@ -28,7 +28,8 @@
 --   {'limit_reached', held, j}    j = 0: per_user_limit; j >= 1: charge j's limit (held: its count)
 --   {'sold_out', remaining}
 --   {'duplicate_id'}              the order id is taken: nothing changed (the caller's id source is broken)
-local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'limit', 'omax', 'lmax')
+--   {'paused'}                    the sale is paused (its meta's paused field is 1): nothing changed
+local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'limit', 'omax', 'lmax', 'paused')
 if not meta[1] then
   return {'not_warmed'}
 end
@@ -45,6 +46,9 @@ if idem ~= '' then
 end
 if meta[1] ~= 'open' then
   return {'ended'}
+end
+if meta[7] == '1' then
+  return {'paused'}
 end
 local starts = tonumber(meta[2])
 if now < starts then

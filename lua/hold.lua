@@ -18,9 +18,9 @@
 -- counters' expiry, and the hold's time in its entry, which reconcile ages
 -- against this same clock (lua.HoldGrace).
 -- Returns {'held'} | {'not_warmed'} | {'ended'} | {'not_started', ms_left} |
---   {'bad_quantity'} | {'limit_reached', held, limit index} | {'duplicate_id'}
+--   {'bad_quantity'} | {'limit_reached', held, limit index} | {'duplicate_id'} | {'paused'}
 -- Every answer but 'held' leaves Redis as it was.
-local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'omax', 'lmax')
+local meta = redis.call('HMGET', KEYS[1], 'state', 'starts', 'ends', 'omax', 'lmax', 'paused')
 if not meta[1] then
   return {'not_warmed'}
 end
@@ -29,6 +29,9 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 if meta[1] ~= 'open' or now >= tonumber(meta[3]) then
   return {'ended'}
+end
+if meta[6] == '1' then
+  return {'paused'}
 end
 if now < tonumber(meta[2]) then
   return {'not_started', string.format('%d', tonumber(meta[2]) - now)}

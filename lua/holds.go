@@ -68,6 +68,7 @@ const (
 	holdBadQuantity  holdReply = "bad_quantity"
 	holdLimitReached holdReply = "limit_reached"
 	holdDuplicate    holdReply = "duplicate_id"
+	holdPaused       holdReply = "paused"
 )
 
 // unholdReply is unhold.lua's word for one id.

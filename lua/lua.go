@@ -85,12 +85,15 @@ const (
 	LimitReached
 	SoldOut
 	DuplicateID
+	// Paused: the sale is paused (docs/runbook.md); nothing was reserved.
+	Paused
 )
 
 // admitWire is the word admit.lua returns for each Outcome (TestScriptOutcomes
 // holds this table and the script to each other).
 var admitWire = [...]string{Admitted: "ok", Replayed: "replay", NotWarmed: "not_warmed", NotStarted: "not_started",
-	Ended: "ended", BadQuantity: "bad_quantity", LimitReached: "limit_reached", SoldOut: "sold_out", DuplicateID: "duplicate_id"}
+	Ended: "ended", BadQuantity: "bad_quantity", LimitReached: "limit_reached", SoldOut: "sold_out", DuplicateID: "duplicate_id",
+	Paused: "paused"}
 
 func (o Outcome) String() string {
 	if int(o) < len(admitWire) {
@@ -313,7 +316,7 @@ func parseAdmission(res []rueidis.RedisMessage) (Admission, error) {
 		a.Held, a.Limit = arg(1), int(arg(2))-1
 	case SoldOut:
 		a.Remaining = arg(1)
-	case NotWarmed, Ended, BadQuantity, DuplicateID:
+	case NotWarmed, Ended, BadQuantity, DuplicateID, Paused:
 	default:
 		return a, fmt.Errorf("admit: unexpected reply %q", code)
 	}
@@ -574,8 +577,13 @@ func metaFields(s *flashgate.Sale) []string {
 	for _, r := range s.RegionNames() {
 		regions = append(regions, r+":"+strconv.FormatInt(s.Regions[r], 10))
 	}
+	paused := "0"
+	if s.Paused {
+		paused = "1"
+	}
 	return []string{
 		"state", state,
+		"paused", paused,
 		"starts", strconv.FormatInt(s.StartsAt.UnixMilli(), 10),
 		"ends", strconv.FormatInt(s.EndsAt.UnixMilli(), 10),
 		"limit", strconv.FormatInt(s.PerUserLimit, 10),
@@ -637,6 +645,7 @@ func LoadSale(ctx context.Context, c rueidis.Client, sale string) (*flashgate.Sa
 		PerOrderMax:  num("omax"),
 		TimeZone:     m["tz"],
 		Closed:       m["state"] != "open",
+		Paused:       m["paused"] == "1",
 		Degrade:      m["degrade"],
 		DegradeRate:  num("drate"),
 	}
@@ -797,4 +806,27 @@ func Reservations(ctx context.Context, c rueidis.Client, k *Keys) (map[uint64]fl
 		}
 	}
 	return out, nil
+}
+
+// pauseScript sets a warm sale's meta 'paused' ('1' or '0'); like
+// closeScript it leaves a sale Redis does not know alone (a warm from MySQL
+// carries the pause). It answers 1 if the meta was there.
+var pauseScript = rueidis.NewLuaScript(`if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'paused', ARGV[1])
+return 1`)
+
+// SetPaused pauses (admissions answer paused and reserve nothing) or resumes
+// the sale: each bucket of a split sale (what admissions read), then the
+// sale's meta.
+func SetPaused(ctx context.Context, c rueidis.Client, k *Keys, paused bool) error {
+	v := "0"
+	if paused {
+		v = "1"
+	}
+	for _, b := range append(slices.Clone(k.buckets), k) {
+		if err := pauseScript.Exec(ctx, c, []string{b.Meta}, []string{v}).Error(); err != nil {
+			return fmt.Errorf("pause %s: %w", k.Sale, err)
+		}
+	}
+	return nil
 }

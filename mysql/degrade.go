@@ -137,6 +137,8 @@ func laneChecks(ctx context.Context, tx *sql.Tx, row *SaleRow, o *flashgate.Orde
 	switch {
 	case row.Closed:
 		return LaneResult{Outcome: flashgate.LaneEnded}, nil, nil
+	case row.Paused:
+		return LaneResult{Outcome: flashgate.LanePaused}, nil, nil
 	case nowMS < row.StartsAt.UnixMilli():
 		return LaneResult{Outcome: flashgate.LaneNotStarted, Wait: time.Duration(row.StartsAt.UnixMilli()-nowMS) * time.Millisecond}, nil, nil
 	case nowMS >= row.EndsAt.UnixMilli():

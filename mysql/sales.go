@@ -102,9 +102,9 @@ func loadSale(ctx context.Context, q Querier, id, lock string) (*SaleRow, error)
 	s := &SaleRow{}
 	var limits, tags sql.NullString
 	err := q.QueryRowContext(ctx, `SELECT id, title, price_cents, total, sold, starts_at, ends_at,
-		per_user_limit, per_order_max, limits, time_zone, closed, degrade, degrade_rate, stale, bucket_tags, epoch FROM sales WHERE id = ?`+lock, id).
+		per_user_limit, per_order_max, limits, time_zone, closed, paused, degrade, degrade_rate, stale, bucket_tags, epoch FROM sales WHERE id = ?`+lock, id).
 		Scan(&s.ID, &s.Title, &s.PriceCents, &s.Total, &s.Sold, &s.StartsAt, &s.EndsAt,
-			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed, &s.Degrade, &s.DegradeRate, &s.Stale, &tags, &s.Epoch)
+			&s.PerUserLimit, &s.PerOrderMax, &limits, &s.TimeZone, &s.Closed, &s.Paused, &s.Degrade, &s.DegradeRate, &s.Stale, &tags, &s.Epoch)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("sale %s: %w", id, ErrSaleNotFound)
 	}

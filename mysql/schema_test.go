@@ -64,10 +64,10 @@ func TestMigrationsParse(t *testing.T) {
 	for _, s := range p.ListSources() {
 		vs = append(vs, s.Version)
 	}
-	if len(vs) != 10 || vs[0] != 1 || vs[9] != 11 {
-		t.Fatalf("versions %v, want 1…11 (no 5)", vs)
+	if len(vs) != 11 || vs[0] != 1 || vs[10] != 12 {
+		t.Fatalf("versions %v, want 1…12 (no 5)", vs)
 	}
-	if v, err := LatestVersion(); err != nil || v != 11 {
+	if v, err := LatestVersion(); err != nil || v != 12 {
 		t.Fatalf("LatestVersion = %d, %v", v, err)
 	}
 }
@@ -149,10 +149,10 @@ func TestOldSchemaRefused(t *testing.T) {
 	upTo(t, db, 2)
 	err := CheckSchema(ctx(t), db)
 	se := schemaError(t, err)
-	if se.Version != 2 || se.Want != 11 || len(se.Pending) != 8 {
+	if se.Version != 2 || se.Want != 12 || len(se.Pending) != 9 {
 		t.Errorf("%+v", se)
 	}
-	if want := "schema at version 2, this binary needs 11: run `flashgate migrate up`"; err.Error() != want {
+	if want := "schema at version 2, this binary needs 12: run `flashgate migrate up`"; err.Error() != want {
 		t.Errorf("message %q, want %q", err, want)
 	}
 	if err := Migrate(ctx(t), db); err != nil {

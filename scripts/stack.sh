@@ -544,7 +544,7 @@ write_nats_conf() {
 			                           "\$JS.API.CONSUMER.CREATE.$e.>", "\$JS.API.CONSUMER.DURABLE.CREATE.$e.>", "\$JS.API.CONSUMER.INFO.$e.>",
 			                           "\$JS.API.CONSUMER.MSG.NEXT.$e.>", "\$JS.ACK.$e.>",
 			                           "\$JS.API.STREAM.INFO.$s", "\$JS.API.STREAM.CREATE.$s", "\$JS.API.STREAM.UPDATE.$s", "\$JS.API.STREAM.MSG.GET.$s",
-			                           "\$JS.API.STREAM.INFO.$d", "\$JS.API.STREAM.CREATE.$d", "\$JS.API.STREAM.UPDATE.$d", "\$JS.API.STREAM.MSG.GET.$d",
+			                           "\$JS.API.STREAM.INFO.$d", "\$JS.API.STREAM.CREATE.$d", "\$JS.API.STREAM.UPDATE.$d", "\$JS.API.STREAM.MSG.GET.$d", "\$JS.API.STREAM.MSG.DELETE.$d",
 			                           "\$JS.API.DIRECT.GET.$s", "\$JS.API.DIRECT.GET.$s.>", "\$JS.API.DIRECT.GET.$d", "\$JS.API.DIRECT.GET.$d.>",
 			                           "\$JS.API.CONSUMER.CREATE.$s", "\$JS.API.CONSUMER.CREATE.$s.>", "\$JS.API.CONSUMER.DURABLE.CREATE.$s.>",
 			                           "\$JS.API.CONSUMER.INFO.$s.>", "\$JS.API.CONSUMER.MSG.NEXT.$s.>", "\$JS.ACK.$s.>"] }

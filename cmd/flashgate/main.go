@@ -37,8 +37,18 @@ tools
   sale list                  the newest sales, one line each
   sale show ID               print a sale's ledger
   sale update ID --total N   change a live sale's window, total or limits (refused if it breaks counts taken)
+  sale pause ID              purchases answer 503 paused and reserve nothing, until resumed
+  sale resume ID             sell again
   sale close ID              stop selling now
   sale reconcile ID          repair and report a sale's ledger
+  sale audit ID              check a sale's invariants (exit 3 if one is broken)
+  sale export ID --format F  every order of a sale as csv or json, streamed
+  order show ID              one order as MySQL has it
+  order list --sale S        a sale's orders page by page (--user U: one buyer's)
+  order cancel ID --reason R an operator cancels an order for its buyer; its units go back on sale
+  audit-log [--sale S]       who changed what through the admin API, before and after
+  dlq list [--sale S]        the dead-letter stream's orders and why they failed
+  dlq redrive SEQ            republish a dead-lettered order once its cause is fixed
   migrate up | status        apply the pending schema migrations | list them, applied or pending
   bench --sale ID ...        fire purchase requests, then audit the invariants
   demo                       create a sale and bench it (what 'make demo' runs)
@@ -84,6 +94,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return paymentCmd(args, stdout, stderr)
 	case "sale":
 		return saleCmd(args, stdout, stderr)
+	case "dlq":
+		return dlqCmd(args, stdout, stderr)
+	case "order":
+		return orderCmd(args, stdout, stderr)
+	case "audit-log":
+		return auditLogCmd(args, stdout, stderr)
 	case "migrate":
 		return runMigrate(context.Background(), args, stdout, stderr)
 	case "bench":

@@ -19,7 +19,7 @@ import (
 	"github.com/flashgate/flashgate/adminapi"
 )
 
-const saleUsage = `usage: flashgate sale <create|list|show|update|close|reconcile> ...
+const saleUsage = `usage: flashgate sale <create|list|show|update|pause|resume|close|reconcile|audit|export> ...
 
   sale create --id ID --title T --price-cents N --total N --starts-at T (--ends-at T | --duration D)
               --per-user-limit N --per-order-max N [--region bj=400 ...]
@@ -30,8 +30,14 @@ const saleUsage = `usage: flashgate sale <create|list|show|update|close|reconcil
                  [--limit DIM:MAX[:units|orders][:sale|day|month] ...]
                         change a live sale; a change that would invalidate counts already
                         taken is refused with the reason (PATCH /admin/v1/sales/ID)
+  sale pause ID         purchases answer 503 paused (Retry-After) and reserve nothing, until resumed
+  sale resume ID        sell again
   sale close ID         stop selling now
   sale reconcile ID     repair and report
+  sale audit ID         check every invariant of docs/design.md §2 from MySQL, Redis and the stream,
+                        without load; exit 0 if they hold, 3 if one is broken (docs/runbook.md)
+  sale export ID [--format csv|json] [--out FILE]
+                        every order of the sale, streamed (GET /admin/v1/sales/ID/export)
 
 Times are RFC 3339, "now", or offsets from now such as "+30s" or "-5m".
 `
@@ -48,8 +54,12 @@ func saleCmd(args []string, stdout, stderr io.Writer) error {
 		return saleListCmd(args[1:], stdout, stderr)
 	case "update":
 		return saleUpdateCmd(args[1:], stdout, stderr)
-	case "show", "close", "reconcile":
+	case "show", "close", "reconcile", "pause", "resume":
 		return saleActionCmd(args[0], args[1:], stdout, stderr)
+	case "audit":
+		return saleAuditCmd(args[1:], stdout, stderr)
+	case "export":
+		return saleExportCmd(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, saleUsage)
 		return nil
@@ -276,6 +286,8 @@ func saleListCmd(args []string, stdout, stderr io.Writer) error {
 		switch {
 		case s.Closed:
 			state = "closed"
+		case s.Paused:
+			state = "paused"
 		case !s.EndsAt.After(now):
 			state = "ended"
 		case s.StartsAt.After(now):

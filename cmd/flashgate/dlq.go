@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/flashgate/flashgate/adminapi"
+)
+
+const dlqUsage = `usage: flashgate dlq <list|redrive> ...
+
+  dlq list [--sale S] [--limit N] [--after SEQ] [--json]
+                    the dead-letter stream's messages: sequence, when, kind, sale, order, buyer, why
+  dlq redrive SEQ   republish dead letter SEQ's order to the orders stream once its cause is fixed
+                    (operator; docs/runbook.md, FlashgateDeadLetters)
+`
+
+func dlqCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, dlqUsage)
+		return exitCode(2)
+	}
+	switch args[0] {
+	case "list":
+		return dlqListCmd(args[1:], stdout, stderr)
+	case "redrive":
+		return dlqRedriveCmd(args[1:], stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, dlqUsage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "flashgate: unknown dlq command %q\n\n%s", args[0], dlqUsage)
+	return exitCode(2)
+}
+
+func dlqListCmd(args []string, stdout, stderr io.Writer) error {
+	c := newCommand("dlq list", "[--sale S] [--limit N] [--after SEQ] [--json]", stderr)
+	sale := c.String("sale", "", "only this sale's dead letters")
+	limit := c.Int("limit", 100, "at most this many (1-1000)")
+	after := c.Uint64("after", 0, "after this `sequence` (the next page)")
+	asJSON := c.Bool("json", false, "print the admin API's JSON instead of a table")
+	pos, err := c.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return c.usageError("unexpected arguments %q", pos)
+	}
+	cfg, err := c.config()
+	if err != nil {
+		return err
+	}
+	q := url.Values{"limit": {strconv.Itoa(*limit)}}
+	if *sale != "" {
+		q.Set("sale", *sale)
+	}
+	if *after > 0 {
+		q.Set("after", strconv.FormatUint(*after, 10))
+	}
+	body, err := adminapi.New(cfg).Do(context.Background(), http.MethodGet, "/admin/v1/dlq?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		writePretty(stdout, body)
+		return nil
+	}
+	var page struct {
+		DeadLetters []struct {
+			Seq      uint64    `json:"seq"`
+			At       time.Time `json:"at"`
+			Kind     string    `json:"kind"`
+			SaleID   string    `json:"sale_id"`
+			OrderID  string    `json:"order_id"`
+			UserID   string    `json:"user_id"`
+			Quantity int64     `json:"quantity"`
+			Error    string    `json:"error"`
+		} `json:"dead_letters"`
+		Next string `json:"next"`
+	}
+	if err := json.Unmarshal(body, &page); err != nil {
+		return fmt.Errorf("admin API: %w", err)
+	}
+	dash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tAT\tKIND\tSALE\tORDER\tUSER\tQTY\tERROR")
+	for _, d := range page.DeadLetters {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", d.Seq, d.At.UTC().Format(time.RFC3339), d.Kind, dash(d.SaleID),
+			dash(d.OrderID), dash(d.UserID), d.Quantity, dash(d.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if page.Next != "" {
+		fmt.Fprintf(stderr, "more: --after %s\n", page.Next)
+	}
+	return nil
+}
+
+func dlqRedriveCmd(args []string, stdout, stderr io.Writer) error {
+	c := newCommand("dlq redrive", "SEQ", stderr)
+	pos, err := c.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return c.usageError("dlq redrive takes one dead letter's sequence (flashgate dlq list)")
+	}
+	cfg, err := c.config()
+	if err != nil {
+		return err
+	}
+	body, err := adminapi.New(cfg).Do(context.Background(), http.MethodPost, "/admin/v1/dlq/"+url.PathEscape(pos[0])+"/redrive", nil)
+	if err != nil {
+		return err
+	}
+	writePretty(stdout, body)
+	return nil
+}
