@@ -169,7 +169,7 @@ func (a *adminAPI) redriveDLQ(w http.ResponseWriter, r *http.Request) {
 	}
 	defer lock.Release()
 	before := deadLetterOf(m)
-	removed, state, err := a.unfail(ctx, o)
+	removed, state, eventSeq, err := a.unfail(ctx, o)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
 		return
@@ -200,7 +200,7 @@ func (a *adminAPI) redriveDLQ(w http.ResponseWriter, r *http.Request) {
 		// Nothing went into the stream: the order's failed row goes back, as
 		// it was (a redrive again later finds it).
 		if removed {
-			if rerr := a.refail(context.WithoutCancel(ctx), o); rerr != nil {
+			if rerr := a.refail(context.WithoutCancel(ctx), o, eventSeq); rerr != nil {
 				a.log.Error("redrive: putting the failed row back", "sale", o.SaleID, "order", o.ID, "err", rerr)
 			}
 		}
@@ -232,37 +232,45 @@ func (a *adminAPI) redriveDLQ(w http.ResponseWriter, r *http.Request) {
 var errDuplicateWindow = errors.New("duplicate window")
 
 // unfail removes o's failed (dead_letter) row under the sale row lock. It
-// answers whether it removed one, or MySQL's state of the order when MySQL
-// holds it otherwise (nil: the order has no row now).
-func (a *adminAPI) unfail(ctx context.Context, o flashgate.Order) (bool, *mysql.OrderState, error) {
+// answers whether it removed one (with its event sequence, for a put-back),
+// or MySQL's state of the order when MySQL holds it otherwise (nil: the order
+// has no row now).
+func (a *adminAPI) unfail(ctx context.Context, o flashgate.Order) (bool, *mysql.OrderState, int64, error) {
 	tx, err := mysql.Begin(ctx, a.db)
 	if err != nil {
-		return false, nil, err
+		return false, nil, 0, err
 	}
 	defer tx.Rollback()
 	if _, err := mysql.LockSale(ctx, tx, o.SaleID); err != nil {
-		return false, nil, err
+		return false, nil, 0, err
 	}
 	st, err := mysql.OrderStateOf(ctx, tx, o.SaleID, o.ID)
 	switch {
 	case errors.Is(err, mysql.ErrNoOrder):
-		return false, nil, nil
+		return false, nil, 0, nil
 	case err != nil:
-		return false, nil, err
+		return false, nil, 0, err
 	case st.Status != flashgate.OrderFailed || st.Reason != ReasonDeadLetter:
-		return false, &st, nil
+		return false, &st, 0, nil
+	}
+	seq, err := mysql.EventSeqOf(ctx, tx, o.ID)
+	if err != nil {
+		return false, nil, 0, err
 	}
 	removed, err := mysql.DeleteDeadLettered(ctx, tx, o.ID, ReasonDeadLetter)
 	if err != nil {
-		return false, nil, err
+		return false, nil, 0, err
 	}
-	return removed, nil, tx.Commit()
+	return removed, nil, seq, tx.Commit()
 }
 
-// refail puts back the failed row unfail removed.
-func (a *adminAPI) refail(ctx context.Context, o flashgate.Order) error {
-	_, _, err := failOrderRow(ctx, a.db, o, ReasonDeadLetter, time.Now().UTC())
-	return err
+// refail puts back the failed row unfail removed, as it was (a put-back is
+// no change of status: no order event).
+func (a *adminAPI) refail(ctx context.Context, o flashgate.Order, seq int64) error {
+	row := o
+	row.Status, row.Reason = flashgate.OrderFailed, ReasonDeadLetter
+	row.CreatedAt, row.ExpiresAt = rowTime(o.CreatedAt.UnixMilli()), rowTime(o.ExpiresAt.UnixMilli())
+	return mysql.RestoreDeadLettered(ctx, a.db, row, seq, time.Now().UTC())
 }
 
 // codeNotFound is the admin API's code for a thing that is neither a sale

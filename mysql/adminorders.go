@@ -54,6 +54,34 @@ func DeleteDeadLettered(ctx context.Context, tx Querier, id uint64, reason strin
 	return n == 1, nil
 }
 
+// RestoreDeadLettered puts back the failed row of o that DeleteDeadLettered
+// removed, as it was: no status changed, so no order event is recorded, and
+// its event sequence goes on from eventSeq (the removed row's).
+func RestoreDeadLettered(ctx context.Context, db Querier, o flashgate.Order, eventSeq int64, now time.Time) error {
+	var idem any
+	if o.IdemKey != "" {
+		idem = o.IdemKey
+	}
+	_, err := db.ExecContext(ctx, `INSERT INTO orders (id, sale_id, user_id, quantity, region, status, reason,
+		idem_key, created_at, expires_at, updated_at, event_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON DUPLICATE KEY UPDATE id = id`,
+		o.ID, o.SaleID, o.UserID, o.Quantity, o.Region, string(o.Status), o.Reason, idem, o.CreatedAt.UTC(), o.ExpiresAt.UTC(), now, eventSeq)
+	if err != nil {
+		return fmt.Errorf("order %d: restore: %w", o.ID, err)
+	}
+	return nil
+}
+
+// EventSeqOf reads the event sequence of order id (0 when it has no row).
+func EventSeqOf(ctx context.Context, q Querier, id uint64) (int64, error) {
+	var seq int64
+	err := q.QueryRowContext(ctx, `SELECT event_seq FROM orders WHERE id = ?`, id).Scan(&seq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return seq, err
+}
+
 // OrderLock is a MySQL named lock on one order id (GET_LOCK, on a
 // connection of its own): redrives of one order run one at a time, across
 // backends.
