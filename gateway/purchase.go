@@ -526,7 +526,7 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 // broken connection): Redis may still have run it, so a 503 alone could leave
 // a reservation behind. Release is idempotent and finds nothing if the
 // admission never ran. It runs in the background so the 503 stays fast, and
-// retries until Redis answers; past undoPatience the reservation, if any, is
+// retries until Redis answers; if the gateway stops first the reservation, if any, is
 // left to reconcile. A bounded pool does the background work (release.go).
 func (g *Gateway) undoAdmit(s *sale, user string, id uint64, region, charges string, cause error) {
 	slog.Warn("admission failed; undoing it", "sale", s.spec.ID, "order", id, "cause", cause)
