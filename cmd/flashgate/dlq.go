@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -42,35 +41,9 @@ func dlqCmd(args []string, stdout, stderr io.Writer) error {
 
 func dlqListCmd(args []string, stdout, stderr io.Writer) error {
 	c := newCommand("dlq list", "[--sale S] [--limit N] [--after SEQ] [--json]", stderr)
-	sale := c.String("sale", "", "only this sale's dead letters")
-	limit := c.Int("limit", 100, "at most this many (1-1000)")
-	after := c.Uint64("after", 0, "after this `sequence` (the next page)")
-	asJSON := c.Bool("json", false, "print the admin API's JSON instead of a table")
-	pos, err := c.parse(args)
-	if err != nil {
+	body, err := pagedList(c, args, "/admin/v1/dlq", "only this sale's dead letters", "after", "after this `sequence` (the next page)", stdout)
+	if err != nil || body == nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return c.usageError("unexpected arguments %q", pos)
-	}
-	cfg, err := c.config()
-	if err != nil {
-		return err
-	}
-	q := url.Values{"limit": {strconv.Itoa(*limit)}}
-	if *sale != "" {
-		q.Set("sale", *sale)
-	}
-	if *after > 0 {
-		q.Set("after", strconv.FormatUint(*after, 10))
-	}
-	body, err := adminapi.New(cfg).Do(context.Background(), http.MethodGet, "/admin/v1/dlq?"+q.Encode(), nil)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		writePretty(stdout, body)
-		return nil
 	}
 	var page struct {
 		DeadLetters []struct {

@@ -62,35 +62,9 @@ func saleAuditCmd(args []string, stdout, stderr io.Writer) error {
 // auditLogCmd is `flashgate audit-log [--sale S]`: who changed what, newest first.
 func auditLogCmd(args []string, stdout, stderr io.Writer) error {
 	c := newCommand("audit-log", "[--sale S] [--limit N] [--before ID] [--json]", stderr)
-	sale := c.String("sale", "", "only the changes of this sale")
-	limit := c.Int("limit", 100, "at most this many entries (1-1000)")
-	before := c.Uint64("before", 0, "entries older than this `id` (the next page)")
-	asJSON := c.Bool("json", false, "print the admin API's JSON instead of a table")
-	pos, err := c.parse(args)
-	if err != nil {
+	body, err := pagedList(c, args, "/admin/v1/audit-log", "only the changes of this sale", "before", "entries older than this `id` (the next page)", stdout)
+	if err != nil || body == nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return c.usageError("unexpected arguments %q", pos)
-	}
-	cfg, err := c.config()
-	if err != nil {
-		return err
-	}
-	q := url.Values{"limit": {strconv.Itoa(*limit)}}
-	if *sale != "" {
-		q.Set("sale", *sale)
-	}
-	if *before > 0 {
-		q.Set("before", strconv.FormatUint(*before, 10))
-	}
-	body, err := adminapi.New(cfg).Do(context.Background(), http.MethodGet, "/admin/v1/audit-log?"+q.Encode(), nil)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		writePretty(stdout, body)
-		return nil
 	}
 	var log struct {
 		Entries []struct {
@@ -122,4 +96,41 @@ func auditLogCmd(args []string, stdout, stderr io.Writer) error {
 			e.Source, e.Action, dash(e.SaleID), dash(e.Target), e.Before, e.After)
 	}
 	return tw.Flush()
+}
+
+// pagedList is what the paged listings of the admin API share (dlq list,
+// audit-log): --sale, --limit, a cursor flag, --json. It answers the page's
+// body, or nil when it printed the JSON itself (--json).
+func pagedList(c *command, args []string, path, saleHelp, cursor, cursorHelp string, stdout io.Writer) ([]byte, error) {
+	sale := c.String("sale", "", saleHelp)
+	limit := c.Int("limit", 100, "at most this many (1-1000)")
+	from := c.Uint64(cursor, 0, cursorHelp)
+	asJSON := c.Bool("json", false, "print the admin API's JSON instead of a table")
+	pos, err := c.parse(args)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) > 0 {
+		return nil, c.usageError("unexpected arguments %q", pos)
+	}
+	cfg, err := c.config()
+	if err != nil {
+		return nil, err
+	}
+	q := url.Values{"limit": {strconv.Itoa(*limit)}}
+	if *sale != "" {
+		q.Set("sale", *sale)
+	}
+	if *from > 0 {
+		q.Set(cursor, strconv.FormatUint(*from, 10))
+	}
+	body, err := adminapi.New(cfg).Do(context.Background(), http.MethodGet, path+"?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	if *asJSON {
+		writePretty(stdout, body)
+		return nil, nil
+	}
+	return body, nil
 }
