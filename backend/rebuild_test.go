@@ -189,10 +189,12 @@ func TestWriteBackFromOlderEpochRefused(t *testing.T) {
 }
 
 // Finding 4 of the rebuild issue: a rebuild racing the write of an order
-// MySQL fails. The rebuild holds the sale row lock from its fence to its
-// install, so the failure commits after it and its write-back finds the
-// reservation the rebuild kept: the units come back once, and no reservation
-// of a failed order is left behind.
+// MySQL fails. While the rebuild is under way (its tags fenced, the sale row
+// locked) the writer decides nothing: its claim answers cold and the batch
+// waits, so no decision can fall between the rebuild's read and its install.
+// Once the rebuild is in, the write fails the order, and its write-back finds
+// the reservation the rebuild kept: the units come back once, and no
+// reservation of a failed order is left behind.
 func TestRebuildRacesFailedWrite(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, testenv.RedisAddrs())
@@ -208,8 +210,6 @@ func TestRebuildRacesFailedWrite(t *testing.T) {
 	paused, resume := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	e.warmer.afterFence = func() {
-		// The first try waits for the writer; the writer's claim moves the
-		// order's record, so the rebuild reads again (a second try).
 		once.Do(func() {
 			close(paused)
 			<-resume
@@ -221,15 +221,21 @@ func TestRebuildRacesFailedWrite(t *testing.T) {
 		rebuilt <- err
 	}()
 	<-paused
-	written := make(chan []outcome, 1)
-	go func() { written <- e.process(sale.ID, []flashgate.Order{m}) }()
-	// The writer now waits for the sale row; the rebuild reads the order as
-	// pending (MySQL has no row of it yet), installs, commits.
+	// Fenced: the writer's claim answers cold, and nothing is decided.
+	if _, err := e.w.process(ctx(t), sale.ID, []flashgate.Order{m}); !errors.Is(err, errSaleCold) || !unavailable(err) {
+		t.Fatalf("a write during the rebuild: %v, want the sale cold (an outage: the batch waits)", err)
+	}
+	if _, _, ok := e.order(m.ID); ok {
+		t.Fatal("MySQL decided the order while the rebuild was under way")
+	}
 	close(resume)
 	if err := <-rebuilt; err != nil {
 		t.Fatal(err)
 	}
-	out := <-written
+	if n := reservations(t, e.rc, k); n != 1 {
+		t.Fatalf("%d reservations after the rebuild, want the order in flight kept", n)
+	}
+	out := e.process(sale.ID, []flashgate.Order{m})
 	if out[0].Status != flashgate.OrderFailed {
 		t.Fatalf("order %+v, want failed", out[0])
 	}
