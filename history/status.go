@@ -126,6 +126,10 @@ func stepFrom(s string, in statusIn, out statusOut) []string {
 			}
 		case out.status == 400 || out.status == 429:
 			return []string{s}
+		case in.kind == Pay && out.status == 403 && out.code == string(flashgate.CodeForbidden):
+			// A buyer's pay: only the payment service marks an order paid
+			// (POST /v1/payments); the order is left as it was.
+			return []string{s}
 		}
 		return nil
 	}
