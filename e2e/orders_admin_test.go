@@ -182,8 +182,8 @@ func TestOrderCommands(t *testing.T) {
 		t.Fatalf("audit-log: exit %d\n%s%s", code, out, errs)
 	}
 	// A paid order is closed to a cancel.
-	if a := call(t, cfg, "POST", orders+"/"+ids["ann"]+"/pay", "ann"); a.status != 200 {
-		t.Fatalf("ann pays: %d %s", a.status, a.Code)
+	if a := pay(t, gw.Addr(), paymentBody(s.ID, ids["ann"], "pay-ann", s.PriceCents), cfg.Payments.Secret...); a.status != 200 {
+		t.Fatalf("ann's payment: %d %s", a.status, a.raw)
 	}
 	_, errs, code = cli(t, cfg, be.AdminAddr(), cfg.Admin.Token, "order", "cancel", ids["ann"], "--reason", "too late")
 	if code == 0 || !strings.Contains(errs, "409") || !strings.Contains(errs, "order_closed") {

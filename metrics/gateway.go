@@ -87,6 +87,7 @@ var codes = [...]flashgate.Code{
 	flashgate.CodeAmountMismatch,
 	flashgate.CodeAlreadyPaid,
 	flashgate.CodePaymentIDUsed,
+	flashgate.CodePaused,
 	codeOther,
 }
 
@@ -138,6 +139,8 @@ func codeIdx(c flashgate.Code) uint8 {
 		return 19
 	case flashgate.CodePaymentIDUsed:
 		return 20
+	case flashgate.CodePaused:
+		return 21
 	}
 	return uint8(len(codes) - 1)
 }
