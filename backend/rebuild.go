@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -296,13 +297,13 @@ func (w *warmer) project(ctx context.Context, tx *sql.Tx, row *saleRow, k *lua.K
 
 	// The orders in flight: admitted (in Redis or the stream), not written.
 	rem := row.Remaining()
-	for _, id := range sortedIDs(candidates) {
+	for _, id := range slices.Sorted(maps.Keys(candidates)) {
 		o := candidates[id]
 		sid := strconv.FormatUint(id, 10)
 		if _, ok := written[id]; ok {
 			continue // MySQL decided it: counted above
 		}
-		if rec, ok := p.live[k.Home(o.UserID)].Orders[sid]; ok && isReleased(rec) {
+		if rec, ok := p.live[k.Home(o.UserID)].Orders[sid]; ok && lua.IsReleased(rec) {
 			continue // the gateway released it: its message is dropped
 		}
 		if _, ok := rem[o.Region]; !ok {
@@ -337,7 +338,7 @@ func (w *warmer) project(ctx context.Context, tx *sql.Tx, row *saleRow, k *lua.K
 	for _, t := range data {
 		l, b := p.live[t], p.books[t]
 		for sid, rec := range l.Orders {
-			if _, ok := b.Orders[sid]; !ok && !inMySQL[sid] && isReleased(rec) {
+			if _, ok := b.Orders[sid]; !ok && !inMySQL[sid] && lua.IsReleased(rec) {
 				b.Orders[sid] = rec
 				p.tombstones++
 			}
@@ -390,18 +391,4 @@ func addHeld(p *projection, k *lua.Keys, o *flashgate.Order) error {
 		p.books[k.Buckets()[i]].Held[strconv.FormatUint(o.ID, 10)] = v
 	}
 	return nil
-}
-
-// isReleased reports whether a record is a gateway's release: a refusal, final.
-func isReleased(rec string) bool {
-	return len(rec) > len(lua.StatusReleased) && rec[:len(lua.StatusReleased)+1] == string(lua.StatusReleased)+"|"
-}
-
-func sortedIDs[V any](m map[uint64]V) []uint64 {
-	ids := make([]uint64, 0, len(m))
-	for id := range m {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
 }

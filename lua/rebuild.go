@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -181,7 +182,7 @@ func Install(ctx context.Context, c rueidis.Client, t *Keys, epoch int64, b *Boo
 			}
 		}
 		for id, v := range live.Orders {
-			if _, pending := b.Resv[id]; !pending && isTombstone(v) {
+			if _, pending := b.Resv[id]; !pending && IsReleased(v) {
 				check(3, id, "v"+v)
 			}
 		}
@@ -228,9 +229,10 @@ const (
 	installChanged installReply = "changed" // what the rebuild kept moved: read again
 )
 
-// isTombstone reports whether a record is one no MySQL row stands behind: a
-// gateway's release (an order refused, whose late admission must not count).
-func isTombstone(v string) bool {
+// IsReleased reports whether an order's record is a gateway's release (a
+// refusal, final: a tombstone when Redis had no record), which no MySQL row
+// stands behind and no late admission may count.
+func IsReleased(v string) bool {
 	return len(v) >= len(StatusReleased)+1 && v[:len(StatusReleased)+1] == string(StatusReleased)+"|"
 }
 
@@ -253,7 +255,7 @@ func stage(ctx context.Context, c rueidis.Client, t *Keys, b *Books) ([]pair, er
 	hash := func(live string, m map[string]string) error {
 		s := add(live, time.Time{})
 		cmds = append(cmds, c.B().Del().Key(s).Build())
-		for part := range slices.Chunk(sortedKeys(m), stageChunk) {
+		for part := range slices.Chunk(slices.Sorted(maps.Keys(m)), stageChunk) {
 			h := c.B().Hset().Key(s).FieldValue()
 			for _, f := range part {
 				h = h.FieldValue(f, m[f])
@@ -308,7 +310,7 @@ func stage(ctx context.Context, c rueidis.Client, t *Keys, b *Books) ([]pair, er
 			s := add(stock[i], time.Time{})
 			cmds = append(cmds, c.B().Set().Key(s).Value(strconv.FormatInt(b.Stock[r], 10)).Px(stagedTTL).Build())
 		}
-		for _, w := range sortedKeys(b.Limits) {
+		for _, w := range slices.Sorted(maps.Keys(b.Limits)) {
 			if err := counts(t.Limit(w), b.Limits[w], b.LimitEnd[w]); err != nil {
 				return nil, err
 			}
@@ -323,15 +325,6 @@ func stage(ctx context.Context, c rueidis.Client, t *Keys, b *Books) ([]pair, er
 	}
 	cmds = append(cmds, c.B().Del().Key(s).Build(), meta.Build(), c.B().Pexpire().Key(s).Milliseconds(stagedTTL.Milliseconds()).Build())
 	return pairs, flush()
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
 }
 
 // sendAll sends cmds in one round trip and answers the first error.

@@ -1,16 +1,12 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"text/tabwriter"
 	"time"
-
-	"github.com/flashgate/flashgate/adminapi"
 )
 
 const dlqUsage = `usage: flashgate dlq <list|redrive> ...
@@ -22,21 +18,7 @@ const dlqUsage = `usage: flashgate dlq <list|redrive> ...
 `
 
 func dlqCmd(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, dlqUsage)
-		return exitCode(2)
-	}
-	switch args[0] {
-	case "list":
-		return dlqListCmd(args[1:], stdout, stderr)
-	case "redrive":
-		return dlqRedriveCmd(args[1:], stdout, stderr)
-	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, dlqUsage)
-		return nil
-	}
-	fmt.Fprintf(stderr, "flashgate: unknown dlq command %q\n\n%s", args[0], dlqUsage)
-	return exitCode(2)
+	return dispatch("dlq", dlqUsage, map[string]subcommand{"list": dlqListCmd, "redrive": dlqRedriveCmd}, args, stdout, stderr)
 }
 
 func dlqListCmd(args []string, stdout, stderr io.Writer) error {
@@ -83,19 +65,8 @@ func dlqListCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 func dlqRedriveCmd(args []string, stdout, stderr io.Writer) error {
-	c := newCommand("dlq redrive", "SEQ", stderr)
-	pos, err := c.parse(args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return c.usageError("dlq redrive takes one dead letter's sequence (flashgate dlq list)")
-	}
-	cfg, err := c.config()
-	if err != nil {
-		return err
-	}
-	body, err := adminapi.New(cfg).Do(context.Background(), http.MethodPost, "/admin/v1/dlq/"+url.PathEscape(pos[0])+"/redrive", nil)
+	_, body, err := callOne("dlq redrive", "dead letter's sequence (flashgate dlq list)", http.MethodPost,
+		func(seq string) string { return "/admin/v1/dlq/" + seq + "/redrive" }, args, stderr)
 	if err != nil {
 		return err
 	}

@@ -21,19 +21,7 @@ const exitBroken = 3
 // saleAuditCmd is `flashgate sale audit ID`: GET /admin/v1/sales/ID/audit,
 // printed, and an exit status for scripts.
 func saleAuditCmd(args []string, stdout, stderr io.Writer) error {
-	c := newCommand("sale audit", "ID", stderr)
-	pos, err := c.parse(args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return c.usageError("sale audit takes one sale id")
-	}
-	cfg, err := c.config()
-	if err != nil {
-		return err
-	}
-	body, err := adminapi.New(cfg).Do(context.Background(), http.MethodGet, "/admin/v1/sales/"+url.PathEscape(pos[0])+"/audit", nil)
+	sale, body, err := callOne("sale audit", "sale id", http.MethodGet, func(id string) string { return "/admin/v1/sales/" + id + "/audit" }, args, stderr)
 	if err != nil {
 		return err
 	}
@@ -47,14 +35,14 @@ func saleAuditCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	switch {
 	case !rep.Holds:
-		fmt.Fprintf(stderr, "flashgate: sale %s: an invariant is broken (see above)", pos[0])
+		fmt.Fprintf(stderr, "flashgate: sale %s: an invariant is broken (see above)", sale)
 		if !rep.Drained {
 			fmt.Fprint(stderr, "; orders are still in flight: audit again once drained")
 		}
 		fmt.Fprintln(stderr)
 		return exitCode(exitBroken)
 	case !rep.Drained:
-		fmt.Fprintf(stderr, "flashgate: sale %s: invariants hold so far; orders are still in flight\n", pos[0])
+		fmt.Fprintf(stderr, "flashgate: sale %s: invariants hold so far; orders are still in flight\n", sale)
 	}
 	return nil
 }

@@ -27,39 +27,13 @@ const orderUsage = `usage: flashgate order <show|list|cancel> ...
 `
 
 func orderCmd(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, orderUsage)
-		return exitCode(2)
-	}
-	switch args[0] {
-	case "show":
-		return orderShowCmd(args[1:], stdout, stderr)
-	case "list":
-		return orderListCmd(args[1:], stdout, stderr)
-	case "cancel":
-		return orderCancelCmd(args[1:], stdout, stderr)
-	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, orderUsage)
-		return nil
-	}
-	fmt.Fprintf(stderr, "flashgate: unknown order command %q\n\n%s", args[0], orderUsage)
-	return exitCode(2)
+	return dispatch("order", orderUsage, map[string]subcommand{
+		"show": orderShowCmd, "list": orderListCmd, "cancel": orderCancelCmd,
+	}, args, stdout, stderr)
 }
 
 func orderShowCmd(args []string, stdout, stderr io.Writer) error {
-	c := newCommand("order show", "ID", stderr)
-	pos, err := c.parse(args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return c.usageError("order show takes one order id")
-	}
-	cfg, err := c.config()
-	if err != nil {
-		return err
-	}
-	body, err := adminapi.New(cfg).Do(context.Background(), http.MethodGet, "/admin/v1/orders/"+url.PathEscape(pos[0]), nil)
+	_, body, err := callOne("order show", "order id", http.MethodGet, func(id string) string { return "/admin/v1/orders/" + id }, args, stderr)
 	if err != nil {
 		return err
 	}

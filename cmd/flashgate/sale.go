@@ -43,28 +43,37 @@ Times are RFC 3339, "now", or offsets from now such as "+30s" or "-5m".
 `
 
 func saleCmd(args []string, stdout, stderr io.Writer) error {
+	action := func(a string) subcommand {
+		return func(args []string, stdout, stderr io.Writer) error { return saleActionCmd(a, args, stdout, stderr) }
+	}
+	return dispatch("sale", saleUsage, map[string]subcommand{
+		"create": saleCreateCmd, "list": saleListCmd, "update": saleUpdateCmd,
+		"show": action("show"), "close": action("close"), "reconcile": action("reconcile"),
+		"pause": action("pause"), "resume": action("resume"),
+		"audit": saleAuditCmd, "export": saleExportCmd,
+	}, args, stdout, stderr)
+}
+
+// subcommand is one command of a noun (sale create, order show, dlq list).
+type subcommand func(args []string, stdout, stderr io.Writer) error
+
+// dispatch runs the subcommand args[0] of noun, or prints usage: to stdout
+// when asked for, to stderr with exit status 2 when none or an unknown one
+// is named.
+func dispatch(noun, usage string, cmds map[string]subcommand, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, saleUsage)
+		fmt.Fprint(stderr, usage)
 		return exitCode(2)
 	}
+	if cmd, ok := cmds[args[0]]; ok {
+		return cmd(args[1:], stdout, stderr)
+	}
 	switch args[0] {
-	case "create":
-		return saleCreateCmd(args[1:], stdout, stderr)
-	case "list":
-		return saleListCmd(args[1:], stdout, stderr)
-	case "update":
-		return saleUpdateCmd(args[1:], stdout, stderr)
-	case "show", "close", "reconcile", "pause", "resume":
-		return saleActionCmd(args[0], args[1:], stdout, stderr)
-	case "audit":
-		return saleAuditCmd(args[1:], stdout, stderr)
-	case "export":
-		return saleExportCmd(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, saleUsage)
+		fmt.Fprint(stdout, usage)
 		return nil
 	}
-	fmt.Fprintf(stderr, "flashgate: unknown sale command %q\n\n%s", args[0], saleUsage)
+	fmt.Fprintf(stderr, "flashgate: unknown %s command %q\n\n%s", noun, args[0], usage)
 	return exitCode(2)
 }
 
@@ -129,29 +138,35 @@ func saleCreateCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 func saleActionCmd(action string, args []string, stdout, stderr io.Writer) error {
-	c := newCommand("sale "+action, "ID", stderr)
-	pos, err := c.parse(args)
-	if err != nil {
-		return err
+	method, suffix := http.MethodPost, "/"+action
+	if action == "show" {
+		method, suffix = http.MethodGet, ""
 	}
-	if len(pos) != 1 {
-		return c.usageError("sale %s takes one sale id", action)
-	}
-	cfg, err := c.config()
-	if err != nil {
-		return err
-	}
-	path := "/admin/v1/sales/" + url.PathEscape(pos[0])
-	method := http.MethodGet
-	if action != "show" {
-		method, path = http.MethodPost, path+"/"+action
-	}
-	body, err := adminapi.New(cfg).Do(context.Background(), method, path, nil)
+	_, body, err := callOne("sale "+action, "sale id", method, func(id string) string { return "/admin/v1/sales/" + id + suffix }, args, stderr)
 	if err != nil {
 		return err
 	}
 	writePretty(stdout, body)
 	return nil
+}
+
+// callOne is the admin API call of a command that takes one id and no
+// flags: it answers the id and the body.
+func callOne(name, what, method string, path func(escapedID string) string, args []string, stderr io.Writer) (id string, body []byte, err error) {
+	c := newCommand(name, "ID", stderr)
+	pos, err := c.parse(args)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(pos) != 1 {
+		return "", nil, c.usageError("%s takes one %s", name, what)
+	}
+	cfg, err := c.config()
+	if err != nil {
+		return "", nil, err
+	}
+	body, err = adminapi.New(cfg).Do(context.Background(), method, path(url.PathEscape(pos[0])), nil)
+	return pos[0], body, err
 }
 
 // saleWindow turns the time flags into a window.
