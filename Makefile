@@ -77,7 +77,7 @@ reset: ## stop the stack and delete its data (var/)
 # go test's summary stays the last thing printed); the exit code is the tests' (or infra-up's).
 # This stops a stack started by `make up` too; KEEP_STACK=1 leaves everything running.
 # The fault suite's scenarios (TestChaos: 21 of them, each a whole private stack flooded and
-# faulted, about 15 minutes) are `make chaos`'s, a target of their own like bench and fuzz; the
+# faulted: 11 minutes on this machine) are `make chaos`'s, a target of their own like bench and fuzz; the
 # chaos package's own tests (the harness's deadlines, the cluster create retry) run here.
 test: deps ## start the infra, run go test -race (the chaos scenarios are make chaos), stop the infra
 	@rc=0; \
