@@ -251,3 +251,127 @@ func TestLiveViewSession(t *testing.T) {
 		}
 	}
 }
+
+// TestLiveViewActions: the live view's buttons act with the session alone.
+// live.json tells the page its role and its session's CSRF token; a POST to
+// /ui/sales/{sale}/pause with the cookie but without that token, with another
+// session's token, or from another origin is refused and changes nothing; a
+// viewer's session is refused with 403 forbidden; an operator's pauses the
+// sale and the audit log records it under the key that logged in. A bearer
+// token's view carries a role and no CSRF token.
+func TestLiveViewActions(t *testing.T) {
+	t.Parallel()
+	viewer := testenv.Secret("viewer-")
+	s := start(t, testenv.RedisAddrs(), func(c *config.Config) {
+		c.Admin.Keys = []config.AdminKey{{ID: "ann", Role: config.RoleViewer, Token: viewer}}
+	})
+	op := s.cfg.Admin.Token
+	id := testenv.ID("uiact")
+	cleanRedisID(t, s.rc, id)
+	if status, body := s.call("POST", "/admin/v1/sales", op, saleBody(id, 10, 1, "")); status != 201 {
+		t.Fatalf("create: %d %v", status, body)
+	}
+	base := "http://" + s.b.AdminAddr()
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	type session struct {
+		cookie     *http.Cookie
+		role, csrf string
+	}
+	login := func(tok string) session {
+		t.Helper()
+		res, err := noRedirect.PostForm(base+"/ui/login", url.Values{"token": {tok}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		var se session
+		for _, c := range res.Cookies() {
+			if c.Name == uiCookie {
+				se.cookie = c
+			}
+		}
+		if se.cookie == nil {
+			t.Fatalf("login: %d, no cookie", res.StatusCode)
+		}
+		req, _ := http.NewRequest("GET", base+"/ui/live.json", nil)
+		req.AddCookie(se.cookie)
+		res, err = http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var v struct{ Role, CSRF string }
+		if res.StatusCode != 200 || json.NewDecoder(res.Body).Decode(&v) != nil {
+			t.Fatalf("live.json: %d", res.StatusCode)
+		}
+		se.role, se.csrf = v.Role, v.CSRF
+		return se
+	}
+	act := func(se session, action, csrf, origin string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", base+"/ui/sales/"+id+"/"+action, nil)
+		req.AddCookie(se.cookie)
+		if csrf != "" {
+			req.Header.Set("X-CSRF-Token", csrf)
+		}
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var b struct{ Code string }
+		_ = json.NewDecoder(res.Body).Decode(&b)
+		return res.StatusCode, b.Code
+	}
+	opS, viewS := login(op), login(viewer)
+	if opS.role != config.RoleOperator || viewS.role != config.RoleViewer || len(opS.csrf) != 64 || opS.csrf == viewS.csrf {
+		t.Fatalf("live.json: operator role %q csrf %q, viewer role %q csrf %q", opS.role, opS.csrf, viewS.role, viewS.csrf)
+	}
+	for _, c := range []struct {
+		name         string
+		se           session
+		csrf, origin string
+		status       int
+		code         string
+	}{
+		{"no CSRF token", opS, "", "", 403, "forbidden"},
+		{"another session's CSRF token", opS, viewS.csrf, "", 403, "forbidden"},
+		{"another origin", opS, opS.csrf, "https://evil.example", 403, "forbidden"},
+		{"a viewer", viewS, viewS.csrf, "", 403, "forbidden"},
+	} {
+		if st, code := act(c.se, "pause", c.csrf, c.origin); st != c.status || code != c.code {
+			t.Errorf("%s: %d %s, want %d %s", c.name, st, code, c.status, c.code)
+		}
+	}
+	if st := s.queryInt(`SELECT paused FROM sales WHERE id = ?`, id); st != 0 {
+		t.Fatalf("a refused button paused the sale")
+	}
+	if st, code := act(opS, "pause", opS.csrf, base); st != 200 {
+		t.Fatalf("operator's pause: %d %s", st, code)
+	}
+	if st := s.queryInt(`SELECT paused FROM sales WHERE id = ?`, id); st != 1 {
+		t.Fatalf("the operator's button did not pause the sale")
+	}
+	if st, code := act(opS, "explode", opS.csrf, ""); st != 404 {
+		t.Errorf("unknown action: %d %s", st, code)
+	}
+	entries := auditLog(t, s, id)
+	if len(entries) < 2 || entries[0].Action != "pause" || entries[0].KeyID != config.DefaultAdminKeyID {
+		t.Fatalf("audit log: %+v", entries)
+	}
+	// A bearer token's view: its role, no CSRF token (it needs none).
+	req, _ := http.NewRequest("GET", base+"/ui/live.json", nil)
+	req.Header.Set("Authorization", "Bearer "+viewer)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var v map[string]any
+	if json.NewDecoder(res.Body).Decode(&v) != nil || v["role"] != config.RoleViewer || v["csrf"] != nil {
+		t.Fatalf("bearer live.json: role %v csrf %v", v["role"], v["csrf"])
+	}
+}

@@ -1,7 +1,9 @@
 package backend
 
 import (
+	"context"
 	"crypto/rand"
+	"crypto/subtle"
 	"embed"
 	"encoding/hex"
 	"html/template"
@@ -13,14 +15,19 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/config"
 )
 
 // The live view: GET /ui/ is the page (ui/index.html) with every recent sale
 // (live.go) in it as JSON; its script (ui/live.js) draws them, numbers, charts
 // (uPlot, vendored under ui/vendor by scripts/vendor-uplot.sh) and tables,
-// then polls GET /ui/live.json every second and draws again. Everything under /ui/ is behind the admin token, as a header
-// (Authorization: Bearer …) or as the cookie that POST /ui/login sets from a
-// form, since a browser cannot send the header by itself.
+// then polls GET /ui/live.json every second and draws again. Everything under
+// /ui/ is behind an admin key: its token as a header (Authorization: Bearer …)
+// or the session cookie that POST /ui/login sets from a form, since a browser
+// cannot send the header by itself. The page's sale-day buttons POST to
+// /ui/sales/{sale}/{action} with that cookie and the session's CSRF token
+// (live.json carries it) in the X-CSRF-Token header: the same handlers as the
+// admin API's, recorded in the audit log under the key that logged in.
 
 //go:embed ui
 var uiFiles embed.FS
@@ -51,7 +58,7 @@ func (a *adminAPI) uiRoutes(mux *http.ServeMux) {
 		http.ServeFileFS(w, r, vendor, name)
 	}))
 	mux.Handle("GET /ui/live.json", a.uiAuth(nil, func(w http.ResponseWriter, r *http.Request) {
-		v, err := a.live.view(r.Context())
+		v, err := a.uiView(r)
 		if err != nil {
 			writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, err.Error())
 			return
@@ -59,8 +66,9 @@ func (a *adminAPI) uiRoutes(mux *http.ServeMux) {
 		w.Header().Set("Cache-Control", "no-store")
 		writeJSON(w, http.StatusOK, v)
 	}))
+	mux.HandleFunc("POST /ui/sales/{sale}/{action}", a.uiAct)
 	mux.Handle("GET /ui/{$}", a.uiAuth(login, func(w http.ResponseWriter, r *http.Request) {
-		v, err := a.live.view(r.Context())
+		v, err := a.uiView(r)
 		if err != nil {
 			http.Error(w, "live view: "+err.Error(), http.StatusServiceUnavailable)
 			return
@@ -74,16 +82,35 @@ func (a *adminAPI) uiRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 }
 
+// uiView is the live view with what the caller may do: its role, and the
+// CSRF token of its session (none for a bearer token, which needs none).
+type uiView struct {
+	LiveView
+	Role string `json:"role"`
+	CSRF string `json:"csrf,omitempty"`
+}
+
+func (a *adminAPI) uiView(r *http.Request) (uiView, error) {
+	v, err := a.live.view(r.Context())
+	who, _ := r.Context().Value(uiWhoKey{}).(uiSession)
+	return uiView{LiveView: v, Role: who.actor.Role, CSRF: who.csrf}, err
+}
+
+// uiWhoKey carries the caller's uiSession (for a bearer token, one with its
+// actor and no CSRF token) from uiAuth to the handler.
+type uiWhoKey struct{}
+
 // uiAuth lets a request through with an admin key's token as a bearer header
 // (any role: the view is a viewer's) or with the uiCookie of a live session;
 // otherwise it answers 401 with loginPage (nil: the API's JSON error).
 func (a *adminAPI) uiAuth(loginPage []byte, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var who uiSession
 		ok := false
 		if hd := r.Header.Get("Authorization"); len(hd) > 7 && strings.EqualFold(hd[:7], "Bearer ") {
-			_, ok = a.keys.Lookup(hd[7:])
+			who.actor, ok = a.keys.Lookup(hd[7:])
 		} else if c, err := r.Cookie(uiCookie); err == nil {
-			_, ok = a.sessions.get(c.Value)
+			who, ok = a.sessions.get(c.Value)
 		}
 		if !ok {
 			if loginPage == nil {
@@ -95,8 +122,52 @@ func (a *adminAPI) uiAuth(loginPage []byte, h http.HandlerFunc) http.Handler {
 			_, _ = w.Write(loginPage)
 			return
 		}
-		h(w, r)
+		h(w, r.WithContext(context.WithValue(r.Context(), uiWhoKey{}, who)))
 	})
+}
+
+// uiActions are the sale-day actions the live view's buttons take, each the
+// admin API's handler of POST /admin/v1/sales/{sale}/{action}.
+func (a *adminAPI) uiActions() map[string]http.HandlerFunc {
+	return map[string]http.HandlerFunc{"pause": a.pauseSale, "resume": a.resumeSale,
+		"reconcile": a.reconcileSale, "close": a.closeSale}
+}
+
+// uiAct is a button of the live view: POST /ui/sales/{sale}/{action} with
+// the session cookie. The cookie alone is not enough, since a browser sends
+// it with any request to this origin: the request must also carry the
+// session's CSRF token in X-CSRF-Token (a page of another origin cannot read
+// live.json to learn it), and a browser's Origin, when sent, must be this
+// host. Then the session's key needs the operator role, as on the API.
+func (a *adminAPI) uiAct(w http.ResponseWriter, r *http.Request) {
+	c, err := r.Cookie(uiCookie)
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, flashgate.CodeUnauthorized, "no live view session: log in at /ui/")
+		return
+	}
+	who, ok := a.sessions.get(c.Value)
+	if !ok {
+		writeError(w, http.StatusUnauthorized, flashgate.CodeUnauthorized, "the live view session ended: log in at /ui/")
+		return
+	}
+	if o := r.Header.Get("Origin"); o != "" && o != "http://"+r.Host && o != "https://"+r.Host {
+		writeError(w, http.StatusForbidden, flashgate.CodeForbidden, "cross-origin request from "+o)
+		return
+	}
+	if got := r.Header.Get("X-CSRF-Token"); subtle.ConstantTimeCompare([]byte(got), []byte(who.csrf)) != 1 {
+		writeError(w, http.StatusForbidden, flashgate.CodeForbidden, "X-CSRF-Token missing or not this session's")
+		return
+	}
+	h, ok := a.uiActions()[r.PathValue("action")]
+	if !ok {
+		writeError(w, http.StatusNotFound, "not_found", "no such action: "+r.PathValue("action"))
+		return
+	}
+	if !who.actor.Can(config.RoleOperator) {
+		auth.Forbidden(w, who.actor, config.RoleOperator)
+		return
+	}
+	h(w, r.WithContext(auth.WithActor(r.Context(), who.actor)))
 }
 
 // uiLogin takes an admin key's token from the login form and, if it is one,
@@ -144,15 +215,16 @@ type uiSessions struct {
 
 type uiSession struct {
 	actor   auth.Actor
+	csrf    string // what the page sends back in X-CSRF-Token
 	expires time.Time
 }
 
 func (s *uiSessions) open(actor auth.Actor) (string, error) {
-	var b [32]byte
+	var b [64]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", err
 	}
-	id := hex.EncodeToString(b[:])
+	id, csrf := hex.EncodeToString(b[:32]), hex.EncodeToString(b[32:])
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -164,19 +236,19 @@ func (s *uiSessions) open(actor auth.Actor) (string, error) {
 			delete(s.m, k)
 		}
 	}
-	s.m[id] = uiSession{actor: actor, expires: now.Add(uiSessionTTL)}
+	s.m[id] = uiSession{actor: actor, csrf: csrf, expires: now.Add(uiSessionTTL)}
 	return id, nil
 }
 
-func (s *uiSessions) get(id string) (auth.Actor, bool) {
+func (s *uiSessions) get(id string) (uiSession, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v, ok := s.m[id]
 	if !ok || !time.Now().Before(v.expires) {
 		delete(s.m, id)
-		return auth.Actor{}, false
+		return uiSession{}, false
 	}
-	return v.actor, true
+	return v, true
 }
 
 func (s *uiSessions) close(id string) {

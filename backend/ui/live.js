@@ -4,8 +4,9 @@
 // force as tables, and the sale-day actions the credential may take.
 "use strict";
 (function () {
-  // The sale-day actions, each a POST to the admin API. Those that stop
-  // buyers ask first.
+  // The sale-day actions, each a POST to sales/{sale}/{action} under /ui/
+  // (the admin API's handler, with the session's cookie and its CSRF token
+  // from the view). Those that stop buyers ask first.
   const ACTIONS = [
     { name: "pause", confirm: "Pause sale %s? Purchases answer 503 paused until it is resumed.", danger: true },
     { name: "resume" },
@@ -14,13 +15,14 @@
   ];
 
   // actionsFor is what the live JSON's role may do: an operator all of them,
-  // a viewer (or a role this page does not know) none; without a role, those
-  // the admin token has always had, reconcile and close.
+  // a viewer (or a role this page does not know, or none) none.
   function actionsFor(role) {
-    if (role === undefined || role === null || role === "") return ["reconcile", "close"];
     if (role === "operator") return ACTIONS.map((a) => a.name);
     return [];
   }
+
+  // csrf is the session's CSRF token, from the latest view drawn.
+  let csrf = "";
 
   const COLOR = { requests: "#5b6b82", admissions: "#1a9850", sold: "#1a9850", remaining: "#3b6fd8", p99: "#8e44ad", backlog: "#e67e22" };
   const CODE_COLOR = { limit_reached: "#fd8d3c", sold_out: "#d7301f", rate_limited: "#984ea3", unavailable: "#7f0000", ended: "#7f7f7f" };
@@ -199,7 +201,8 @@
     if (a.confirm && !window.confirm(a.confirm.replace("%s", id))) return;
     out.textContent = a.name + "…";
     try {
-      const r = await fetch("/admin/v1/sales/" + encodeURIComponent(id) + "/" + a.name, { method: "POST", credentials: "same-origin" });
+      const r = await fetch("sales/" + encodeURIComponent(id) + "/" + a.name,
+        { method: "POST", credentials: "same-origin", headers: { "X-CSRF-Token": csrf } });
       let msg = "";
       if (!r.ok) {
         try { const b = await r.json(); msg = b.message || b.code || ""; } catch (e) { /* not JSON */ }
@@ -268,6 +271,7 @@
   }
 
   function draw(v) {
+    csrf = v.csrf || "";
     document.getElementById("at").textContent = v.at.substring(11, 19);
     document.getElementById("nsales").textContent = v.sales.length;
     renderGateways(v.gateway_limits);
