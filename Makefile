@@ -18,7 +18,7 @@ GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
 
-.PHONY: install help deps build bench-build up infra-up down status reset test demo bench bench-go bench-edge hostile lint fmt clean fuzz vendor-ui vendor-ui-check
+.PHONY: install help deps build bench-build up infra-up down status reset test demo saleday bench bench-go bench-edge hostile lint fmt clean fuzz vendor-ui vendor-ui-check
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -106,6 +106,12 @@ demo: deps build ## start the stack, create a sale and run the load against it, 
 	fi; \
 	$(STACK) down > var/log/down.log 2>&1 || echo "make demo: stack down failed, see var/log/down.log" >&2; \
 	exit $$rc
+
+# The sale-day drill: every sale-day command (pause, resume, audit, order list/show/cancel, export,
+# dlq list/redrive, audit-log, close) run against a sale that `flashgate bench` floods, each checked;
+# the transcript is var/log/saleday.out. Starts the stack if it is not up (and stops it after).
+saleday: deps build ## the sale-day commands, each checked, against a sale flooded by flashgate bench
+	@BIN=$(BIN) scripts/saleday.sh
 
 # flashgate against its yardsticks in one run (Redis EVALSHA, nginx's fixed answer, the seeds'
 # synchronous design; purchases, refusals, p99 at half the peak, backend ingestion, RSS with 10,000

@@ -30,6 +30,8 @@
 #   e.g. REDIS=cluster NATS=cluster GATEWAYS=3 BACKENDS=2 scripts/stack.sh up
 #   scripts/stack.sh nginx-test  render nginx/nginx.conf into var/nginx/nginx.conf and nginx -t it
 #   scripts/stack.sh nginx-conf [OUT]  only render it (into OUT) and print the path
+#   scripts/stack.sh sql [ARGS]  the mariadb client, as root, on the stack's flashgate database
+#                                (e.g. sql -e 'SHOW TRIGGERS'): for drills and debugging only
 #   scripts/stack.sh auth-conf   only generate the secrets and render var/secrets/redis-users.acl
 #                                and var/secrets/nats.conf (the tests start servers with them)
 #
@@ -1168,6 +1170,11 @@ auth-conf)
 apps-down)
 	shift
 	cmd_apps_down "$@"
+	;;
+sql)
+	shift
+	secrets_load
+	mysql_cli flashgate "$@"
 	;;
 down) cmd_down ;;
 status) cmd_status ;;
