@@ -137,7 +137,7 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 		cfg: settings{Gateway: opts.Gateway, NATS: opts.NATS, PaymentTimeout: opts.PaymentTimeout,
 			WaitReplicas: opts.WaitReplicas, WaitTimeout: opts.WaitTimeout, AdminToken: opts.AdminToken, File: opts.File},
 		rc: deps.Redis, nc: deps.NATS, js: deps.JetStream,
-		scripts: lua.Load(), sales: newSales(opts.LiveGrace), now: deps.Now, metrics: metrics.NewGateway(),
+		scripts: lua.LoadWait(opts.WaitReplicas, opts.WaitTimeout), sales: newSales(opts.LiveGrace), now: deps.Now, metrics: metrics.NewGateway(),
 		releases: newReleases(opts.Gateway.ReleaseQueue), marks: newEdgeMarks(opts.Gateway.EdgeMarksDir),
 		id: newRequestID()[:16], accessSample: opts.Gateway.AccessLogSample,
 	}

@@ -452,6 +452,16 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		return
 	}
 	g.metrics.AdmitLatency(time.Since(start))
+	if errors.Is(err, lua.ErrNotReplicated) || errors.Is(err, lua.ErrHoldLost) {
+		// Redis ran the admission and answered: it is not to be promised.
+		// Its release decides the answer, as after a failed publish: a
+		// replay of the same key may have published and claimed the order
+		// meanwhile, and then it lives (202); a 503 sent before the release
+		// had answered could become that order.
+		g.undoNow(ctx, s, &flashgate.Order{ID: args.OrderID, SaleID: s.spec.ID, UserID: sub.User, Region: region,
+			Charges: args.EncodedCharges}, err)
+		return
+	}
 	if err != nil {
 		// Not the lane: Redis may yet run this admission (a stalled Redis
 		// runs what it had read when it wakes), and the buyer would have two
@@ -533,6 +543,29 @@ func (g *Gateway) undoAdmit(s *sale, user string, id uint64, region, charges str
 	g.enqueueRelease(releaseJob{s: s, user: user, id: id, region: region, charges: charges, reason: flashgate.ReasonAdmitFailed})
 }
 
+// undoNow releases an admission Redis answered but that is not to be
+// promised (lua.ErrNotReplicated, lua.ErrHoldLost) and answers by the
+// release: claimed (a replay of its key published it, and a backend holds
+// it) is a 202, released a 503. If Redis does not answer the release within
+// a publish timeout, the release goes on in the background and the answer is
+// 503 (docs/verification.md names this gap).
+func (g *Gateway) undoNow(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order, cause error) {
+	slog.Warn("admission not promised; releasing it", "sale", s.spec.ID, "order", m.ID, "cause", cause)
+	rel, err := g.releaseUnpublished(s, m, flashgate.ReasonAdmitFailed)
+	switch {
+	case err != nil:
+		g.enqueueRelease(releaseJob{s: s, user: m.UserID, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonAdmitFailed})
+		unavailable(ctx, "stock service unavailable")
+	case rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased):
+		accepted(ctx, m.ID, flashgate.OrderPending)
+	default:
+		if rel.Released {
+			g.restocked(s, m.Region)
+		}
+		unavailable(ctx, "stock service unavailable")
+	}
+}
+
 // publish sends an admitted order to JetStream and answers 202 once it is
 // stored. When the publish fails the reservation is released and the answer is
 // 503 — unless the backend has claimed the order meanwhile, which proves the
@@ -571,7 +604,7 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order)
 	// answers: a 503 sent while the release is still open could be overtaken
 	// by the backend's claim. (Release is idempotent: a retry of one that ran
 	// unanswered finds it done.)
-	rel, rerr := g.releaseUnpublished(s, m)
+	rel, rerr := g.releaseUnpublished(s, m, flashgate.ReasonPublishFailed)
 	switch {
 	case rerr != nil:
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
@@ -590,11 +623,11 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order)
 // releaseUnpublished releases the reservation of an order whose publish
 // failed, retrying for up to another publish timeout while Redis does not
 // answer.
-func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.ReleaseResult, err error) {
+func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order, reason string) (rel lua.ReleaseResult, err error) {
 	deadline := time.Now().Add(g.cfg.Gateway.PublishTimeout)
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
 		rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-		rel, err = g.scripts.Release(rctx, g.rc, s.keys.Home(m.UserID), m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+		rel, err = g.scripts.Release(rctx, g.rc, s.keys.Home(m.UserID), m.ID, m.Region, m.Charges, lua.ReleaseGateway, reason)
 		cancel()
 		if err == nil || time.Now().Add(wait).After(deadline) {
 			return rel, err
@@ -643,6 +676,18 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, user string, id uint
 		return
 	}
 	if rec.Status == lua.StatusReleased {
+		// The 503 is final only once the release is on the replicas: one a
+		// failover lost would bring the order back, pending, for a backend
+		// to confirm (spec/admission.pml, BUG_REPLAY_NO_WAIT). WaitRecord
+		// writes the record again and waits for that write.
+		if g.cfg.WaitReplicas > 0 {
+			wctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout+g.cfg.WaitTimeout)
+			acked, err := lua.WaitRecord(wctx, g.rc, s.keys.Home(user), id, g.cfg.WaitReplicas, g.cfg.WaitTimeout)
+			cancel()
+			if err != nil || !acked {
+				slog.Warn("replay of a released order: the release is not on the replicas", "sale", s.spec.ID, "order", id, "err", err)
+			}
+		}
 		unavailable(ctx, "order queue unavailable")
 		return
 	}

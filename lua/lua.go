@@ -167,10 +167,12 @@ func (s *Scripts) Admit(ctx context.Context, c rueidis.Client, k *Keys, a AdmitA
 	return admitted(k, a, s.admit.Exec(ctx, c, keys, args))
 }
 
-// ErrNotReplicated is AdmitWait's answer for an admission that fewer
-// replicas than asked for had received within the wait: a failover now could
-// lose it, so it must not be promised.
-var ErrNotReplicated = errors.New("admission not replicated")
+// ErrNotReplicated is the answer of a write under redis.wait_replicas that
+// fewer replicas than asked for had received within the wait (an admission,
+// a claim, a gateway's release): a failover now could lose it, so nothing
+// may be promised or decided on it. The write itself stands on the master; it
+// is idempotent, and the caller undoes it (an admission) or runs it again.
+var ErrNotReplicated = errors.New("not on enough replicas")
 
 // ErrHoldLost is AdmitHeld's answer for an admission whose purchase-limit
 // hold in another bucket was gone when it came to keep it (that bucket's
@@ -213,7 +215,17 @@ func (s *Scripts) AdmitWait(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 	return adm, nil
 }
 
-var admitSHA = AdmitSHA()
+var (
+	admitSHA   = AdmitSHA()
+	claimSHA   = scriptSHA(claimSrc)
+	releaseSHA = scriptSHA(releaseSrc)
+)
+
+// scriptSHA is the SHA1 EVALSHA names src by.
+func scriptSHA(src string) string {
+	sum := sha1.Sum([]byte(src))
+	return hex.EncodeToString(sum[:])
+}
 
 // WaitRecord tells whether replicas replicas of the master holding order id's
 // record (in home bucket h) have it, and everything written there before it:
@@ -397,12 +409,26 @@ func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderI
 		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
 	}
 	sid := strconv.FormatUint(orderID, 10)
-	res, err := s.release.Exec(ctx, c,
+	// A gateway's release (its answer is a 503, or a 202 if the order was
+	// claimed) under redis.wait_replicas is answered only once the replicas
+	// have it: a failover that lost the tombstone or the release would let
+	// the backend claim and confirm the order its buyer was told 503 for.
+	w := replication{}
+	if mode == ReleaseGateway {
+		w = s.wait
+	}
+	raw, acked, err := execWait(ctx, c, releaseSrc, releaseSHA,
 		append([]string{stock, k.Users, k.Resv, k.Orders, k.Idem, k.giveBack(), k.Epoch}, wkeys...),
-		append([]string{sid, mode, reason, region, away, k.callerEpoch()}, windows...),
-	).ToArray()
+		append([]string{sid, mode, reason, region, away, k.callerEpoch()}, windows...), w)
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
+	}
+	res, err := raw.ToArray()
+	if err != nil {
+		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
+	}
+	if !acked {
+		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w: fewer than %d replicas within %v", k.Sale, orderID, ErrNotReplicated, w.replicas, w.timeout)
 	}
 	if away != "" {
 		// The charges counted in other buckets, left in the give-backs by the
@@ -455,9 +481,19 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 	for i, id := range ids {
 		args[i] = strconv.FormatUint(id, 10)
 	}
-	out, err := s.claim.Exec(ctx, c, []string{k.Orders, k.Meta}, args).AsStrSlice()
+	// Under redis.wait_replicas the claim is decided on only once the
+	// replicas have it: a failover that lost it would let a gateway whose
+	// publish timed out release the order (503) that MySQL then confirms.
+	r, acked, err := execWait(ctx, c, claimSrc, claimSHA, []string{k.Orders, k.Meta}, args, s.wait)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", k.Sale, err)
+	}
+	out, err := r.AsStrSlice()
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", k.Sale, err)
+	}
+	if !acked {
+		return nil, fmt.Errorf("claim %s: %w: fewer than %d replicas within %v", k.Sale, ErrNotReplicated, s.wait.replicas, s.wait.timeout)
 	}
 	if len(out) != len(ids) {
 		return nil, fmt.Errorf("claim %s: %d answers for %d orders", k.Sale, len(out), len(ids))
