@@ -678,15 +678,19 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, user string, id uint
 	if rec.Status == lua.StatusReleased {
 		// The 503 is final only once the release is on the replicas: one a
 		// failover lost would bring the order back, pending, for a backend
-		// to confirm (spec/admission.pml, BUG_REPLAY_NO_WAIT). WaitRecord
-		// writes the record again and waits for that write.
-		if g.cfg.WaitReplicas > 0 {
-			wctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout+g.cfg.WaitTimeout)
-			acked, err := lua.WaitRecord(wctx, g.rc, s.keys.Home(user), id, g.cfg.WaitReplicas, g.cfg.WaitTimeout)
-			cancel()
-			if err != nil || !acked {
-				slog.Warn("replay of a released order: the release is not on the replicas", "sale", s.spec.ID, "order", id, "err", err)
-			}
+		// to confirm (spec/admission.pml, BUG_REPLAY_NO_WAIT). So the replay
+		// releases the order itself, waited (release.lua writes a released
+		// record again), and answers by that release: a failover may have
+		// brought it back, claimed (202) or pending (released now: 503).
+		rel, err := g.releaseUnpublished(s, &flashgate.Order{ID: id, UserID: user, Region: rec.Region, Charges: rec.Charges},
+			flashgate.ReasonPublishFailed)
+		switch {
+		case err == nil && rel.Claimed:
+			accepted(ctx, id, flashgate.OrderPending)
+			return
+		case err == nil && rel.Status != "" && rel.Status != lua.StatusReleased:
+			accepted(ctx, id, rel.Status.Public())
+			return
 		}
 		unavailable(ctx, "order queue unavailable")
 		return
