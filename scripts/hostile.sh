@@ -93,14 +93,14 @@ fi
 . "$ROOT/var/secrets.env"
 
 SALE="hostile-$(date +%s)"
-"$BIN" sale create --config "$CONFIG" --id "$SALE" --total 1000000 --per-user-limit 1 --starts-at now --duration 1h \
+"$BIN" sale create --config "$CONFIG" --id "$SALE" --total 1000000 --per-user-limit 1 --price-cents 100 --starts-at now --duration 1h \
 	>>"$LOG/hostile.log" 2>&1 || die "creating sale $SALE failed" "$LOG/hostile.log"
 say "sale $SALE created; gateway pid $(cat var/run/gateway.pid 2>/dev/null || echo ?), open-file limit $(awk '/Max open files/ {print $4}' "/proc/$(cat var/run/gateway.pid 2>/dev/null || echo self)/limits" 2>/dev/null || echo ?)"
 
 NOTE="commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git status --porcelain --untracked-files=no -- . ':!BENCHMARKS.md' ':!bench/hostile-results.json' 2>/dev/null)" ]] || NOTE+=" with local changes"
 # shellcheck disable=SC2086 # HOSTILE_ARGS is a list of flags
-"$TOOL" --sale "$SALE" --nginx "$NGINX_ADDR" --gateway "$GATEWAY_ADDR" --duration "$DURATION" --note "$NOTE" \
+"$TOOL" --config "$CONFIG" --sale "$SALE" --nginx "$NGINX_ADDR" --gateway "$GATEWAY_ADDR" --duration "$DURATION" --note "$NOTE" \
 	${HOSTILE_ARGS:-} | tee "$OUT/last.out"
 rc=${PIPESTATUS[0]}
 ((rc == 0)) || exit "$rc"
