@@ -104,16 +104,26 @@ func junkSetup(t target) error {
 	p := &junkPrep{paySecs: cfg.Payments.Secret, runID: strconv.FormatInt(time.Now().UnixMilli()%1e9, 36) + t.Name[:1],
 		seen: map[string]int64{}}
 	base := "http://" + t.Addr
-	// The price, from the public sale.
-	st, b, _, err := call(junkClient(payerSrc(0), 5*time.Second), "GET", base+"/v1/sales/"+set.sale, nil, nil)
-	if err != nil || st != 200 {
-		return fmt.Errorf("junk_commands: GET the sale: %d %v", st, err)
-	}
+	// The price, from the public sale, once it is open (scripts/hostile.sh opens it a little
+	// after it is created).
 	var info struct {
-		Price int64 `json:"price_cents"`
+		Price int64  `json:"price_cents"`
+		State string `json:"state"`
 	}
-	if err := json.Unmarshal(b, &info); err != nil {
-		return fmt.Errorf("junk_commands: the sale: %w", err)
+	for wait := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		st, b, _, err := call(junkClient(payerSrc(0), 5*time.Second), "GET", base+"/v1/sales/"+set.sale, nil, nil)
+		if err != nil || st != 200 {
+			return fmt.Errorf("junk_commands: GET the sale: %d %v", st, err)
+		}
+		if err := json.Unmarshal(b, &info); err != nil {
+			return fmt.Errorf("junk_commands: the sale: %w", err)
+		}
+		if info.State == "active" {
+			break
+		}
+		if time.Now().After(wait) {
+			return fmt.Errorf("junk_commands: the sale is %s, not active", info.State)
+		}
 	}
 	p.price = info.Price
 	for i := range set.junkUsers {
