@@ -108,17 +108,14 @@ type queuedCommand struct {
 // commandPool is one pool: its bounded queue, and how long its commands
 // took lately (what a full queue's Retry-After is worked out from).
 type commandPool struct {
-	name    string
 	workers int
 	queue   chan queuedCommand
 	// avgNS is a moving average of a command's time in a worker.
 	avgNS atomic.Int64
-	// busy counts the commands refused for a full queue.
-	busy atomic.Int64
 }
 
-func newCommandPool(name string, workers, queue int) *commandPool {
-	return &commandPool{name: name, workers: workers, queue: make(chan queuedCommand, queue)}
+func newCommandPool(workers, queue int) *commandPool {
+	return &commandPool{workers: workers, queue: make(chan queuedCommand, queue)}
 }
 
 // took folds one command's time into the average (a weight of 1/8).
@@ -135,7 +132,6 @@ func (p *commandPool) backlog() time.Duration {
 
 // full is the answer of a command whose queue is full.
 func (p *commandPool) full() bus.OrderReply {
-	p.busy.Add(1)
 	return bus.OrderReply{Code: string(flashgate.CodeUnavailable), Message: "order service busy; retry",
 		RetryAfterMS: max(p.backlog().Milliseconds(), 1)}
 }
@@ -164,7 +160,7 @@ func (cs *commandServer) take(cmd bus.OrderCommand, answer func(bus.OrderReply))
 // serveCommands starts the two pools' workers and joins the queue group of
 // order commands (bus.ServeCommandsLater).
 func (l *lifecycle) serveCommands() (*commandServer, error) {
-	cs := &commandServer{pay: newCommandPool("pay", payWorkers, payQueue), cmd: newCommandPool("cancel/get", commandWorkers, commandQueue)}
+	cs := &commandServer{pay: newCommandPool(payWorkers, payQueue), cmd: newCommandPool(commandWorkers, commandQueue)}
 	for _, p := range []*commandPool{cs.pay, cs.cmd} {
 		for range p.workers {
 			cs.wg.Go(func() {
