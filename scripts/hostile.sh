@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The hostile-client suite (`make hostile`): bench/hostile plays slowloris, silent connections,
-# slow bodies, pipelining, connection churn, request smuggling, oversized bodies and fd
+# slow bodies, pipelining, connection churn, request smuggling, oversized bodies, junk commands (a
+# buyer's cancels of made-up order ids beside real payments, gateway port only) and fd
 # exhaustion against the gateway's port (:8080) and nginx's (:8000) of the local stack, with a
 # probe beside each attack, and prints one line per attack and port, then its targets:
 #   target <name>: <figure> (goal <goal>) met|missed
