@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/bus"
@@ -242,6 +244,46 @@ func TestBusyBackendAnswers503WithItsWait(t *testing.T) {
 		ra, err := strconv.Atoi(got.RetryAfter)
 		if got.Status != 503 || got.Code != string(flashgate.CodeUnavailable) || err != nil || ra < 4 || ra > 9 {
 			t.Fatalf("cancel with a busy backend: %d %s, Retry-After %q (want 4-9)", got.Status, got.Raw, got.RetryAfter)
+		}
+	}
+}
+
+// TestImpossibleOrderIDsDoNotAllocate: a GET or a cancel of an id that
+// cannot be an order of the sale is refused from memory, with no allocation
+// (counted without -race, like TestRefusalsFromMemoryDoNotAllocate).
+func TestImpossibleOrderIDsDoNotAllocate(t *testing.T) {
+	e := start(t, func(c *config.Config) {
+		c.RateLimit = config.RateLimit{
+			PerIP: config.Rate{Rate: 1e9, Burst: 1e9}, PerUser: config.Rate{Rate: 1e9, Burst: 1e9},
+			PerSale: config.Rate{Rate: 1e9, Burst: 1e9}, PerUserView: config.Rate{Rate: 1e9, Burst: 1e9}, MaxInflight: 1 << 20,
+		}
+	})
+	s := e.sale(nil)
+	auth := []byte("Bearer " + e.token("alloc"))
+	id := strconv.FormatUint(mkID(s.StartsAt.Add(-time.Hour), 3, 1), 10)
+	for _, c := range []struct{ method, path string }{
+		{fasthttp.MethodGet, "/v1/sales/" + s.ID + "/orders/" + id},
+		{fasthttp.MethodPost, "/v1/sales/" + s.ID + "/orders/" + id + "/cancel"},
+	} {
+		path := []byte(c.path)
+		var ctx fasthttp.RequestCtx
+		req := func() {
+			ctx.Request.Reset()
+			ctx.Response.Reset()
+			ctx.Request.Header.SetMethod(c.method)
+			ctx.Request.SetRequestURIBytes(path)
+			ctx.Request.Header.SetBytesV("Authorization", auth)
+			e.g.handle(&ctx)
+		}
+		req() // the token is verified once, then cached
+		if got := ctx.Response.StatusCode(); got != 404 {
+			t.Fatalf("%s %s: status %d (%s), want 404", c.method, c.path, got, ctx.Response.Body())
+		}
+		if raceBuild {
+			continue
+		}
+		if a := testing.AllocsPerRun(500, req); a != 0 {
+			t.Errorf("%s %s: %.1f allocations per request, want 0", c.method, c.path, a)
 		}
 	}
 }
