@@ -138,7 +138,7 @@ bench-edge: deps build ## wrk: gateway sold-out 409 vs nginx static 409 (edge ra
 	@scripts/bench-edge.sh
 
 # Hostile clients (docs/hostile.md): slowloris, silent connections, slow bodies, pipelining, churn,
-# smuggling, oversized bodies and fd exhaustion against the gateway's port and nginx's, a probe
+# smuggling, oversized bodies, junk commands and fd exhaustion against the gateway's port and nginx's, a probe
 # beside each; one line per attack and port, then "target <name>: ... met|missed". Writes
 # bench/hostile-results.json and BENCHMARKS.md's make hostile section. Settings: HOSTILE_DURATION,
 # HOSTILE_ARGS, HOSTILE_STRICT (scripts/hostile.sh). Leaves a running stack as it found it.

@@ -134,6 +134,10 @@ type RateLimit struct {
 	PerUser Rate `yaml:"per_user" json:"per_user"`
 	// PerSale limits admissions per sale per gateway (global mode: per fleet).
 	PerSale Rate `yaml:"per_sale" json:"per_sale"`
+	// PerUserView limits a JWT subject's GETs of orders, per gateway (local
+	// in both modes): apart from per_user, so polling an order's status
+	// does not use up the buyer's purchases.
+	PerUserView Rate `yaml:"per_user_view" json:"per_user_view"`
 	// MaxInflight caps the requests past pre-validation at once per gateway (0: no cap); past it, 429.
 	MaxInflight int `yaml:"max_inflight" json:"max_inflight"`
 }
@@ -421,6 +425,7 @@ func Default() Config {
 			PerIP:       Rate{Rate: 20, Burst: 40},
 			PerUser:     Rate{Rate: 5, Burst: 5},
 			PerSale:     Rate{Rate: 50000, Burst: 5000},
+			PerUserView: Rate{Rate: 10, Burst: 20},
 			MaxInflight: 20000,
 		},
 		Backend: Backend{
@@ -675,7 +680,7 @@ func (r *RateLimit) Validate() error {
 	for _, x := range []struct {
 		name string
 		r    Rate
-	}{{"per_ip", r.PerIP}, {"per_user", r.PerUser}, {"per_sale", r.PerSale}} {
+	}{{"per_ip", r.PerIP}, {"per_user", r.PerUser}, {"per_sale", r.PerSale}, {"per_user_view", r.PerUserView}} {
 		switch {
 		case x.r.Rate < 0 || x.r.Burst < 0:
 			errs = append(errs, fmt.Errorf("ratelimit.%s: rate and burst must not be negative", x.name))

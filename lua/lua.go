@@ -811,6 +811,37 @@ func Order(ctx context.Context, c rueidis.Client, k *Keys, id uint64) (flashgate
 	return o, err == nil, err
 }
 
+// MetaRebuilt is the field of a tag's meta that says when its books were
+// last rebuilt (backend/rebuild.go): unix milliseconds by the clock of the
+// tag's master, read after the rebuild's fence. Every order admitted on the
+// tag after that moment has its record in the tag's orders hash.
+const MetaRebuilt = "rebuilt"
+
+// OrderSince is Order on a buyer's home tag k, with, in the same round trip,
+// when the tag was last rebuilt (MetaRebuilt): the zero time when the tag is
+// not warm, or its books were not made by a rebuild that recorded the time.
+func OrderSince(ctx context.Context, c rueidis.Client, k *Keys, id uint64) (o flashgate.Order, ok bool, rebuilt time.Time, err error) {
+	rs := c.DoMulti(ctx,
+		c.B().Hget().Key(k.Orders).Field(strconv.FormatUint(id, 10)).Build(),
+		c.B().Hget().Key(k.Meta).Field(MetaRebuilt).Build())
+	switch at, err := rs[1].AsInt64(); {
+	case rueidis.IsRedisNil(err):
+	case err != nil:
+		return o, false, rebuilt, err
+	default:
+		rebuilt = time.UnixMilli(at).UTC()
+	}
+	v, err := rs[0].ToString()
+	if rueidis.IsRedisNil(err) {
+		return o, false, rebuilt, nil
+	}
+	if err != nil {
+		return o, false, rebuilt, err
+	}
+	o, err = DecodeRecord(k.Sale, id, v)
+	return o, err == nil, rebuilt, err
+}
+
 // Reservations reads every open reservation of the sale (admitted, not settled).
 // A split sale's are read from every bucket.
 func Reservations(ctx context.Context, c rueidis.Client, k *Keys) (map[uint64]flashgate.Order, error) {

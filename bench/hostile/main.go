@@ -29,6 +29,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -64,6 +65,11 @@ type settings struct {
 	preBaseline    time.Duration
 	trace          string
 	probeAddr      string
+	// the junk-command attack (junk.go)
+	junkRate  int
+	junkUsers int
+	payRate   int
+	config    string
 }
 
 // probeAddr is where the probes go: the port under attack, or --probe-addr.
@@ -103,6 +109,10 @@ func run() int {
 	flag.DurationVar(&set.recoveryWithin, "recovery", time.Second, "goal: a new connection served within this after an attack")
 	flag.DurationVar(&set.probeTimeout, "probe-timeout", 2*time.Second, "a probe request slower than this failed")
 	flag.StringVar(&set.trace, "trace", "", "append every probe request to this file: <attack> <port> <phase> <seconds from the phase's start> <new|keep> <ms> <ok|failure>")
+	flag.IntVar(&set.junkRate, "junk-rate", 2000, "junk commands: cancels of made-up order ids per second, all accounts together")
+	flag.IntVar(&set.junkUsers, "junk-users", 500, "junk commands: the buyer accounts (and source addresses) they come from")
+	flag.IntVar(&set.payRate, "pay-rate", 50, "junk commands: real payments per second beside the junk")
+	flag.StringVar(&set.config, "config", "configs/flashgate.yaml", "junk commands: the stack's configuration, read (with the FLASHGATE_* environment) for the token and payments secrets")
 	flag.StringVar(&set.probeAddr, "probe-addr", "", "probe this 127.0.0.1 address instead of the port under attack (e.g. the gateway while nginx is attacked): what the attack costs the machine, not the port")
 	holdAddr := flag.String("hold-idle", "", "(internal: a child of the fd exhaustion) hold idle connections to this address")
 	holdN := flag.Int("hold-n", 0, "(internal) how many")
@@ -167,6 +177,7 @@ func run() int {
 			"pipeline_conns": strconv.Itoa(set.pipeConns), "churn_rate": strconv.Itoa(set.churnRate),
 			"smuggle_rate":   strconv.Itoa(set.smuggleRate),
 			"oversize_tries": strconv.Itoa(set.oversizeTries), "probe_timeout": set.probeTimeout.String(),
+			"junk_rate": strconv.Itoa(set.junkRate), "junk_users": strconv.Itoa(set.junkUsers), "pay_rate": strconv.Itoa(set.payRate),
 		},
 		Baselines: map[string]probeSummary{}, Note: *note, LoadStart: loadavg(),
 	}
@@ -188,6 +199,15 @@ func run() int {
 	// accept loop that dies for good would spoil every line after it.
 	for _, a := range attacks {
 		for _, t := range targets {
+			if a.ports != nil && !slices.Contains(a.ports, t.Name) {
+				logf("%s: not run on %s (%s only)", a.Name, t.Name, strings.Join(a.ports, ", "))
+				continue
+			}
+			if a.setup != nil {
+				if err := a.setup(t); err != nil {
+					logf("%s on %s: setup: %v", a.Name, t.Name, err)
+				}
+			}
 			r := runAttack(a, t, res.Baselines[t.Name])
 			res.Runs = append(res.Runs, r)
 			fmt.Println(r.line())
@@ -568,19 +588,24 @@ type attack struct {
 	What  string
 	run   func(ctx context.Context, t target) map[string]int64
 	extra time.Duration // on top of --duration: time to set the attack up (opening connections)
+	// setup, if set, readies the attack before its baseline (the junk commands buy the orders
+	// they pay); ports, if set, are the only ports it runs on.
+	setup func(t target) error
+	ports []string
 }
 
 func allAttacks() []attack {
 	return []attack{
-		{"none", "no attack: the probes alone, the yardstick of how far the p99 ratio moves by itself on this machine", none, 0},
-		{"slowloris", "connections sending a request's headers one line every 2 s, never ending them", slowloris, 0},
-		{"silent", "connections that send no byte", silent, 0},
-		{"slow_body", "purchases whose body arrives one byte at a time", slowBody, 0},
-		{"pipelining", "50 GETs written at once on each connection, 10 times a second", pipelining, 0},
-		{"churn", "new connection, one GET, close (RST), as fast as the rate allows", churn, 0},
-		{"smuggling", "CL+TE, TE with a space before the colon, obs-folded TE, two TE, two CL: does the appended request run?", smuggling, 0},
-		{"oversize", "Go net/http client POSTing a 64 KiB body: a 413 or a broken connection?", oversize, 0},
-		{"fd_exhaustion", "idle keep-alive connections, as many as the file limits allow", fdExhaustion, 8 * time.Second},
+		{"none", "no attack: the probes alone, the yardstick of how far the p99 ratio moves by itself on this machine", none, 0, nil, nil},
+		{"slowloris", "connections sending a request's headers one line every 2 s, never ending them", slowloris, 0, nil, nil},
+		{"silent", "connections that send no byte", silent, 0, nil, nil},
+		{"slow_body", "purchases whose body arrives one byte at a time", slowBody, 0, nil, nil},
+		{"pipelining", "50 GETs written at once on each connection, 10 times a second", pipelining, 0, nil, nil},
+		{"churn", "new connection, one GET, close (RST), as fast as the rate allows", churn, 0, nil, nil},
+		{"smuggling", "CL+TE, TE with a space before the colon, obs-folded TE, two TE, two CL: does the appended request run?", smuggling, 0, nil, nil},
+		{"oversize", "Go net/http client POSTing a 64 KiB body: a 413 or a broken connection?", oversize, 0, nil, nil},
+		{"junk_commands", "2,000 cancels/s of made-up order ids from 500 buyer accounts, beside 50 real payments/s: do the payments hold?", junkCommands, 0, junkSetup, []string{"gateway"}},
+		{"fd_exhaustion", "idle keep-alive connections, as many as the file limits allow", fdExhaustion, 8 * time.Second, nil, nil},
 	}
 }
 
