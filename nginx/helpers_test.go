@@ -159,6 +159,7 @@ func startNginx(t testing.TB, o opts) *edge {
 		e.base = "http://" + e.addr
 		conf := render(t, "nginx.conf", map[string]string{
 			"NGINX_LISTEN":             e.addr,
+			"NGINX_LISTEN_IPV6":        "",
 			"NGINX_UPSTREAM_SERVERS":   strings.Join(servers, "\n"),
 			"NGINX_RATE":               strconv.Itoa(o.rate),
 			"NGINX_BURST":              strconv.Itoa(o.burst),

@@ -885,7 +885,7 @@ mysql_down() {
 
 NGINX_PID="$RUN/nginx.pid"
 # shellcheck disable=SC2016 # literal ${...}: the names envsubst may substitute
-NGINX_VARS='${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS} ${NGINX_MARKS}'
+NGINX_VARS='${NGINX_LISTEN} ${NGINX_LISTEN_IPV6} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS} ${NGINX_MARKS}'
 
 # nginx_nofile: the open-file limit nginx's workers set themselves (worker_rlimit_nofile): our
 # hard limit, at most 65535 (more buys nothing on one machine's ports).
@@ -917,8 +917,13 @@ nginx_render() {
 	nofile="$(nginx_nofile)"
 	wconns=$(((nofile - 64) / 2))
 	((wconns >= 256)) || die "the open-file hard limit ($nofile) is too low for nginx: raise ulimit -Hn"
+	# IPv6 clients too, on the loopback (make hostile's /64 attack), when the host has ::1.
+	local listen6="        # no IPv6 loopback on this host"
+	if grep -qs '^0\{31\}1 ' /proc/net/if_inet6; then
+		listen6="        listen [::1]:$NGINX_PORT backlog=4096 reuseport;"
+	fi
 	mkdir -p "$(dirname "$out")"
-	NGINX_RLIMIT_NOFILE="$nofile" NGINX_WORKER_CONNECTIONS="$wconns" NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_UPSTREAM_SERVERS="${servers%$'\n'}" \
+	NGINX_RLIMIT_NOFILE="$nofile" NGINX_WORKER_CONNECTIONS="$wconns" NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_LISTEN_IPV6="$listen6" NGINX_UPSTREAM_SERVERS="${servers%$'\n'}" \
 		NGINX_RATE="$rate" NGINX_BURST="$burst" NGINX_CONN="$conn" NGINX_READ_TIMEOUT="$rt" \
 		NGINX_HTML="$ROOT/nginx/html" NGINX_LOG_DIR="$LOG" NGINX_PID="$NGINX_PID" NGINX_MARKS="$NGINX_MARKS_DIR" \
 		envsubst "$NGINX_VARS" <"$NGINX_TEMPLATE" >"$out.tmp.$$" || die "cannot render $NGINX_TEMPLATE"
