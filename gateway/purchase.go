@@ -80,7 +80,9 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 		}
 		return metrics.RoutePayment
 	}
-	if !bytes.HasPrefix(path, prefixSales) {
+	// A trailing slash names no resource: …/orders/ is not …/orders. Routed as one, it would be
+	// a purchase that nginx's orders location (its limits, its sold-out answers) never saw.
+	if !bytes.HasPrefix(path, prefixSales) || path[len(path)-1] == '/' {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
 		return metrics.RouteOther
 	}
@@ -274,7 +276,7 @@ func (g *Gateway) soldOutEarly(ctx *fasthttp.RequestCtx, s *sale, now time.Time)
 	if f := s.soldOutFlag(region); f == nil || !f.Load() {
 		return false
 	}
-	soldOut(ctx, now)
+	soldOut(ctx, s, now)
 	return true
 }
 
@@ -391,7 +393,7 @@ func (g *Gateway) saleOpen(ctx *fasthttp.RequestCtx, s *sale, region, user, idem
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
 		return false
 	case s.soldOutFlag(region).Load() && !g.maybeReplay(s, user, idem):
-		soldOut(ctx, now)
+		soldOut(ctx, s, now)
 		return false
 	}
 	return true
@@ -515,7 +517,7 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 			return
 		}
 		g.markSoldOut(s, a.Region)
-		soldOut(ctx, a.Now)
+		soldOut(ctx, s, a.Now)
 	case lua.DuplicateID:
 		slog.Error("order id already taken: the id source is broken", "sale", s.spec.ID, "order", a.OrderID, "node", lease.Node())
 		unavailable(ctx, "order ids unavailable")
