@@ -231,12 +231,20 @@ func (g *Gateway) redisNow(now time.Time) time.Time {
 	return now.Add(-time.Duration(g.skew.Load()))
 }
 
-// allowIP applies the per-IP limit to the client's address.
+// allowIP applies the per-IP limit to the client's address (an IPv6 client
+// by its /64), then, for an IPv6 client, the looser per-network one to its /48.
 func (g *Gateway) allowIP(ctx *fasthttp.RequestCtx, now time.Time) bool {
-	k := ipKey(g.proxies.clientIP(ctx))
+	a := g.proxies.clientIP(ctx)
+	k := ipKey(a)
 	if ok, wait := g.limits.IP.Allow(ratelimit.KeyBytes(k[:]), now.UnixNano()); !ok {
 		g.limited(ctx, metrics.LimitIP, "too many requests from your address", wait)
 		return false
+	}
+	if n, ok := netKey(a); ok {
+		if ok, wait := g.limits.Net.Allow(ratelimit.KeyBytes(n[:]), now.UnixNano()); !ok {
+			g.limited(ctx, metrics.LimitIP, "too many requests from your network", wait)
+			return false
+		}
 	}
 	return true
 }

@@ -10,7 +10,9 @@ import (
 
 // Limits are the gateway's limits, retuned as a whole by Apply.
 type Limits struct {
-	IP       *Keyed
+	IP *Keyed
+	// Net is the per-IPv6-/48 tier above IP.
+	Net      *Keyed
 	User     *Keyed
 	Sale     *Keyed
 	inflight atomic.Int64
@@ -33,6 +35,7 @@ type Limits struct {
 func New(cfg config.RateLimit, maxKeys int, source string) *Limits {
 	l := &Limits{
 		IP:   NewKeyed(cfg.PerIP, maxKeys),
+		Net:  NewKeyed(cfg.PerNet, maxKeys),
 		User: NewKeyed(cfg.PerUser, maxKeys),
 		Sale: NewKeyed(cfg.PerSale, maxKeys),
 		// The refusals of the fleet-wide limits: one key per user or sale
@@ -56,6 +59,7 @@ func (l *Limits) Apply(cfg config.RateLimit, source string) error {
 
 func (l *Limits) apply(cfg config.RateLimit, source string) {
 	l.IP.SetRate(cfg.PerIP)
+	l.Net.SetRate(cfg.PerNet)
 	l.User.SetRate(cfg.PerUser)
 	l.Sale.SetRate(cfg.PerSale)
 	l.maxIn.Store(int64(cfg.MaxInflight))
@@ -125,7 +129,7 @@ func (l *Limits) View() View {
 	}
 	l.mu.Unlock()
 	v.Inflight = l.Inflight()
-	v.Keys = map[string]int{"ip": l.IP.Len(), "user": l.User.Len(), "sale": l.Sale.Len()}
+	v.Keys = map[string]int{"ip": l.IP.Len(), "net": l.Net.Len(), "user": l.User.Len(), "sale": l.Sale.Len()}
 	return v
 }
 
@@ -133,6 +137,7 @@ func (l *Limits) View() View {
 func (l *Limits) Sweep(now time.Time) {
 	n := now.UnixNano()
 	l.IP.Sweep(n)
+	l.Net.Sweep(n)
 	l.User.Sweep(n)
 	l.Sale.Sweep(n)
 	l.Denied.Sweep(n)
