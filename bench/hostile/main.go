@@ -9,10 +9,11 @@
 //
 //	target <name>: <figure> (goal <goal>) met|missed
 //
-// Everything is bounded in count and time, and every byte goes to 127.0.0.1: attackers and probes
-// use source addresses of their own in 127.0.0.0/8 so that per-address limits see many clients
-// (nginx's limit_req/limit_conn, the gateway's per-IP limits) and the probes are never limited
-// for what the attackers do.
+// Everything is bounded in count and time, and every byte goes to 127.0.0.1 (or ::1): attackers
+// and probes use source addresses of their own in 127.0.0.0/8 so that per-address limits see many
+// clients (nginx's limit_req/limit_conn, the gateway's per-IP limits) and the probes are never
+// limited for what the attackers do. With --nginx6, the slow bodies through nginx come from one
+// IPv6 /64 instead (--slow-body-net, routed to the loopback): one host, many addresses.
 package main
 
 import (
