@@ -38,6 +38,10 @@ func TestClientIsASlash64(t *testing.T) {
 		{"2001:db8:1:2:ffff:ffff:ffff:fffe", "another address of the same /64 (the burst)", 200},
 		{"2001:db8:1:2:a:b:c:d", "a third address of the same /64", 429},
 		{"2001:db8:1:3::1", "the next /64 of the same /48", 200},
+		// Newline bytes (0x0a) in the /64: the key's regex must match them too.
+		{"a0a:a0a:a0a:a0a::1", "a /64 with newline bytes", 200},
+		{"a0a:a0a:a0a:a0a::2", "its second address (the burst)", 200},
+		{"a0a:a0a:a0a:a0a:a0a::3", "its third address", 429},
 		{"10.1.2.3", "an IPv4 address", 200},
 		{"10.1.2.3", "the same again (the burst)", 200},
 		{"10.1.2.4", "its neighbour in the same /24", 200},
