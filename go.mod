@@ -18,6 +18,7 @@ require (
 	github.com/redis/rueidis v1.0.79
 	github.com/sony/gobreaker/v2 v2.4.0
 	github.com/valyala/fasthttp v1.70.0
+	go.mau.fi/util v0.9.4
 	golang.org/x/text v0.43.0
 	gopkg.in/yaml.v3 v3.0.1
 )

@@ -128,8 +128,12 @@ type RateLimit struct {
 	// gateway its own, the default) or "global" (in Redis, shared by the
 	// fleet: docs/gateway.md, "Rate limits"). Per-IP stays local in both.
 	Mode string `yaml:"mode" json:"mode"`
-	// PerIP limits requests per client address.
+	// PerIP limits requests per client address: an IPv4 address, or an IPv6
+	// /64 (one subscriber's block: a host may send from any address of it).
 	PerIP Rate `yaml:"per_ip" json:"per_ip"`
+	// PerNet limits requests per IPv6 /48, a looser tier above per_ip (a
+	// site's block: 65,536 /64s). IPv4 clients have no such tier.
+	PerNet Rate `yaml:"per_net" json:"per_net"`
 	// PerUser limits requests per JWT subject.
 	PerUser Rate `yaml:"per_user" json:"per_user"`
 	// PerSale limits admissions per sale per gateway (global mode: per fleet).
@@ -423,6 +427,7 @@ func Default() Config {
 		RateLimit: RateLimit{
 			Mode:        RateLocal,
 			PerIP:       Rate{Rate: 20, Burst: 40},
+			PerNet:      Rate{Rate: 320, Burst: 640},
 			PerUser:     Rate{Rate: 5, Burst: 5},
 			PerSale:     Rate{Rate: 50000, Burst: 5000},
 			PerUserView: Rate{Rate: 10, Burst: 20},
@@ -680,7 +685,7 @@ func (r *RateLimit) Validate() error {
 	for _, x := range []struct {
 		name string
 		r    Rate
-	}{{"per_ip", r.PerIP}, {"per_user", r.PerUser}, {"per_sale", r.PerSale}, {"per_user_view", r.PerUserView}} {
+	}{{"per_ip", r.PerIP}, {"per_net", r.PerNet}, {"per_user", r.PerUser}, {"per_sale", r.PerSale}, {"per_user_view", r.PerUserView}} {
 		switch {
 		case x.r.Rate < 0 || x.r.Burst < 0:
 			errs = append(errs, fmt.Errorf("ratelimit.%s: rate and burst must not be negative", x.name))

@@ -80,7 +80,9 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 		}
 		return metrics.RoutePayment
 	}
-	if !bytes.HasPrefix(path, prefixSales) {
+	// A trailing slash names no resource: …/orders/ is not …/orders. Routed as one, it would be
+	// a purchase that nginx's orders location (its limits, its sold-out answers) never saw.
+	if !bytes.HasPrefix(path, prefixSales) || path[len(path)-1] == '/' {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
 		return metrics.RouteOther
 	}
@@ -229,12 +231,20 @@ func (g *Gateway) redisNow(now time.Time) time.Time {
 	return now.Add(-time.Duration(g.skew.Load()))
 }
 
-// allowIP applies the per-IP limit to the client's address.
+// allowIP applies the per-IP limit to the client's address (an IPv6 client
+// by its /64), then, for an IPv6 client, the looser per-network one to its /48.
 func (g *Gateway) allowIP(ctx *fasthttp.RequestCtx, now time.Time) bool {
-	k := ipKey(g.proxies.clientIP(ctx))
+	a := g.proxies.clientIP(ctx)
+	k := ipKey(a)
 	if ok, wait := g.limits.IP.Allow(ratelimit.KeyBytes(k[:]), now.UnixNano()); !ok {
 		g.limited(ctx, metrics.LimitIP, "too many requests from your address", wait)
 		return false
+	}
+	if n, ok := netKey(a); ok {
+		if ok, wait := g.limits.Net.Allow(ratelimit.KeyBytes(n[:]), now.UnixNano()); !ok {
+			g.limited(ctx, metrics.LimitIP, "too many requests from your network", wait)
+			return false
+		}
 	}
 	return true
 }
@@ -274,7 +284,7 @@ func (g *Gateway) soldOutEarly(ctx *fasthttp.RequestCtx, s *sale, now time.Time)
 	if f := s.soldOutFlag(region); f == nil || !f.Load() {
 		return false
 	}
-	soldOut(ctx, now)
+	soldOut(ctx, s, now)
 	return true
 }
 
@@ -391,7 +401,7 @@ func (g *Gateway) saleOpen(ctx *fasthttp.RequestCtx, s *sale, region, user, idem
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
 		return false
 	case s.soldOutFlag(region).Load() && !g.maybeReplay(s, user, idem):
-		soldOut(ctx, now)
+		soldOut(ctx, s, now)
 		return false
 	}
 	return true
@@ -525,7 +535,7 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 			return
 		}
 		g.markSoldOut(s, a.Region)
-		soldOut(ctx, a.Now)
+		soldOut(ctx, s, a.Now)
 	case lua.DuplicateID:
 		slog.Error("order id already taken: the id source is broken", "sale", s.spec.ID, "order", a.OrderID, "node", lease.Node())
 		unavailable(ctx, "order ids unavailable")

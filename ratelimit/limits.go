@@ -10,7 +10,9 @@ import (
 
 // Limits are the gateway's limits, retuned as a whole by Apply.
 type Limits struct {
-	IP   *Keyed
+	IP *Keyed
+	// Net is the per-IPv6-/48 tier above IP.
+	Net  *Keyed
 	User *Keyed
 	Sale *Keyed
 	// OrderView limits a buyer's GETs of orders (per_user_view; always local).
@@ -35,6 +37,7 @@ type Limits struct {
 func New(cfg config.RateLimit, maxKeys int, source string) *Limits {
 	l := &Limits{
 		IP:        NewKeyed(cfg.PerIP, maxKeys),
+		Net:       NewKeyed(cfg.PerNet, maxKeys),
 		User:      NewKeyed(cfg.PerUser, maxKeys),
 		Sale:      NewKeyed(cfg.PerSale, maxKeys),
 		OrderView: NewKeyed(cfg.PerUserView, maxKeys),
@@ -59,6 +62,7 @@ func (l *Limits) Apply(cfg config.RateLimit, source string) error {
 
 func (l *Limits) apply(cfg config.RateLimit, source string) {
 	l.IP.SetRate(cfg.PerIP)
+	l.Net.SetRate(cfg.PerNet)
 	l.User.SetRate(cfg.PerUser)
 	l.Sale.SetRate(cfg.PerSale)
 	l.OrderView.SetRate(cfg.PerUserView)
@@ -129,7 +133,7 @@ func (l *Limits) View() View {
 	}
 	l.mu.Unlock()
 	v.Inflight = l.Inflight()
-	v.Keys = map[string]int{"ip": l.IP.Len(), "user": l.User.Len(), "sale": l.Sale.Len(), "view": l.OrderView.Len()}
+	v.Keys = map[string]int{"ip": l.IP.Len(), "net": l.Net.Len(), "user": l.User.Len(), "sale": l.Sale.Len(), "view": l.OrderView.Len()}
 	return v
 }
 
@@ -137,6 +141,7 @@ func (l *Limits) View() View {
 func (l *Limits) Sweep(now time.Time) {
 	n := now.UnixNano()
 	l.IP.Sweep(n)
+	l.Net.Sweep(n)
 	l.User.Sweep(n)
 	l.Sale.Sweep(n)
 	l.OrderView.Sweep(n)
