@@ -18,7 +18,7 @@ GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
 
-.PHONY: install help deps build bench-build up infra-up down status reset test demo saleday bench bench-go bench-edge hostile lint fmt clean fuzz vendor-ui vendor-ui-check
+.PHONY: install help deps build bench-build up infra-up down status reset test demo saleday verify bench bench-go bench-edge hostile lint fmt clean fuzz vendor-ui vendor-ui-check
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -112,6 +112,12 @@ demo: deps build ## start the stack, create a sale and run the load against it, 
 # the transcript is var/log/saleday.out. Starts the stack if it is not up (and stops it after).
 saleday: deps build ## the sale-day commands, each checked, against a sale flooded by flashgate bench
 	@BIN=$(BIN) scripts/saleday.sh
+
+# The admission protocol's model (spec/admission.pml, docs/verification.md), checked by spin: each
+# configuration exhaustively (no violation), each bug switch (a violation), the price without
+# replicas (a violation). Table in var/verify/summary.txt; BENCHMARKS.md keeps its figures.
+verify: deps ## model-check the admission protocol (spin): every configuration, every bug switch
+	@scripts/verify.sh
 
 # flashgate against its yardsticks in one run (Redis EVALSHA, nginx's fixed answer, the seeds'
 # synchronous design; purchases, refusals, p99 at half the peak, backend ingestion, RSS with 10,000

@@ -149,9 +149,10 @@ apps_nats_url() {
 # The stack's shape differs from the defaults (the apps are then told where things are).
 shaped() { [[ "$REDIS_MODE" != single || "$NATS_MODE" != single || $N_GATEWAYS != 1 || $N_BACKENDS != 1 ]]; }
 
-# prometheus brings promtool (the alert rules' tests), chromium the live view's browser test
+# prometheus brings promtool (the alert rules' tests), chromium the live view's browser test, spin
+# the protocol's model checker (make verify)
 # (docs/observability.md).
-DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev prometheus chromium)
+DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev prometheus chromium spin)
 
 # Where Debian puts the daemons (/usr/sbin is not on every PATH).
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin"
@@ -287,7 +288,7 @@ cmd_deps() {
 		$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 			-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
 	fi
-	for p in redis-server redis-cli mariadbd mariadb mariadb-install-db mariadb-admin nats-server nginx envsubst wrk curl promtool chromium; do
+	for p in redis-server redis-cli mariadbd mariadb mariadb-install-db mariadb-admin nats-server nginx envsubst wrk curl promtool chromium spin; do
 		command -v "$p" >/dev/null 2>&1 || die "'$p' still missing after installing packages"
 	done
 	local go="${GO:-go}"

@@ -18,8 +18,9 @@
  * its admission and its publish (the orphan is republished by reconcile).
  * The backends take messages from the stream (claim, decide in MySQL under
  * the sale row lock, write back with the epoch), any message at any time
- * (redelivery), and one may die after MySQL decided. Buyer 1 cancels o2 if it is confirmed (an expiry
- * is the same transaction). The leader may rebuild Redis (the one rebuild,
+ * (redelivery), and one may die after MySQL decided. Buyer 1 cancels o2 if
+ * it is confirmed, or it expires (the cancel keeps the buyer's quota, the
+ * expiry gives it back). The leader may rebuild Redis (the one rebuild,
  * with its epoch) at any moment, and Redis may lose all its data once; the
  * gateway that meets the cold sale asks for a rebuild.
  *
@@ -133,6 +134,7 @@ byte kans[2];          /* the keyed purchases' answers: o+1 (202), 100 (503), 10
 byte aepoch[NO];       /* the epoch the order was admitted in (its id's time against the last rebuild's) */
 bool unk[NO];          /* its last claim found no record (claim.lua 'unknown') */
 byte cep[NO];          /* the tag's epoch its last claim read */
+bool kept[NO];         /* canceled by its buyer, who keeps the quota (not an expiry) */
 
 byte running;          /* purchases and the cancel, still under way */
 byte lost;             /* Redis losses left */
@@ -593,7 +595,8 @@ inline restock(o, e) {
       if
       :: restocked[o] -> skip
       :: !restocked[o] && rec[o] != R_NONE && rec[o] != R_FAILED && rec[o] != R_RELEASED ->
-        stock[home(o)]++; ucount[home(o)]--; resv[o] = false;
+        stock[home(o)]++; resv[o] = false;
+        if :: !kept[o] -> ucount[home(o)]-- :: else -> skip fi;
         if :: home(o) == 0 -> unholdNow(o) :: else -> skip fi;
         restocked[o] = true; rec[o] = R_CANCELED
       :: else -> restocked[o] = true; rec[o] = R_CANCELED
@@ -602,16 +605,24 @@ inline restock(o, e) {
   }
 }
 
+/* The buyer's cancel keeps the buyer's quota for the rest of the sale (a
+ * scalper cannot hand a unit to another account and buy again); an expiry
+ * gives it back. Either is one transaction under the sale row lock, then the
+ * restock with the epoch read in it. */
 proctype Cancel(byte o) {
   byte e;
-  bool did;
+  bool did, expiry;
+  if :: expiry = true :: expiry = false fi;
   lock();
   atomic {
     if
-    :: st[o] == M_CONFIRMED -> st[o] = M_CANCELED; sold--; units[home(o)]--; did = true
+    :: st[o] == M_CONFIRMED ->
+      st[o] = M_CANCELED; sold--; did = true;
+      if :: expiry -> units[home(o)]-- :: else -> skip fi
     :: else -> skip
     fi;
-    e = mepoch
+    e = mepoch;
+    kept[o] = !expiry
   };
   unlock();
   if :: did -> restock(o, e) :: else -> skip fi;
