@@ -9,8 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/flashgate/flashgate/auth"
+	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/clip"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
@@ -282,4 +286,28 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestDeadLetterQuotesAtMost256Bytes: an unparseable message's error, which
+// quotes the message, reaches the dead letter's header bounded (clip.Max
+// bytes, escaped: its CR and LF cannot end the header or forge another).
+func TestDeadLetterQuotesAtMost256Bytes(t *testing.T) {
+	t.Parallel()
+	s := start(t, testenv.RedisAddrs(), fewDeliveries)
+	sale := spec(10, 5, nil)
+	s.createSale(sale)
+	body := "{\"id\":\"1\",\r\n\"sale\":\"not a sale id\",\"user\":\"u\",\"qty\":1,\r\n\"pad\":\"" + strings.Repeat("x", 10000) + "\"}"
+	if _, err := s.js.Publish(ctx(t), bus.OrderSubject(s.cfg.NATS, sale.ID), []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	var dl []*jetstream.RawStreamMsg
+	eventually(t, 10*time.Second, "dead-lettered", func() bool { dl = s.deadLetters(); return len(dl) == 1 })
+	e := dl[0].Header.Get(bus.HdrDeadError)
+	t.Logf("%s: %d bytes: %.120s…", bus.HdrDeadError, len(e), e)
+	if len(e) > 4*clip.Max+100 || strings.ContainsAny(e, "\r\n") || !strings.Contains(e, "more bytes") {
+		t.Errorf("%s is %d bytes (CR/LF: %v), want the message quoted to at most %d bytes", bus.HdrDeadError, len(e), strings.ContainsAny(e, "\r\n"), clip.Max)
+	}
+	if string(dl[0].Data) != body {
+		t.Errorf("the dead letter's body is not the message")
+	}
 }
