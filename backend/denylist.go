@@ -21,7 +21,7 @@ import (
 type denyEntry struct {
 	Kind  string    `json:"kind"` // "sub" or "jti"
 	ID    string    `json:"id"`
-	Until time.Time `json:"until"`
+	Until time.Time `json:"until,omitzero"`
 	// For is a POST's alternative to until: a duration from now (default
 	// auth.max_token_ttl plus a minute: every token of the subject then
 	// issued has expired).
