@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/clip"
 )
 
 // ReplyPrefix is where the answers to order commands and lane purchases come
@@ -72,7 +73,7 @@ func ask[T any](ctx context.Context, nc *nats.Conn, cfg config.NATS, subject str
 		return r, err
 	}
 	if err := json.Unmarshal(msg.Data, &r); err != nil {
-		return r, fmt.Errorf("%s %q: %w", what, msg.Data, err)
+		return r, fmt.Errorf("%s %s: %w", what, clip.Quote(msg.Data), err)
 	}
 	return r, nil
 }

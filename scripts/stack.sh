@@ -52,6 +52,9 @@
 # per-IP limits and upstream, see the nginx section), everything else is passed through to the
 # app processes unchanged (but for their logins, which are their role's).
 set -euo pipefail
+# Everything the stack writes (Redis's append-only files and dumps, MariaDB's and NATS's data, the
+# logs, the secrets) is its operator's alone: files 0600, directories 0700.
+umask 077
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VAR="${STACK_VAR:-$ROOT/var}"
@@ -181,7 +184,12 @@ need() {
 	done
 }
 
-mkdirs() { mkdir -p "$RUN" "$LOG" "$@"; }
+mkdirs() {
+	mkdir -p "$RUN" "$LOG" "$@"
+	# A var/ made before the umask above (or by another tool) is closed too: what is under it is
+	# then out of other users' reach whatever its own mode.
+	chmod 700 "$VAR"
+}
 
 # pid_of PIDFILE: print the pid recorded in PIDFILE ("" if none).
 pid_of() {
@@ -398,7 +406,10 @@ role_env() {
 	backend) ru=$U_BACKEND rp=$S_REDIS_BACKEND nu=$U_BACKEND np=$S_NATS_BACKEND mu=$U_BACKEND mp=$S_MYSQL_BACKEND ;;
 	*) die "role_env: unknown role $1" ;;
 	esac
-	printf '%s\n' "FLASHGATE_JWT_SECRET=$S_JWT_SECRET" "FLASHGATE_ADMIN_TOKEN=$S_ADMIN_TOKEN" \
+	# The buyers' token secret: the gateways verify with it, the operator mints with it (flashgate
+	# token); a backend verifies no token and mints none, so it is not given it (docs/security.md).
+	if [[ "$1" != backend ]]; then printf '%s\n' "FLASHGATE_JWT_SECRET=$S_JWT_SECRET"; fi
+	printf '%s\n' "FLASHGATE_ADMIN_TOKEN=$S_ADMIN_TOKEN" \
 		"FLASHGATE_REDIS_USERNAME=$ru" "FLASHGATE_REDIS_PASSWORD=$rp" \
 		"FLASHGATE_NATS_USER=$nu" "FLASHGATE_NATS_PASSWORD=$np" \
 		"FLASHGATE_MYSQL_DSN=$(mysql_dsn "$mu" "$mp")"
@@ -809,7 +820,9 @@ mysql_users() {
 		done < <(mysql_cli_nopass -N -e "SELECT CONCAT(QUOTE(user), '@', QUOTE(host)) FROM mysql.user WHERE user = 'root'")
 		# --force: an account of another host name (root@<hostname>, which --skip-name-resolve
 		# ignores) may refuse; what counts is that root logs in with the password afterwards.
-		mysql_cli_nopass --force -e "$q FLUSH PRIVILEGES" >>"$LOG/mariadb-users.log" 2>&1 || true
+		# The statements carry passwords: on stdin, never on a command line (ps shows those to
+		# every user of the host).
+		printf '%s\n' "$q FLUSH PRIVILEGES;" | mysql_cli_nopass --force >>"$LOG/mariadb-users.log" 2>&1 || true
 		mysql_cli -e 'select 1' >/dev/null 2>&1 || die "cannot set MariaDB root's password" "$LOG/mariadb-users.log"
 	fi
 	q=""
@@ -825,7 +838,7 @@ mysql_users() {
 	q+="GRANT ALL PRIVILEGES ON \`fgtest\\_%\`.* TO '$U_ADMIN'@'127.0.0.1';"
 	q+="GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX, REFERENCES ON flashgate.* TO '$U_BACKEND'@'127.0.0.1';"
 	q+="GRANT SELECT ON flashgate.* TO '$U_GATEWAY'@'127.0.0.1';"
-	mysql_cli -e "$q" || die "cannot create MariaDB's users" "$LOG/mariadb.log"
+	printf '%s\n' "$q" | mysql_cli || die "cannot create MariaDB's users" "$LOG/mariadb.log"
 }
 
 mysql_up() {
