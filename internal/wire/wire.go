@@ -51,10 +51,14 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 }
 
 // RunGateway serves a gateway until ctx ends, then shuts it down within
-// gateway.shutdown_timeout.
+// gateway.shutdown_timeout. Stopped while it was still starting (ctx ended),
+// it returns nil: a stop, not a failure.
 func RunGateway(ctx context.Context, cfg config.Config) error {
 	g, err := StartGateway(ctx, cfg)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	<-ctx.Done()
@@ -101,6 +105,9 @@ func (b *Backend) Shutdown(ctx context.Context) error {
 func RunBackend(ctx context.Context, cfg config.Config) error {
 	b, err := StartBackend(ctx, cfg)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return err
 	}
 	<-ctx.Done()
