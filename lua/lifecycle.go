@@ -21,7 +21,7 @@ var restockSrc string
 
 // restockScript is loaded like the others (EVALSHA, EVAL on NOSCRIPT); it lives
 // beside its binding rather than in Scripts.
-var restockScript = rueidis.NewLuaScript(restockSrc)
+var restockScript = newScript("restock", restockSrc)
 
 // RestockOutcome is what restock did for one order.
 type RestockOutcome uint8

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -28,12 +27,6 @@ const (
 
 // ErrNoNode means every node id is leased by someone else.
 var ErrNoNode = errors.New("orderid: no free node id")
-
-// renew extends a lease only while we still own it.
-var renew = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0`)
-
-// unlock deletes a lease only while we still own it.
-var unlock = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 
 // Lease is a node id held in Redis with SET NX and a TTL, renewed at a third
 // of the TTL. If a renewal finds the key gone or taken, or Redis stays
@@ -108,10 +101,10 @@ func (l *Lease) keep(ctx context.Context, deadline time.Time) {
 			end = last
 		}
 		rctx, cancel := context.WithDeadline(ctx, end)
-		n, err := renew.Exec(rctx, l.client, []string{l.key}, []string{l.token, strconv.FormatInt(l.ttl.Milliseconds(), 10)}).AsInt64()
+		ok, err := lua.RenewLock(rctx, l.client, l.key, l.token, l.ttl)
 		cancel()
 		switch {
-		case err == nil && n == 1:
+		case err == nil && ok:
 			deadline = sent.Add(l.ttl)
 		case err == nil:
 			slog.Error("order id lease taken by another node", "key", l.key)
@@ -148,5 +141,5 @@ func (l *Lease) Valid() bool {
 func (l *Lease) Close(ctx context.Context) error {
 	l.stop()
 	<-l.done
-	return unlock.Exec(ctx, l.client, []string{l.key}, []string{l.token}).Error()
+	return lua.Unlock(ctx, l.client, l.key, l.token)
 }
