@@ -102,6 +102,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return auditLogCmd(args, stdout, stderr)
 	case "migrate":
 		return runMigrate(context.Background(), args, stdout, stderr)
+	case "roles":
+		return rolesCmd(args, stdout, stderr)
 	case "bench":
 		return benchCmd(args, stdout, stderr)
 	case "demo":
