@@ -1,24 +1,35 @@
 package testenv
 
 import (
+	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"testing"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/roles"
 )
 
 // Role is one role's logins (docs/credentials.md).
 type Role struct {
 	RedisUser, RedisPassword string
 	NATSUser, NATSPassword   string
+	// InboxPrefix is the role's NATS inbox prefix (roles.InboxPrefix).
+	InboxPrefix string
+	// MySQLUser and MySQLPassword: the local stack's MariaDB account of the
+	// role ("" for the gateway, which has none).
+	MySQLUser, MySQLPassword string
 }
 
 // AuthStack is a private Redis and NATS that authenticate their clients with
-// exactly the users and permissions scripts/stack.sh gives the local stack,
-// rendered by the script itself (stack.sh auth-conf) with fresh secrets.
+// exactly the users and permissions of package roles (as scripts/stack.sh
+// renders them for the local stack), with fresh passwords; MySQL is the local
+// stack's, whose role accounts scripts/stack.sh made (var/secrets/).
 type AuthStack struct {
 	Redis, NATS *Server
 	Admin       Role
@@ -26,36 +37,38 @@ type AuthStack struct {
 	Backend     Role
 	// Consumer reads the order-events stream only (NATS; no Redis user).
 	Consumer Role
+	// Migrator changes the MySQL schema (MySQL only).
+	Migrator Role
 }
 
-// StartAuthStack renders the stack's Redis ACL and NATS configuration into a
-// directory of the test's own and starts a Redis and a NATS on free ports with
-// them. Their subjects and stream are the defaults of config.Default (the
+// StartAuthStack renders the roles' Redis ACL and NATS users into a directory
+// of the test's own and starts a Redis and a NATS on free ports with them.
+// Their subjects and stream are the defaults of config.Default (the
 // permissions name them).
 func StartAuthStack(t testing.TB) *AuthStack {
 	t.Helper()
-	root := filepath.Dir(SecretsFile())
-	if root == "." || root == "" {
-		t.Fatal("not inside the flashgate repository")
-	}
-	root = filepath.Dir(root)
 	dir := t.TempDir()
-	cmd := command(InstallTimeout, "bash", filepath.Join(root, "scripts", "stack.sh"), "auth-conf")
-	// Only what the script needs: a password the environment gives would
-	// replace a generated one.
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "STACK_VAR=" + dir}
-	if out, err := cmd.CombinedOutput(); cmd.Done(err) != nil {
-		t.Fatalf("stack.sh auth-conf: %v\n%s", err, out)
-	}
-	s := readSecrets(filepath.Join(dir, "secrets", "generated.env"))
+	pw := func() string { return Secret("pw-") }
 	a := &AuthStack{
-		Admin:    Role{"flashgate_admin", s["S_REDIS_ADMIN"], "flashgate_admin", s["S_NATS_ADMIN"]},
-		Gateway:  Role{"flashgate_gateway", s["S_REDIS_GATEWAY"], "flashgate_gateway", s["S_NATS_GATEWAY"]},
-		Backend:  Role{"flashgate_backend", s["S_REDIS_BACKEND"], "flashgate_backend", s["S_NATS_BACKEND"]},
-		Consumer: Role{NATSUser: "flashgate_consumer", NATSPassword: s["S_NATS_CONSUMER"]},
+		Admin:    Role{RedisUser: roles.Admin, RedisPassword: pw(), NATSUser: roles.Admin, NATSPassword: pw()},
+		Gateway:  Role{RedisUser: roles.Gateway, RedisPassword: pw(), NATSUser: roles.Gateway, NATSPassword: pw(), InboxPrefix: roles.GatewayInbox},
+		Backend:  Role{RedisUser: roles.Backend, RedisPassword: pw(), NATSUser: roles.Backend, NATSPassword: pw(), InboxPrefix: roles.BackendInbox},
+		Consumer: Role{NATSUser: roles.Consumer, NATSPassword: pw()},
 	}
-	if a.Gateway.RedisPassword == "" || a.Backend.NATSPassword == "" {
-		t.Fatalf("stack.sh auth-conf wrote no secrets: %v", s)
+	// MySQL: the local stack's accounts (scripts/stack.sh, from package roles).
+	stack := readSecrets(filepath.Join(filepath.Dir(SecretsFile()), "secrets", "generated.env"))
+	a.Admin.MySQLUser, a.Admin.MySQLPassword = roles.Admin, stack["S_MYSQL_ADMIN"]
+	a.Backend.MySQLUser, a.Backend.MySQLPassword = roles.Backend, stack["S_MYSQL_BACKEND"]
+	a.Migrator = Role{MySQLUser: roles.Migrator, MySQLPassword: stack["S_MYSQL_MIGRATOR"]}
+	redisPW := roles.Passwords{"default": pw(), roles.Admin: a.Admin.RedisPassword, roles.Gateway: a.Gateway.RedisPassword,
+		roles.Backend: a.Backend.RedisPassword, roles.Replica: pw()}
+	var acl bytes.Buffer
+	if err := roles.RenderRedisACL(&acl, roles.RedisOptions{SetInfo: redisSetInfo(t)}, redisPW); err != nil {
+		t.Fatal(err)
+	}
+	aclFile := filepath.Join(dir, "redis-users.acl")
+	if err := os.WriteFile(aclFile, acl.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
 	}
 
 	port := FreePort(t)
@@ -63,28 +76,20 @@ func StartAuthStack(t testing.TB) *AuthStack {
 		// Persistence as the stack has it (an append-only file), fsynced at every
 		// write so that a kill -9 and a start show what a restart loads.
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-		"--dir", t.TempDir(), "--aclfile", filepath.Join(dir, "secrets", "redis-users.acl")}}
+		"--dir", t.TempDir(), "--aclfile", aclFile}}
 	t.Cleanup(a.Redis.Kill)
 	a.Redis.Start()
 
-	// The same configuration on this test's ports and store.
-	b, err := os.ReadFile(filepath.Join(dir, "secrets", "nats.conf"))
-	if err != nil {
+	var users bytes.Buffer
+	natsPW := roles.Passwords{roles.Admin: a.Admin.NATSPassword, roles.Gateway: a.Gateway.NATSPassword,
+		roles.Backend: a.Backend.NATSPassword, roles.Consumer: a.Consumer.NATSPassword}
+	if err := roles.RenderNATSUsers(&users, config.Default(), natsPW); err != nil {
 		t.Fatal(err)
 	}
 	port = FreePort(t)
-	conf := string(b)
-	for re, repl := range map[string]string{
-		`(?m)^listen: .*$`:    `listen: "127.0.0.1:` + strconv.Itoa(port) + `"`,
-		`(?m)^http: .*$`:      `http: "127.0.0.1:` + strconv.Itoa(FreePort(t)) + `"`,
-		`(?m)^jetstream .*$`:  `jetstream { store_dir: "` + filepath.Join(dir, "js") + `" }`,
-		`(?m)^server_name.*$`: `server_name: ` + ID("auth"),
-	} {
-		if !regexp.MustCompile(re).MatchString(conf) {
-			t.Fatalf("nats.conf has no line %s:\n%s", re, conf)
-		}
-		conf = regexp.MustCompile(re).ReplaceAllLiteralString(conf, repl)
-	}
+	conf := "listen: \"127.0.0.1:" + strconv.Itoa(port) + "\"\nhttp: \"127.0.0.1:" + strconv.Itoa(FreePort(t)) + "\"\n" +
+		"server_name: " + ID("auth") + "\njetstream { store_dir: \"" + filepath.Join(dir, "js") + "\" }\n" +
+		"authorization {\n" + users.String() + "}\n"
 	path := filepath.Join(dir, "nats-test.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -103,8 +108,49 @@ func (a *AuthStack) Config(c config.Config, r Role) config.Config {
 	c.Redis.Username, c.Redis.Password = r.RedisUser, r.RedisPassword
 	c.NATS.URL = a.NATS.URL()
 	c.NATS.User, c.NATS.Password = r.NATSUser, r.NATSPassword
+	c.NATS.InboxPrefix = r.InboxPrefix
 	c.NATS.Stream, c.NATS.OrderSubject, c.NATS.EventSubject = def.Stream, def.OrderSubject, def.EventSubject
 	c.NATS.CommandSubject, c.NATS.Consumer = def.CommandSubject, def.Consumer
 	c.Events.Stream, c.Events.Subject = config.Default().Events.Stream, config.Default().Events.Subject
 	return c
+}
+
+// redisSetInfo: the redis-server on PATH knows CLIENT SETINFO (7.2+).
+func redisSetInfo(t testing.TB) bool {
+	out, err := exec.Command("redis-server", "--version").Output()
+	if err != nil {
+		t.Fatalf("redis-server --version: %v", err)
+	}
+	m := regexp.MustCompile(`v=(\d+)\.(\d+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("redis-server --version: %q", out)
+	}
+	major, _ := strconv.Atoi(string(m[1]))
+	minor, _ := strconv.Atoi(string(m[2]))
+	return major > 7 || major == 7 && minor >= 2
+}
+
+// MySQLAs is dsn with role's MySQL login instead of its own.
+func MySQLAs(t testing.TB, dsn string, r Role) string {
+	t.Helper()
+	if r.MySQLUser == "" || r.MySQLPassword == "" {
+		t.Fatalf("no MySQL login for the role (var/secrets/generated.env of the local stack: %q)", r.MySQLUser)
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Passwd = r.MySQLUser, r.MySQLPassword
+	return cfg.FormatDSN()
+}
+
+// StackSecret is one secret of the local stack (var/secrets/generated.env,
+// S_…): the tests that check the stack's own accounts log in with it.
+func StackSecret(t testing.TB, name string) string {
+	t.Helper()
+	v := readSecrets(filepath.Join(filepath.Dir(SecretsFile()), "secrets", "generated.env"))[name]
+	if v == "" {
+		t.Fatalf("%s not in var/secrets/generated.env (run scripts/stack.sh infra-up)", name)
+	}
+	return v
 }
