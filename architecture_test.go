@@ -28,6 +28,7 @@ var rooms = map[string]int{
 	"audit":         3, // reads MySQL and Redis through the store and the scripts
 	"history":       3, // checks a client history against the state at rest (no I/O)
 	"internal/dial": 3, // dials MySQL, Redis, NATS and the leader lock as the processes want them
+	"roles":         3, // each role's Redis ACL, NATS permissions and MySQL grants, rendered
 
 	"gateway": 4, "backend": 4, // the two processes; neither imports the other
 	// the clients the CLI wraps: the admin API's, and the load tool behind

@@ -50,6 +50,7 @@ tools
   dlq list [--sale S]        the dead-letter stream's orders and why they failed
   dlq redrive SEQ            republish a dead-lettered order once its cause is fixed
   migrate up | status        apply the pending schema migrations | list them, applied or pending
+  roles render KIND --secrets F  each role's Redis ACL, NATS users or MySQL grants (docs/credentials.md)
   bench --sale ID ...        fire purchase requests, then audit the invariants
   demo                       create a sale and bench it (what 'make demo' runs)
   version                    the module version, commit and Go version of this binary

@@ -14,8 +14,7 @@ import (
 // rolesCmd is `flashgate roles render KIND --secrets FILE`: the servers' users
 // and permissions of package roles, with the passwords of FILE, for
 // scripts/stack.sh (which writes them into var/secrets/) and for a
-// deployment's provisioning. Not in the usage: an operator runs it through
-// the stack or provisioning.
+// deployment's provisioning.
 //
 //	redis-acl   the ACL file every Redis node loads (aclfile)
 //	nats-users  the users = [ … ] list of a NATS server's authorization block
