@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -89,38 +90,45 @@ func buildLibrary() {
 		// By name: every binary that links this package builds the same library.
 		slices.SortFunc(scripts, func(a, b *Script) int { return strings.Compare(a.base, b.base) })
 		h := sha1.New()
+		// Of the generated code (names without the hash): a change of a
+		// script or of the wrapping makes another library.
 		for _, s := range scripts {
-			fmt.Fprintf(h, "%s\x00%t\x00%v\x00%s\x00", s.base, s.ro, s.read, s.src)
+			s.name = "fg_" + s.base
+			h.Write([]byte(wrap(s)))
 		}
 		libID = hex.EncodeToString(h.Sum(nil))[:12]
 		var b strings.Builder
 		fmt.Fprintf(&b, "#!lua name=%s_%s\n", LibraryName, libID)
 		for _, s := range scripts {
 			s.name = "fg_" + s.base + "_" + libID
-			flags := "{}"
-			if s.ro {
-				flags = "{'no-writes'}"
-			}
-			// KEYS and ARGV as the script's parameters: its body reads them as
-			// it did under EVAL.
-			if len(s.read) == 0 {
-				fmt.Fprintf(&b, "redis.register_function{function_name='%s', flags=%s, callback=function(KEYS, ARGV)\n%s\nend}\n",
-					s.name, flags, s.src)
-				continue
-			}
-			pos := make([]string, len(s.read))
-			for i, p := range s.read {
-				pos[i] = strconv.Itoa(p)
-			}
-			fmt.Fprintf(&b, "redis.register_function{function_name='%s', flags=%s, callback=function(fg_k, fg_a)\n"+
-				"local KEYS, ARGV, fg_ro = {}, {}, {%s}\n"+
-				"local fg_r, fg_w = 1, 1\n"+
-				"for i = 1, #fg_k + #fg_ro do if fg_ro[fg_r] == i then KEYS[i] = fg_a[fg_r]; fg_r = fg_r + 1 else KEYS[i] = fg_k[fg_w]; fg_w = fg_w + 1 end end\n"+
-				"for i = fg_r, #fg_a do ARGV[i - fg_r + 1] = fg_a[i] end\n%s\nend}\n",
-				s.name, flags, strings.Join(pos, ", "), s.src)
+			b.WriteString(wrap(s))
 		}
 		libCode = b.String()
 	})
+}
+
+// wrap is s as a function of the library: KEYS and ARGV as the script's
+// parameters, so that its body reads them as it did under EVAL; with read
+// positions, rebuilt from the declared keys and the first arguments.
+func wrap(s *Script) string {
+	flags := "{}"
+	if s.ro {
+		flags = "{'no-writes'}"
+	}
+	if len(s.read) == 0 {
+		return fmt.Sprintf("redis.register_function{function_name='%s', flags=%s, callback=function(KEYS, ARGV)\n%s\nend}\n",
+			s.name, flags, s.src)
+	}
+	pos := make([]string, len(s.read))
+	for i, p := range s.read {
+		pos[i] = strconv.Itoa(p)
+	}
+	return fmt.Sprintf("redis.register_function{function_name='%s', flags=%s, callback=function(fg_k, fg_a)\n"+
+		"local KEYS, ARGV, fg_ro = {}, {}, {%s}\n"+
+		"local fg_r, fg_w = 1, 1\n"+
+		"for i = 1, #fg_k + #fg_ro do if fg_ro[fg_r] == i then KEYS[i] = fg_a[fg_r]; fg_r = fg_r + 1 else KEYS[i] = fg_k[fg_w]; fg_w = fg_w + 1 end end\n"+
+		"for i = fg_r, #fg_a do ARGV[i - fg_r + 1] = fg_a[i] end\n%s\nend}\n",
+		s.name, flags, strings.Join(pos, ", "), s.src)
 }
 
 // Library is the library's source as FUNCTION LOAD takes it, and its name.
@@ -182,8 +190,8 @@ func reload(ctx context.Context, c rueidis.Client) bool {
 
 // notFound is Redis's answer to an FCALL of a function it does not have.
 func notFound(err error) bool {
-	re, ok := rueidis.IsRedisErr(err)
-	return ok && strings.Contains(re.Error(), "Function not found")
+	var re *rueidis.RedisError
+	return errors.As(err, &re) && strings.Contains(re.Error(), "Function not found")
 }
 
 // cmd is the FCALL (FCALL_RO) of s on keys and args.

@@ -1,0 +1,108 @@
+package lua
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/internal/testenv"
+)
+
+// TestLibraryKeysRoundTrip: a function whose read-only keys travel in ARGV
+// sees them back in KEYS at their places, and its own arguments in ARGV, for
+// each position the library moves (first, middle, last) and any number of
+// keys after them.
+func TestLibraryKeysRoundTrip(t *testing.T) {
+	c := testenv.Redis(t, testenv.RedisAddrs())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lib := "#!lua name=fgtest_echo\n"
+	cases := [][]int{{1}, {3}, {7}, {1, 3}}
+	for i, read := range cases {
+		s := &Script{base: "echo" + strconv.Itoa(i), src: "return {KEYS, ARGV}", read: read, name: "fgtest_echo_" + strconv.Itoa(i)}
+		lib += wrap(s)
+	}
+	if err := c.Do(ctx, c.B().FunctionLoad().Replace().FunctionCode(lib).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Do(context.Background(), c.B().FunctionDelete().LibraryName("fgtest_echo").Build()).Error()
+	})
+	for i, read := range cases {
+		s := &Script{read: read, name: "fgtest_echo_" + strconv.Itoa(i)}
+		for extra := 0; extra < 3; extra++ {
+			var keys []string
+			for k := 1; k <= read[len(read)-1]+extra; k++ {
+				keys = append(keys, "fg:{s:echo}:k"+strconv.Itoa(k))
+			}
+			args := []string{"a1", "a2"}
+			v, err := c.Do(ctx, s.cmd(c, keys, args)).ToArray()
+			if err != nil || len(v) != 2 {
+				t.Fatalf("read %v, %d keys: %v %v", read, len(keys), v, err)
+			}
+			gotK, _ := v[0].AsStrSlice()
+			gotA, _ := v[1].AsStrSlice()
+			if strings.Join(gotK, ",") != strings.Join(keys, ",") || strings.Join(gotA, ",") != "a1,a2" {
+				t.Errorf("read %v: KEYS %v ARGV %v; want %v and [a1 a2]", read, gotK, gotA, keys)
+			}
+		}
+	}
+}
+
+// BenchmarkAdmitCall: the admission by FCALL of the library's function (its
+// meta key in ARGV, put back into KEYS by the wrapper) against the same
+// script by EVALSHA, on one Redis, in one run.
+func BenchmarkAdmitCall(b *testing.B) {
+	c := testenv.Redis(b, testenv.RedisAddrs())
+	ctx := context.Background()
+	if err := LoadLibrary(ctx, c); err != nil {
+		b.Fatal(err)
+	}
+	sum := sha1.Sum([]byte(admitSrc))
+	sha := hex.EncodeToString(sum[:])
+	if err := c.Do(ctx, c.B().ScriptLoad().Script(admitSrc).Build()).Error(); err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now()
+	spec := &flashgate.Sale{ID: testenv.ID("bench"), Title: "t", Total: flashgate.MaxSaleUnits, StartsAt: now.Add(-time.Minute),
+		EndsAt: now.Add(time.Hour), PerUserLimit: 1, PerOrderMax: 1}
+	if ok, err := Load().Warm(ctx, c, spec, map[string]int64{"": spec.Total}); !ok || err != nil {
+		b.Fatalf("warm: %v %v", ok, err)
+	}
+	b.Cleanup(func() { _, _ = Retire(context.Background(), c, spec) })
+	k := KeysOf(spec)
+	var user, id atomic.Int64
+	id.Store(1 << 40)
+	for _, mode := range []string{"evalsha", "fcall"} {
+		b.Run(mode, func(b *testing.B) {
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					a := AdmitArgs{User: "u" + strconv.FormatInt(user.Add(1), 10), Quantity: 1, OrderID: uint64(id.Add(1)), Now: time.Now()}
+					a.PayBy = a.Now.Add(15 * time.Minute)
+					keys, args, err := admitCall(k, a)
+					if err != nil {
+						b.Fatal(err)
+					}
+					var adm Admission
+					if mode == "fcall" {
+						adm, err = admitted(k, a, admitScript.Exec(ctx, c, keys, args))
+					} else {
+						adm, err = admitted(k, a, c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()))
+					}
+					if err != nil || adm.Outcome != Admitted {
+						b.Fatalf("%s: %+v %v", mode, adm, err)
+					}
+				}
+			})
+		})
+	}
+}
