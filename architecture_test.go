@@ -38,7 +38,7 @@ var rooms = map[string]int{
 	"cmd/flashgate": 5, "internal/wire": 5, // wiring and the CLI
 
 	// tools and tests: load, benchmarks, harnesses
-	"internal/testenv": 6, "internal/eventcheck": 6, "chaos": 6, "e2e": 6, "nginx": 6,
+	"internal/testenv": 6, "internal/authstack": 6, "internal/eventcheck": 6, "chaos": 6, "e2e": 6, "nginx": 6,
 	"bench/conns": 6, "bench/hostile": 6, "bench/ingest": 6, "bench/internal/cli": 6,
 	"bench/report": 6, "bench/seedsync": 6,
 }

@@ -72,6 +72,10 @@ type Gateway struct {
 	SaleRefresh time.Duration `yaml:"sale_refresh"`
 	// NodeLeaseTTL is the lifetime of the order-id node a gateway leases from Redis (renewed while it runs).
 	NodeLeaseTTL time.Duration `yaml:"node_lease_ttl"`
+	// NodeIDs is the range "from-to" of order-id nodes this gateway leases
+	// from ("": all, 0-1007). Its Redis user may write only those lease keys
+	// when the roles give each gateway its own (docs/credentials.md).
+	NodeIDs string `yaml:"node_ids"`
 	// ReusePort lets several gateway processes listen on one port (SO_REUSEPORT),
 	// the kernel spreading connections over them: one process per core.
 	ReusePort bool `yaml:"reuseport"`
@@ -535,6 +539,9 @@ func (c *Config) Validate() error {
 	if c.NATS.DedupWindow < 2*time.Minute {
 		errs = append(errs, errors.New("nats.dedup_window must be at least 2m (docs/design.md §7)"))
 	}
+	if _, _, _, err := c.Gateway.NodeRange(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.NATS.MaxMsgSize < 4<<10 || c.NATS.MaxMsgSize > 64<<20 || c.NATS.MaxBytes < 1<<20 {
 		errs = append(errs, errors.New("nats.max_msg_size must be 4KiB..64MiB and nats.max_bytes at least 1MiB"))
 	}
@@ -920,3 +927,17 @@ func (e *Events) validate(n NATS) []error {
 // MinWebhookSecretBytes is the shortest webhook secret: the shop verifies
 // every event with it.
 const MinWebhookSecretBytes = 32
+
+// NodeRange is NodeIDs as numbers: ok is false for "" (every node).
+func (g Gateway) NodeRange() (from, to int, ok bool, err error) {
+	if g.NodeIDs == "" {
+		return 0, 0, false, nil
+	}
+	a, b, found := strings.Cut(g.NodeIDs, "-")
+	from, err1 := strconv.Atoi(a)
+	to, err2 := strconv.Atoi(b)
+	if !found || err1 != nil || err2 != nil || from < 0 || from > to {
+		return 0, 0, false, fmt.Errorf("gateway.node_ids %q: want from-to, 0 <= from <= to", g.NodeIDs)
+	}
+	return from, to, true, nil
+}

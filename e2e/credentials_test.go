@@ -17,10 +17,12 @@ import (
 
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/authstack"
 	"github.com/flashgate/flashgate/internal/eventcheck"
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
+	"github.com/flashgate/flashgate/orderid"
 	"github.com/flashgate/flashgate/roles"
 )
 
@@ -33,16 +35,16 @@ import (
 // migrator's work; the backend's MySQL login has rows only, and the gateway
 // has none.
 func TestRolesRunASale(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	base := e2eConfig(t)
-	migrate(t, testenv.MySQLAs(t, base.MySQL.DSN, st.Migrator))
+	migrate(t, authstack.MySQLAs(t, base.MySQL.DSN, st.Migrator))
 	// The webhook too: the backend's role reads the events stream for it.
 	var hooked atomic.Int64
 	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hooked.Add(1) }))
 	t.Cleanup(shop.Close)
 	base.Events.Webhook.URL, base.Events.Webhook.Secret = shop.URL, testenv.Secret("e2e-webhook-secret-0123456789-")
 	bcfg := st.Config(base, st.Backend)
-	bcfg.MySQL.DSN, bcfg.MySQL.AutoMigrate = testenv.MySQLAs(t, base.MySQL.DSN, st.Backend), false
+	bcfg.MySQL.DSN, bcfg.MySQL.AutoMigrate = authstack.MySQLAs(t, base.MySQL.DSN, st.Backend), false
 	be := startBackend(t, bcfg)
 	gcfg := st.Config(base, st.Gateway)
 	gcfg.MySQL.DSN = "tcp(127.0.0.1:1)/no-login" // a gateway has no MySQL login
@@ -141,7 +143,7 @@ func (c *collector) has(typ, sale string) bool {
 	return false
 }
 
-func connectAs(t *testing.T, url string, r testenv.Role, errs chan<- error) *nats.Conn {
+func connectAs(t *testing.T, url string, r authstack.Role, errs chan<- error) *nats.Conn {
 	t.Helper()
 	opts := []nats.Option{nats.UserInfo(r.NATSUser, r.NATSPassword)}
 	if r.InboxPrefix != "" {
@@ -165,7 +167,7 @@ func connectAs(t *testing.T, url string, r testenv.Role, errs chan<- error) *nat
 // cannot publish a sale event (the server refuses, no gateway hears it), and
 // what a gateway may publish, hints, cannot carry a closed sale.
 func TestForgedSaleEventsRefused(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	cfg := st.Config(config.Default(), st.Gateway).NATS
 	sale := testenv.ID("forged")
 	closed, _ := json.Marshal(bus.SaleEvent{Type: bus.EventClosed, SaleID: sale})
@@ -252,7 +254,7 @@ func TestForgedSaleEventsRefused(t *testing.T) {
 // window, limits; its epoch; the index of sales), not even through a
 // function of the library; neither role may run the server's administration.
 func TestRedisRoles(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -266,7 +268,7 @@ func TestRedisRoles(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "NOAUTH") {
 		t.Fatalf("anonymous PING: %v, want NOAUTH", err)
 	}
-	client := func(r testenv.Role) rueidis.Client {
+	client := func(r authstack.Role) rueidis.Client {
 		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{st.Redis.Addr}, Username: r.RedisUser, Password: r.RedisPassword, DisableCache: true})
 		if err != nil {
 			t.Fatal(err)
@@ -297,6 +299,27 @@ func TestRedisRoles(t *testing.T) {
 		t.Fatalf("admit as the gateway: %+v, %v", adm, err)
 	}
 
+	// Its own nodes it leases (and the second gateway its own).
+	for _, c := range []struct {
+		role authstack.Role
+		node string
+	}{{st.Gateway, lua.NodeLease(0)}, {st.Gateway, lua.NodeLease(503)}, {st.Gateway2, lua.NodeLease(504)}, {st.Gateway2, lua.NodeLease(1007)}} {
+		v, err := admin.Do(ctx, admin.B().Arbitrary("ACL").Args("DRYRUN", c.role.RedisUser, "SET", c.node, "x", "NX", "PX", "15000").Build()).ToString()
+		if err != nil || v != "OK" {
+			t.Errorf("ACL DRYRUN %s SET %s: %q, %v; want OK", c.role.RedisUser, c.node, v, err)
+		}
+	}
+	l, err := orderid.AcquireIn(ctx, gw, 15*time.Second, 0, 503)
+	if err != nil {
+		t.Fatalf("the gateway leasing a node of its range: %v", err)
+	}
+	if n := l.Node(); n < 0 || n > 503 {
+		t.Errorf("leased node %d, outside 0-503", n)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Errorf("the gateway freeing its node: %v", err)
+	}
+
 	// A function of the library that writes a sale's meta runs with its
 	// caller's rights: closing a sale is the backend's.
 	if err := lua.Close(ctx, gw, k); err == nil {
@@ -325,6 +348,10 @@ func TestRedisRoles(t *testing.T) {
 		{"SADD", lua.SalesIndex, "x"},
 		{"ZADD", lua.LiveIndex, "1", "x"},
 		{"SET", "other:key", "1"},
+		// Another gateway's order-id nodes (this one leases 0-503).
+		{"SET", lua.NodeLease(504), "x", "NX", "PX", "15000"},
+		{"SET", lua.NodeLease(1007), "x", "NX", "PX", "15000"},
+		{"DEL", lua.NodeLease(600)},
 		{"FLUSHALL"}, {"FLUSHDB"}, {"KEYS", "*"}, {"CONFIG", "GET", "*"}, {"ACL", "LIST"}, {"SHUTDOWN"}, {"MONITOR"}, {"DEBUG", "SLEEP", "1"},
 		// Last: where it is allowed, it blocks this Redis for good.
 		{"EVAL", "while true do end", "0"},
@@ -359,7 +386,7 @@ func TestRedisRoles(t *testing.T) {
 // without it, a fresh node) answers the gateway "Function not found", which
 // it turns into a 503-class error, until the backend's check loads it again.
 func TestRedisLostLibrary(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	base := e2eConfig(t)
 	bcfg := st.Config(base, st.Backend)
 	be := startBackend(t, bcfg)
@@ -404,9 +431,9 @@ func TestRedisLostLibrary(t *testing.T) {
 // orders JetStream delivers to the backends (buyers' data), nor anyone's
 // replies on the default _INBOX; a backend's cannot read a gateway's.
 func TestNATSInboxes(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	for _, c := range []struct {
-		role    testenv.Role
+		role    authstack.Role
 		subject string
 	}{
 		{st.Gateway, "_INBOX.>"},
@@ -441,7 +468,7 @@ func TestNATSInboxes(t *testing.T) {
 // largest message and a most bytes (nats.max_msg_size, nats.max_bytes): an
 // order bigger than the cap is refused by JetStream.
 func TestOrdersStreamCapped(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	base := e2eConfig(t)
 	base.NATS.MaxMsgSize, base.NATS.MaxBytes = 8<<10, 64<<20
 	bcfg := st.Config(base, st.Backend)
@@ -473,10 +500,10 @@ func TestOrdersStreamCapped(t *testing.T) {
 // the gateway has no login at all (the local stack's MariaDB, whose accounts
 // scripts/stack.sh made from package roles).
 func TestMySQLRoles(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	base := e2eConfig(t)
-	migrate(t, testenv.MySQLAs(t, base.MySQL.DSN, st.Migrator))
-	db, err := mysql.OpenDB(testenv.MySQLAs(t, base.MySQL.DSN, st.Backend))
+	migrate(t, authstack.MySQLAs(t, base.MySQL.DSN, st.Migrator))
+	db, err := mysql.OpenDB(authstack.MySQLAs(t, base.MySQL.DSN, st.Backend))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +548,7 @@ func TestMySQLRoles(t *testing.T) {
 	}
 
 	// No gateway account: root (the stack's own login) lists none.
-	root := testenv.MySQLAs(t, base.MySQL.DSN, testenv.Role{MySQLUser: "root", MySQLPassword: testenv.StackSecret(t, "S_MYSQL_ROOT")})
+	root := authstack.MySQLAs(t, base.MySQL.DSN, authstack.Role{MySQLUser: "root", MySQLPassword: authstack.StackSecret(t, "S_MYSQL_ROOT")})
 	rdb, err := mysql.OpenDB(root)
 	if err != nil {
 		t.Fatal(err)
@@ -543,7 +570,7 @@ func TestMySQLRoles(t *testing.T) {
 // (the purchase's confirmation and its payment) to a stream it created; the
 // consumer role reads them, and may do nothing else: not publish an event,
 // not read the orders stream.
-func consumerReadsEvents(t *testing.T, st *testenv.AuthStack, base config.Config, sale string) {
+func consumerReadsEvents(t *testing.T, st *authstack.AuthStack, base config.Config, sale string) {
 	t.Helper()
 	db, err := mysql.OpenDB(base.MySQL.DSN)
 	if err != nil {

@@ -46,6 +46,16 @@ type Lease struct {
 
 // Acquire leases the first free node id and keeps renewing it until Close.
 func Acquire(ctx context.Context, c rueidis.Client, ttl time.Duration) (*Lease, error) {
+	return AcquireIn(ctx, c, ttl, 0, LeasedNodes-1)
+}
+
+// AcquireIn is Acquire among node ids from..to (inclusive): a gateway's own
+// range, the only lease keys its Redis user may write (roles.GatewayUser), so
+// that a gateway's login cannot take another gateway's ids.
+func AcquireIn(ctx context.Context, c rueidis.Client, ttl time.Duration, from, to int) (*Lease, error) {
+	if from < 0 || to >= LeasedNodes || from > to {
+		return nil, fmt.Errorf("orderid: node range %d-%d outside 0-%d", from, to, LeasedNodes-1)
+	}
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
@@ -53,8 +63,9 @@ func Acquire(ctx context.Context, c rueidis.Client, ttl time.Duration) (*Lease, 
 	token := hex.EncodeToString(b[:])
 	// Start at a random node so that gateways starting together rarely collide.
 	start := int(b[0])<<8 | int(b[1])
-	for i := 0; i < LeasedNodes; i++ {
-		n := (start + i) % LeasedNodes
+	span := to - from + 1
+	for i := 0; i < span; i++ {
+		n := from + (start+i)%span
 		key := lua.NodeLease(n)
 		sent := time.Now()
 		err := c.Do(ctx, c.B().Set().Key(key).Value(token).Nx().PxMilliseconds(ttl.Milliseconds()).Build()).Error()

@@ -18,9 +18,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/orderid"
 )
 
 // The users, one per role (the same name on every server that has it).
@@ -64,15 +67,19 @@ var (
 	redisInstall = []string{"+rename", "+persist"}
 )
 
-// GatewayWrites are the key patterns the gateway may write: what its
-// functions write (admit, release, claim, the purchase-limit holds and
-// transfers of a split sale, the rate limits) and its order-id node lease.
-// Not a sale's meta (state, window, limits), its epoch (the rebuild's fence),
-// its warm lock or its restock set, nor the indexes of sales: those it reads.
-var GatewayWrites = []string{
-	"fg:{s:*}:stock", "fg:{s:*}:stock:*", "fg:{s:*}:users", "fg:{s:*}:resv", "fg:{s:*}:orders", "fg:{s:*}:idem",
-	"fg:{s:*}:lim:*", "fg:{s:*}:lhold", "fg:{s:*}:lheld", "fg:{s:*}:lback", "fg:{s:*}:xout", "fg:{s:*}:xin",
-	"fg:rl:*", "fg:node:*",
+// GatewayWrites are the key patterns the gateway may write
+// (lua.GatewayWritePatterns: what its functions write); its order-id node
+// leases are its range's (GatewayUser). It may not write a sale's meta
+// (state, window, limits), its epoch (the rebuild's fence), its warm lock or
+// restock set, nor the indexes of sales.
+var GatewayWrites = lua.GatewayWritePatterns()
+
+// GatewayUser is one gateway Redis user and the order-id nodes it may lease
+// (gateway.node_ids): with one user per gateway host, each on a range of
+// its own, no gateway's login can take another's node ids.
+type GatewayUser struct {
+	Name     string
+	From, To int
 }
 
 // RedisUser is one ACL user: its rules, without its password.
@@ -86,7 +93,13 @@ type RedisOptions struct {
 	// SetInfo: the server knows CLIENT SETINFO (Redis 7.2+), which the
 	// client library sends (and tolerates a refusal of).
 	SetInfo bool
+	// Gateways are the gateway users; none: one, Gateway, leasing every node.
+	Gateways []GatewayUser
 }
+
+// AllNodes is the last order-id node the gateways lease (the degraded
+// lane's, above it, are leased in MySQL).
+const AllNodes = orderid.LeasedNodes - 1
 
 // RedisUsers are the ACL users of every Redis node. default has a password
 // given to nobody: a client that does not log in gets NOAUTH. It is not
@@ -104,17 +117,89 @@ func RedisUsers(o RedisOptions) []RedisUser {
 		}
 		return out
 	}
-	gwKeys := []string{"resetkeys", "%R~fg:*"}
-	for _, p := range GatewayWrites {
-		gwKeys = append(gwKeys, "%RW~"+p)
+	gws := o.Gateways
+	if len(gws) == 0 {
+		gws = []GatewayUser{{Gateway, 0, AllNodes}}
 	}
-	return []RedisUser{
+	users := []RedisUser{
 		{"default", []string{"~*", "&*", "+@all"}},
 		{Admin, []string{"~*", "&*", "+@all"}},
-		{Gateway, cat(gwKeys, []string{"resetchannels", "-@all"}, conn, redisCall, redisData)},
-		{Backend, cat([]string{"resetkeys", "~fg:*", "~flashgate:*", "resetchannels", "-@all"}, conn, redisCall, redisLoad, redisEval, redisData, redisInstall)},
-		{Replica, []string{"resetkeys", "resetchannels", "-@all", "+ping", "+psync", "+sync", "+replconf", "+auth", "+hello"}},
 	}
+	for _, g := range gws {
+		keys := []string{"resetkeys", "%R~" + lua.AllKeysPattern}
+		for _, p := range GatewayWrites {
+			keys = append(keys, "%RW~"+p)
+		}
+		for _, p := range NumberGlobs(g.From, g.To) {
+			keys = append(keys, "%RW~"+lua.NodeLeasePrefix+p)
+		}
+		users = append(users, RedisUser{g.Name, cat(keys, []string{"resetchannels", "-@all"}, conn, redisCall, redisData)})
+	}
+	return append(users, []RedisUser{
+		{Backend, cat([]string{"resetkeys", "~" + lua.AllKeysPattern, "~" + lua.LeaderLockPattern, "resetchannels", "-@all"}, conn, redisCall, redisLoad, redisEval, redisData, redisInstall)},
+		{Replica, []string{"resetkeys", "resetchannels", "-@all", "+ping", "+psync", "+sync", "+replconf", "+auth", "+hello"}},
+	}...)
+}
+
+// NumberGlobs are glob patterns (as Redis ACL key patterns take them) that
+// together match the decimal numbers from..to and no other: 0-1007 is [0-9],
+// [1-9][0-9], [1-9][0-9][0-9], 100[0-7].
+func NumberGlobs(from, to int) []string {
+	var out []string
+	for from <= to {
+		// The numbers of from's length, up to to.
+		top := 9
+		for top < from {
+			top = top*10 + 9
+		}
+		end := min(to, top)
+		out = append(out, sameLength(strconv.Itoa(from), strconv.Itoa(end))...)
+		from = end + 1
+	}
+	return out
+}
+
+// sameLength: globs for lo..hi, two numbers of one length.
+func sameLength(lo, hi string) []string {
+	if lo == hi {
+		return []string{lo}
+	}
+	if len(lo) == 1 {
+		return []string{"[" + lo + "-" + hi + "]"}
+	}
+	if lo[0] == hi[0] {
+		var out []string
+		for _, g := range sameLength(lo[1:], hi[1:]) {
+			out = append(out, lo[:1]+g)
+		}
+		return out
+	}
+	rest := len(lo) - 1
+	nines, zeros := strings.Repeat("9", rest), strings.Repeat("0", rest)
+	any := strings.Repeat("[0-9]", rest)
+	var out []string
+	first, last := lo[0], hi[0]
+	if lo[1:] != zeros {
+		for _, g := range sameLength(lo[1:], nines) {
+			out = append(out, lo[:1]+g)
+		}
+		first++
+	}
+	tail := []string(nil)
+	if hi[1:] != nines {
+		for _, g := range sameLength(zeros, hi[1:]) {
+			tail = append(tail, hi[:1]+g)
+		}
+		last--
+	}
+	if first <= last {
+		if first == last {
+			out = append(out, string(first)+any)
+		} else {
+			out = append(out, "["+string(first)+"-"+string(last)+"]"+any)
+		}
+	}
+	return append(out, tail...)
 }
 
 // RenderRedisACL writes the ACL file (aclfile) of the users with their

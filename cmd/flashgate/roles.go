@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/roles"
 )
 
@@ -27,8 +28,9 @@ func rolesCmd(args []string, stdout, stderr io.Writer) error {
 	secrets := c.String("secrets", "", "`file` of S_<SERVER>_<ROLE>=<password> lines")
 	setinfo := c.Bool("redis-setinfo", false, "the Redis servers know CLIENT SETINFO (7.2+)")
 	host := c.String("mysql-host", "127.0.0.1", "the `host` the MySQL accounts log in from")
-	var extra multiFlag
+	var extra, gateways multiFlag
 	c.Var(&extra, "mysql-extra", "a database `pattern` the admin, migrator and backend also get their rights on (repeatable)")
+	c.Var(&gateways, "gateway", "a gateway Redis `user=from-to` and the order-id nodes it leases (repeatable; none: one user, flashgate_gateway, every node); its password is S_REDIS_<USER without flashgate_>")
 	pos, err := c.parse(args)
 	if err != nil {
 		return err
@@ -49,7 +51,20 @@ func rolesCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	switch pos[1] {
 	case "redis-acl":
-		return roles.RenderRedisACL(stdout, roles.RedisOptions{SetInfo: *setinfo}, roles.StackPasswords(vars, "REDIS"))
+		o := roles.RedisOptions{SetInfo: *setinfo}
+		pw := roles.StackPasswords(vars, "REDIS")
+		for _, g := range gateways {
+			name, r, _ := strings.Cut(g, "=")
+			from, to, ok, err := config.Gateway{NodeIDs: r}.NodeRange()
+			if err != nil || !ok || name == "" {
+				return c.usageError(fmt.Sprintf("--gateway %q: want user=from-to", g))
+			}
+			o.Gateways = append(o.Gateways, roles.GatewayUser{Name: name, From: from, To: to})
+			if v := vars["S_REDIS_"+strings.ToUpper(strings.TrimPrefix(name, "flashgate_"))]; v != "" {
+				pw[name] = v
+			}
+		}
+		return roles.RenderRedisACL(stdout, o, pw)
 	case "nats-users":
 		return roles.RenderNATSUsers(stdout, cfg, roles.StackPasswords(vars, "NATS"))
 	case "mysql-sql":
