@@ -123,12 +123,14 @@ func wrap(s *Script) string {
 	for i, p := range s.read {
 		pos[i] = strconv.Itoa(p)
 	}
-	return fmt.Sprintf("redis.register_function{function_name='%s', flags=%s, callback=function(fg_k, fg_a)\n"+
-		"local KEYS, ARGV, fg_ro = {}, {}, {%s}\n"+
-		"local fg_r, fg_w = 1, 1\n"+
-		"for i = 1, #fg_k + #fg_ro do if fg_ro[fg_r] == i then KEYS[i] = fg_a[fg_r]; fg_r = fg_r + 1 else KEYS[i] = fg_k[fg_w]; fg_w = fg_w + 1 end end\n"+
-		"for i = fg_r, #fg_a do ARGV[i - fg_r + 1] = fg_a[i] end\n%s\nend}\n",
-		s.name, flags, strings.Join(pos, ", "), s.src)
+	// Each read key moves from the front of ARGV to its place in KEYS (the
+	// places ascending, so each lands where the script expects it).
+	moves := make([]string, len(s.read))
+	for i, p := range pos {
+		moves[i] = "table.insert(KEYS, " + p + ", table.remove(ARGV, 1))"
+	}
+	return fmt.Sprintf("redis.register_function{function_name='%s', flags=%s, callback=function(KEYS, ARGV)\n%s\n%s\nend}\n",
+		s.name, flags, strings.Join(moves, " "), s.src)
 }
 
 // Library is the library's source as FUNCTION LOAD takes it, and its name.

@@ -129,3 +129,94 @@ func BenchmarkAdmitCall(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdmitCallPaired: each iteration admits once by EVALSHA and once by
+// FCALL (each on a sale of its own), so that both see the same load of a
+// shared machine; it reports each one's mean round trip and Redis's own time
+// per call (commandstats), and their ratios (FCALL / EVALSHA).
+func BenchmarkAdmitCallPaired(b *testing.B) {
+	c := testenv.Redis(b, testenv.RedisAddrs())
+	ctx := context.Background()
+	if err := LoadLibrary(ctx, c); err != nil {
+		b.Fatal(err)
+	}
+	sum := sha1.Sum([]byte(admitSrc))
+	sha := hex.EncodeToString(sum[:])
+	if err := c.Do(ctx, c.B().ScriptLoad().Script(admitSrc).Build()).Error(); err != nil {
+		b.Fatal(err)
+	}
+	sale := func() *Keys {
+		now := time.Now()
+		spec := &flashgate.Sale{ID: testenv.ID("bench"), Title: "t", Total: flashgate.MaxSaleUnits, StartsAt: now.Add(-time.Minute),
+			EndsAt: now.Add(time.Hour), PerUserLimit: 1, PerOrderMax: 1}
+		if ok, err := Load().Warm(ctx, c, spec, map[string]int64{"": spec.Total}); !ok || err != nil {
+			b.Fatalf("warm: %v %v", ok, err)
+		}
+		b.Cleanup(func() { _, _ = Retire(context.Background(), c, spec) })
+		return KeysOf(spec)
+	}
+	ke, kf := sale(), sale()
+	if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
+		b.Fatal(err)
+	}
+	var user, id atomic.Int64
+	id.Store(1 << 40)
+	var evalNs, fcallNs atomic.Int64
+	b.SetParallelism(32)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			for _, mode := range []string{"evalsha", "fcall"} {
+				k := ke
+				if mode == "fcall" {
+					k = kf
+				}
+				a := AdmitArgs{User: "u" + strconv.FormatInt(user.Add(1), 10), Quantity: 1, OrderID: uint64(id.Add(1)), Now: time.Now()}
+				a.PayBy = a.Now.Add(15 * time.Minute)
+				keys, args, err := admitCall(k, a)
+				if err != nil {
+					b.Fatal(err)
+				}
+				start := time.Now()
+				var adm Admission
+				if mode == "fcall" {
+					adm, err = admitted(k, a, admitScript.Exec(ctx, c, keys, args))
+					fcallNs.Add(int64(time.Since(start)))
+				} else {
+					adm, err = admitted(k, a, c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()))
+					evalNs.Add(int64(time.Since(start)))
+				}
+				if err != nil || adm.Outcome != Admitted {
+					b.Fatalf("%s: %+v %v", mode, adm, err)
+				}
+			}
+		}
+	})
+	b.StopTimer()
+	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		b.Fatal(err)
+	}
+	server := map[string]float64{}
+	for _, line := range strings.Split(info, "\n") {
+		for _, mode := range []string{"evalsha", "fcall"} {
+			if !strings.HasPrefix(line, "cmdstat_"+mode+":") {
+				continue
+			}
+			for _, f := range strings.Split(strings.TrimSpace(line), ",") {
+				if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
+					server[mode], _ = strconv.ParseFloat(v, 64)
+				}
+			}
+		}
+	}
+	e, f := float64(evalNs.Load())/float64(b.N), float64(fcallNs.Load())/float64(b.N)
+	b.ReportMetric(e/1e3, "evalsha-µs")
+	b.ReportMetric(f/1e3, "fcall-µs")
+	b.ReportMetric(f/e, "fcall/evalsha")
+	b.ReportMetric(server["evalsha"], "redis-evalsha-µs")
+	b.ReportMetric(server["fcall"], "redis-fcall-µs")
+	if server["evalsha"] > 0 {
+		b.ReportMetric(server["fcall"]/server["evalsha"], "redis-fcall/evalsha")
+	}
+}
