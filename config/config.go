@@ -447,7 +447,7 @@ func Default() Config {
 			URL: "nats://127.0.0.1:14222", Stream: "FLASHGATE_ORDERS",
 			OrderSubject: "flashgate.orders", EventSubject: "flashgate.events.sale", CommandSubject: "flashgate.cmd.orders",
 			Consumer: "flashgate-backend", Replicas: 1, DedupWindow: 2 * time.Minute,
-			MaxMsgSize: 64 << 10, MaxBytes: 8 << 30,
+			MaxMsgSize: 64 << 10, MaxBytes: 1 << 30,
 		},
 		Auth:   Auth{Keys: []Key{}, MaxTokenTTL: 24 * time.Hour},
 		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},
