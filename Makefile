@@ -18,7 +18,7 @@ GOFMT ?= gofmt
 BIN := bin/flashgate
 STACK := scripts/stack.sh
 
-.PHONY: install help deps build bench-build up infra-up down status reset test demo bench bench-go bench-edge hostile lint fmt clean fuzz vendor-ui vendor-ui-check
+.PHONY: install help deps build bench-build up infra-up down status reset test demo saleday verify bench bench-go bench-edge hostile lint fmt clean fuzz vendor-ui vendor-ui-check
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -107,6 +107,18 @@ demo: deps build ## start the stack, create a sale and run the load against it, 
 	$(STACK) down > var/log/down.log 2>&1 || echo "make demo: stack down failed, see var/log/down.log" >&2; \
 	exit $$rc
 
+# The sale-day drill: every sale-day command (pause, resume, audit, order list/show/cancel, export,
+# dlq list/redrive, audit-log, close) run against a sale that `flashgate bench` floods, each checked;
+# the transcript is var/log/saleday.out. Starts the stack if it is not up (and stops it after).
+saleday: deps build ## the sale-day commands, each checked, against a sale flooded by flashgate bench
+	@BIN=$(BIN) scripts/saleday.sh
+
+# The admission protocol's model (spec/admission.pml, docs/verification.md), checked by spin: each
+# configuration exhaustively (no violation), each bug switch (a violation), the price without
+# replicas (a violation). Table in var/verify/summary.txt; BENCHMARKS.md keeps its figures.
+verify: deps ## model-check the admission protocol (spin): every configuration, every bug switch
+	@scripts/verify.sh
+
 # flashgate against its yardsticks in one run (Redis EVALSHA, nginx's fixed answer, the seeds'
 # synchronous design; purchases, refusals, p99 at half the peak, backend ingestion, RSS with 10,000
 # connections), each audited: writes BENCHMARKS.md's generated section and bench/results.json, raw
@@ -132,7 +144,7 @@ bench-edge: deps build ## wrk: gateway sold-out 409 vs nginx static 409 (edge ra
 	@scripts/bench-edge.sh
 
 # Hostile clients (docs/hostile.md): slowloris, silent connections, slow bodies, pipelining, churn,
-# smuggling, oversized bodies and fd exhaustion against the gateway's port and nginx's, a probe
+# smuggling, oversized bodies, junk commands and fd exhaustion against the gateway's port and nginx's, a probe
 # beside each; one line per attack and port, then "target <name>: ... met|missed". Writes
 # bench/hostile-results.json and BENCHMARKS.md's make hostile section. Settings: HOSTILE_DURATION,
 # HOSTILE_ARGS, HOSTILE_STRICT (scripts/hostile.sh). Leaves a running stack as it found it.

@@ -20,6 +20,7 @@ var rooms = map[string]int{
 	"config":        1,
 	"api":           1, // the HTTP contract (api/openapi.yaml), served by both admin ports
 	"internal/tick": 1, // the processes' periodic passes
+	"internal/clip": 1, // outside bytes quoted, bounded, for logs and headers
 
 	// one package per dependency, each adapting it to the domain
 	"auth": 2, "orderid": 2, "lua": 2, "bus": 2, "mysql": 2, "metrics": 2, "ratelimit": 2,

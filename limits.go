@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode"
 
+	"go.mau.fi/util/confusable"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -410,23 +411,29 @@ func IPSubject(a netip.Addr) string {
 	return p.String()
 }
 
-// NormaliseAddress reduces a shipping address to the key it is limited by:
-// Unicode NFKC (full-width letters and digits become ASCII), lower case,
-// without spaces, punctuation or symbols, hashed (SHA-256, 128 bits in hex) so
-// that neither Redis nor the limit table holds the address itself. False when
-// nothing is left or the address is over MaxAddressBytes.
+// NormaliseAddress reduces a shipping address to the key it is limited by, so
+// that two spellings a person reads as one address count as one: Unicode NFKD
+// (full-width letters and digits become ASCII, accented letters their base
+// and a combining mark), lower case, without format characters (Cf: zero-width
+// spaces and joiners, bidi controls) or non-spacing marks (Mn: accents,
+// combining overlays), then the UTS #39 confusable skeleton (a Cyrillic "а"
+// or a "０" is the Latin letter it looks like; "rn" and "m", "1" and "l" are
+// one), without spaces, punctuation or symbols, hashed (SHA-256, 128 bits in
+// hex) so that neither Redis nor the limit table holds the address itself.
+// Two addresses that differ only so share a limit: a false match costs a
+// buyer a shared quota, a miss lets a bot through. False when nothing is left
+// or the address is over MaxAddressBytes.
 func NormaliseAddress(addr string) (string, bool) {
 	if len(addr) > MaxAddressBytes {
 		return "", false
 	}
-	folded := norm.NFKC.String(addr)
+	folded := strings.Map(addressRune, norm.NFKD.String(addr))
+	skel := confusable.Skeleton(folded)
 	var b strings.Builder
-	b.Grow(len(folded))
-	for _, r := range folded {
-		switch {
-		case unicode.IsSpace(r), unicode.IsPunct(r), unicode.IsSymbol(r), unicode.IsControl(r):
-		default:
-			b.WriteRune(unicode.ToLower(r))
+	b.Grow(len(skel))
+	for _, r := range norm.NFKD.String(skel) {
+		if r = addressRune(r); r >= 0 {
+			b.WriteRune(r)
 		}
 	}
 	if b.Len() == 0 {
@@ -434,4 +441,16 @@ func NormaliseAddress(addr string) (string, bool) {
 	}
 	sum := sha256.Sum256([]byte(b.String()))
 	return hex.EncodeToString(sum[:addressKeyBytes]), true
+}
+
+// addressRune is r as an address key keeps it (lower case), or -1 for what it
+// drops: format characters, non-spacing marks, spaces, punctuation, symbols
+// and controls.
+func addressRune(r rune) rune {
+	switch {
+	case unicode.Is(unicode.Cf, r), unicode.Is(unicode.Mn, r), unicode.IsSpace(r),
+		unicode.IsPunct(r), unicode.IsSymbol(r), unicode.IsControl(r):
+		return -1
+	}
+	return unicode.ToLower(r)
 }

@@ -200,3 +200,42 @@ func TestLimitString(t *testing.T) {
 		t.Fatal(s)
 	}
 }
+
+// TestAddressLookAlikes: addresses that a reader takes for one, differing only by invisible
+// characters (zero-width space, joiner, soft hyphen, bidi marks: Cf), combining marks (Mn), or
+// look-alike letters and digits of other scripts (UTS #39 confusables), hash to one key; a
+// different address does not.
+func TestAddressLookAlikes(t *testing.T) {
+	base, ok := flashgate.NormaliseAddress("Baker Street 221B, London")
+	if !ok {
+		t.Fatal("the plain address was refused")
+	}
+	for _, c := range []struct{ what, addr string }{
+		{"zero-width space", "Baker\u200b Street 221B, Lon\u200bdon"},
+		{"zero-width joiner and non-joiner", "Ba\u200dker Str\u200ceet 221B, London"},
+		{"soft hyphen and word joiner", "Bak\u00ader Street 22\u20601B, London"},
+		{"bidi marks", "\u202eBaker Street 221B, London\u202c\u200f"},
+		{"byte order mark", "\ufeffBaker Street 221B, London"},
+		{"combining acute and diaeresis", "Ba\u0301ker Stre\u0308et 221B, London"},
+		{"a precomposed accent", "Bäker Street 221B, Löndon"},
+		{"combining overlay", "Baker Street 2\u033621B, London"},
+		{"Cyrillic а, е, о", "B\u0430k\u0435r Street 221B, L\u043endon"},
+		{"Greek Ο and ο", "Baker Street 221B, L\u03bfnd\u03bfn"},
+		{"digit one as letter l", "Baker Street 22lB, London"},
+		{"full-width letters", "Ｂａｋｅｒ Ｓｔｒｅｅｔ 221B, London"},
+		{"mathematical letters", "\U0001d401aker Street 221B, London"},
+	} {
+		got, ok := flashgate.NormaliseAddress(c.addr)
+		if !ok || got != base {
+			t.Errorf("%s: %q hashes to %q (%v), want the plain address's %q", c.what, c.addr, got, ok, base)
+		}
+	}
+	if other, _ := flashgate.NormaliseAddress("Baker Street 222B, London"); other == base {
+		t.Error("221B and 222B hash the same")
+	}
+	for _, bad := range []string{"\u200b\u200d\ufeff", "\u0301\u0308"} {
+		if _, ok := flashgate.NormaliseAddress(bad); ok {
+			t.Errorf("NormaliseAddress(%q): only invisible characters, taken", bad)
+		}
+	}
+}

@@ -135,7 +135,8 @@ func checkRegions(l *mysql.Ledger, r *Report) {
 }
 
 // checkBuyers: no buyer over the per-user limit (invariant 2), and each
-// buyer's live units counted once by user_purchases.
+// buyer's live units, and the units of the orders they canceled (whose
+// quota is kept), counted once by user_purchases.
 func checkBuyers(l *mysql.Ledger, r *Report) {
 	for _, c := range l.Buyers {
 		if c.Live > 0 {
@@ -144,7 +145,7 @@ func checkBuyers(l *mysql.Ledger, r *Report) {
 		if c.Live > l.PerUserLimit {
 			r.OverLimitUsers++
 		}
-		r.Duplicated += abs(c.Counted - c.Live)
+		r.Duplicated += abs(c.Counted - c.Live - c.Kept)
 	}
 }
 

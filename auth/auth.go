@@ -5,12 +5,14 @@
 package auth
 
 import (
+	"cmp"
 	"crypto"
 	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -21,6 +23,10 @@ import (
 
 // Audience is the only audience a token may name.
 const Audience = "flashgate"
+
+// DefaultIssuer is the iss of the operator's own tokens (auth.issuer's
+// default, and what MintHS256 and MintEdDSA write when told none).
+const DefaultIssuer = "flashgate"
 
 // Claims are the claims flashgate reads.
 type Claims struct {
@@ -41,45 +47,53 @@ type Verifier struct {
 	keys    map[string]verifyKey // by kid; "" is the default key, for tokens without kid
 	keyfunc jwt.Keyfunc          // v.keyFor, bound once
 	maxTTL  time.Duration
+	audOpt  bool             // auth.audience_optional
 	now     func() time.Time // the parser's clock, for exp; time.Now but in tests
+	deny    *Denylist        // revoked subjects and token ids (denylist.go)
 }
 
-// verifyKey is one key and the only algorithm it verifies: an HMAC secret
-// must never check an EdDSA token's signature or the reverse.
+// verifyKey is one key, the only algorithm it verifies (an HMAC secret must
+// never check an EdDSA token's signature or the reverse), the issuer its
+// tokens must name and the prefix their subjects must start with: a key
+// signs for its own namespace of users, not for anyone's.
 type verifyKey struct {
-	alg string
-	key any
+	alg    string
+	key    any
+	iss    string
+	prefix string
 }
 
 // NewVerifier pins each key's algorithm from cfg: the default key
 // (jwt_secret or eddsa_public_key_file) and every auth.keys entry.
 func NewVerifier(cfg config.Auth) (*Verifier, error) {
 	keys := map[string]verifyKey{}
+	iss := IssuerOf(cfg, "")
 	switch {
 	case cfg.JWTSecret != "" && cfg.EdDSAPublicKeyFile != "":
 		return nil, errors.New("auth: set jwt_secret or eddsa_public_key_file, not both")
 	case cfg.JWTSecret != "":
-		keys[""] = verifyKey{jwt.SigningMethodHS256.Alg(), []byte(cfg.JWTSecret)}
+		keys[""] = verifyKey{jwt.SigningMethodHS256.Alg(), []byte(cfg.JWTSecret), iss, cfg.SubjectPrefix}
 	case cfg.EdDSAPublicKeyFile != "":
 		pub, err := readEdKey(cfg.EdDSAPublicKeyFile)
 		if err != nil {
 			return nil, err
 		}
-		keys[""] = verifyKey{jwt.SigningMethodEdDSA.Alg(), pub}
+		keys[""] = verifyKey{jwt.SigningMethodEdDSA.Alg(), pub, iss, cfg.SubjectPrefix}
 	}
 	for _, k := range cfg.Keys {
 		if _, dup := keys[k.Kid]; dup || k.Kid == "" {
 			return nil, fmt.Errorf("auth: kid %q is empty or given twice", k.Kid)
 		}
+		kiss := IssuerOf(cfg, k.Kid)
 		switch {
 		case k.Secret != "" && k.PublicKeyFile == "":
-			keys[k.Kid] = verifyKey{jwt.SigningMethodHS256.Alg(), []byte(k.Secret)}
+			keys[k.Kid] = verifyKey{jwt.SigningMethodHS256.Alg(), []byte(k.Secret), kiss, k.SubjectPrefix}
 		case k.PublicKeyFile != "" && k.Secret == "":
 			pub, err := readEdKey(k.PublicKeyFile)
 			if err != nil {
 				return nil, err
 			}
-			keys[k.Kid] = verifyKey{jwt.SigningMethodEdDSA.Alg(), pub}
+			keys[k.Kid] = verifyKey{jwt.SigningMethodEdDSA.Alg(), pub, kiss, k.SubjectPrefix}
 		default:
 			return nil, fmt.Errorf("auth: key %q: set secret or public_key_file, exactly one", k.Kid)
 		}
@@ -93,7 +107,7 @@ func NewVerifier(cfg config.Auth) (*Verifier, error) {
 			algs = append(algs, k.alg)
 		}
 	}
-	v := &Verifier{keys: keys, maxTTL: cfg.MaxTokenTTL, now: time.Now}
+	v := &Verifier{keys: keys, maxTTL: cfg.MaxTokenTTL, audOpt: cfg.AudienceOptional, now: time.Now, deny: NewDenylist()}
 	if v.maxTTL <= 0 {
 		v.maxTTL = DefaultMaxTTL
 	}
@@ -108,6 +122,22 @@ func NewVerifier(cfg config.Auth) (*Verifier, error) {
 		jwt.WithTimeFunc(func() time.Time { return v.now() }),
 	)
 	return v, nil
+}
+
+// IssuerOf is the iss the tokens of key kid ("": the default key) must
+// carry: the key's own issuer, else auth.issuer, else DefaultIssuer.
+func IssuerOf(cfg config.Auth, kid string) string {
+	if kid != "" {
+		for _, k := range cfg.Keys {
+			if k.Kid == kid && k.Issuer != "" {
+				return k.Issuer
+			}
+		}
+	}
+	if cfg.Issuer != "" {
+		return cfg.Issuer
+	}
+	return DefaultIssuer
 }
 
 func readEdKey(path string) (ed25519.PublicKey, error) {
@@ -155,12 +185,33 @@ const (
 
 // Verify checks a token and returns its claims: signature by the key its kid
 // names, exp present and not past, iat and nbf not ahead by more than 30 s, a
-// lifetime (exp - iat, or exp - now without iat) within the maximum, a valid
-// sub, and aud, if any, naming flashgate.
+// lifetime (exp - iat, or exp - now without iat) within the maximum, iss the
+// key's issuer, a valid sub starting with the key's subject prefix, aud
+// naming flashgate (required unless auth.audience_optional), and neither
+// sub nor jti on the denylist.
 func (v *Verifier) Verify(token string) (*Claims, error) {
+	c, err := v.verify(token)
+	if err != nil {
+		return nil, err
+	}
+	if v.deny.Denied(c, v.now().Unix()) {
+		return nil, errDenied
+	}
+	return c, nil
+}
+
+// verify is Verify but for the denylist, which the cache checks on every
+// hit (Cache.Verify).
+func (v *Verifier) verify(token string) (*Claims, error) {
 	c := new(Claims)
-	if _, err := v.parser.ParseWithClaims(token, c, v.keyfunc); err != nil {
+	t, err := v.parser.ParseWithClaims(token, c, v.keyfunc)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnauthorized, err)
+	}
+	kid, _ := t.Header["kid"].(string)
+	k := v.keys[kid] // keyFor found it, or the parse failed
+	if c.Issuer != k.iss {
+		return nil, fmt.Errorf("%w: iss must be %q", ErrUnauthorized, k.iss)
 	}
 	now := v.now()
 	exp := c.ExpiresAt.Time
@@ -177,11 +228,20 @@ func (v *Verifier) Verify(token string) (*Claims, error) {
 	if !flashgate.ValidID(c.Subject) {
 		return nil, fmt.Errorf("%w: sub must be 1-64 characters of [A-Za-z0-9_-]", ErrUnauthorized)
 	}
+	if !strings.HasPrefix(c.Subject, k.prefix) || len(c.Subject) == len(k.prefix) && k.prefix != "" {
+		return nil, fmt.Errorf("%w: sub must start with %q", ErrUnauthorized, k.prefix)
+	}
+	if len(c.Audience) == 0 && !v.audOpt {
+		return nil, fmt.Errorf("%w: aud is required", ErrUnauthorized)
+	}
 	if len(c.Audience) > 0 && !slices.Contains(c.Audience, Audience) {
 		return nil, fmt.Errorf("%w: aud must be %q", ErrUnauthorized, Audience)
 	}
 	return c, nil
 }
+
+// Denylist is the verifier's denylist, which the gateway keeps current.
+func (v *Verifier) Denylist() *Denylist { return v.deny }
 
 // SigningSecret is the HS256 secret and kid `flashgate token` and the load
 // tools sign with: auth.signing_kid's key, or jwt_secret (no kid) when it
@@ -206,6 +266,8 @@ type MintOptions struct {
 	Phone, Device string
 	TTL           time.Duration // default 1h
 	Kid           string        // the kid header naming the signing key ("": none, the default key)
+	Issuer        string        // iss (default DefaultIssuer): IssuerOf the signing key
+	ID            string        // jti ("": none), what the denylist can name one token by
 }
 
 // MintHS256 makes an HS256 token for user (`flashgate token`, load tests).
@@ -229,6 +291,8 @@ func mint(m jwt.SigningMethod, key any, user string, o MintOptions) (string, err
 	t := jwt.NewWithClaims(m, Claims{
 		RegisteredClaims: jwt.RegisteredClaims{
 			Subject:   user,
+			Issuer:    cmp.Or(o.Issuer, DefaultIssuer),
+			ID:        o.ID,
 			Audience:  jwt.ClaimStrings{Audience},
 			IssuedAt:  jwt.NewNumericDate(now),
 			ExpiresAt: jwt.NewNumericDate(now.Add(o.TTL)),

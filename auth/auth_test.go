@@ -57,7 +57,8 @@ func hdr(alg string) map[string]any { return map[string]any{"alg": alg, "typ": "
 
 // claims are valid claims for user u1; edit changes them.
 func claims(edit func(map[string]any)) map[string]any {
-	c := map[string]any{"sub": "u1", "exp": time.Now().Add(time.Hour).Unix(), "iat": time.Now().Unix()}
+	c := map[string]any{"sub": "u1", "exp": time.Now().Add(time.Hour).Unix(), "iat": time.Now().Unix(),
+		"iss": auth.DefaultIssuer, "aud": auth.Audience}
 	if edit != nil {
 		edit(c)
 	}
@@ -97,7 +98,6 @@ func TestVerifyHS256(t *testing.T) {
 	}{
 		{"minted", minted, "user_42-X"},
 		{"hand-made", valid, "u1"},
-		{"no aud", hs256(func(c map[string]any) { delete(c, "aud") }), "u1"},
 		{"aud flashgate", hs256(func(c map[string]any) { c["aud"] = "flashgate" }), "u1"},
 		{"aud list with flashgate", hs256(func(c map[string]any) { c["aud"] = []string{"other", "flashgate"} }), "u1"},
 		{"sub of 64", hs256(func(c map[string]any) { c["sub"] = long }), long},
@@ -147,6 +147,10 @@ func TestVerifyHS256(t *testing.T) {
 		{"sub not ascii", hs256(func(c map[string]any) { c["sub"] = "用户" }), ""},
 		{"sub a number", hs256(func(c map[string]any) { c["sub"] = 42 }), ""},
 		{"aud other", hs256(func(c map[string]any) { c["aud"] = "other" }), ""},
+		{"no aud (required by default)", hs256(func(c map[string]any) { delete(c, "aud") }), ""},
+		{"no iss", hs256(func(c map[string]any) { delete(c, "iss") }), ""},
+		{"iss of another", hs256(func(c map[string]any) { c["iss"] = "partner" }), ""},
+		{"iss not a string", hs256(func(c map[string]any) { c["iss"] = 7 }), ""},
 		{"aud empty", hs256(func(c map[string]any) { c["aud"] = "" }), ""},
 		{"aud list without flashgate", hs256(func(c map[string]any) { c["aud"] = []string{"a", "b"} }), ""},
 		{"empty", "", ""},

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"time"
@@ -33,6 +34,9 @@ type cached struct {
 
 var cacheSeed = maphash.MakeSeed()
 
+// errDenied is built once: a revoked token retrying costs no allocation.
+var errDenied = fmt.Errorf("%w: %w", ErrUnauthorized, ErrDenied)
+
 // NewCache wraps v with a cache of at most size tokens (size 0: no cache).
 func NewCache(v *Verifier, size int) *Cache {
 	c := &Cache{v: v, max: size / cacheShards}
@@ -46,6 +50,8 @@ func NewCache(v *Verifier, size int) *Cache {
 }
 
 // Verify checks token at time now. The claims returned are shared: read only.
+// A cached token is checked against the denylist on every call: revoking it
+// takes effect here as soon as the gateway's copy of the list has it.
 func (c *Cache) Verify(token []byte, now time.Time) (*Claims, error) {
 	if c.max == 0 {
 		return c.v.Verify(string(token))
@@ -56,17 +62,23 @@ func (c *Cache) Verify(token []byte, now time.Time) (*Claims, error) {
 	e := s.m[h]
 	s.mu.RUnlock()
 	if e != nil && e.token == string(token) && now.Unix() < e.exp {
+		if c.v.deny.Denied(e.claims, now.Unix()) {
+			return nil, errDenied
+		}
 		return e.claims, nil
 	}
-	claims, err := c.v.Verify(string(token))
+	claims, err := c.v.verify(string(token))
 	if err != nil {
 		return nil, err
+	}
+	if c.v.deny.Denied(claims, now.Unix()) {
+		return nil, errDenied
 	}
 	// The cache keeps a token no longer than the verifier would accept it, and
 	// of its claims only what requests read: a full Claims (audience slice,
 	// issued-at and not-before dates) doubled an entry's size.
 	slim := &Claims{Phone: claims.Phone, Device: claims.Device}
-	slim.Subject, slim.ExpiresAt = claims.Subject, claims.ExpiresAt
+	slim.Subject, slim.ExpiresAt, slim.ID = claims.Subject, claims.ExpiresAt, claims.ID
 	e = &cached{token: string(token), claims: slim, exp: claims.ExpiresAt.Add(expLeeway).Unix()}
 	s.mu.Lock()
 	if len(s.m) >= c.max {
@@ -109,3 +121,6 @@ func (c *Cache) Len() int {
 	}
 	return n
 }
+
+// Denylist is the denylist every Verify checks.
+func (c *Cache) Denylist() *Denylist { return c.v.deny }

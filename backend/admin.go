@@ -52,10 +52,16 @@ type adminAPI struct {
 	// its logins.
 	live     *live
 	sessions uiSessions
+	// liveSnaps share one live view a second among every viewer (liveshare.go).
+	liveSnaps *liveSnapshots
 	// waitReplicas, waitTimeout: redis.wait_replicas, redis.wait_timeout (a
 	// PATCH lowering a split sale lands transfers only once confirmed).
 	waitReplicas int
 	waitTimeout  time.Duration
+	// maxTokenTTL: auth.max_token_ttl, a denylist entry's default lifetime.
+	maxTokenTTL time.Duration
+	// flights share one read among concurrent requests (flight.go).
+	flights flights
 }
 
 // maxAdminBody bounds an admin request body.
@@ -95,6 +101,9 @@ func (a *adminAPI) handler() http.Handler {
 	mux.Handle("POST /admin/v1/orders/{order}/cancel", a.operator(a.cancelOrder))
 	mux.Handle("GET /admin/v1/dlq", a.viewer(a.listDLQ))
 	mux.Handle("POST /admin/v1/dlq/{seq}/redrive", a.operator(a.redriveDLQ))
+	mux.Handle("GET /admin/v1/denylist", a.viewer(a.listDenylist))
+	mux.Handle("POST /admin/v1/denylist", a.operator(a.addDenylist))
+	mux.Handle("DELETE /admin/v1/denylist/{kind}/{id}", a.operator(a.removeDenylist))
 	a.uiRoutes(mux)
 	mux.Handle("/admin/", a.viewer(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such admin route: "+r.Method+" "+r.URL.Path)
@@ -237,41 +246,59 @@ type invariant3 struct {
 	Diff int64 `json:"diff"`
 }
 
+// ledger is GET /admin/v1/sales/{sale}. Requests for one sale that arrive
+// while its ledger is being read share that read (flight.go): a page of
+// tabs or a script polling in a loop costs MySQL and the sale's hot shard
+// one read at a time, not one each.
 func (a *adminAPI) ledger(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sale")
-	row, ok := a.saleOr404(w, r, id)
-	if !ok {
+	if !flashgate.ValidID(id) {
+		writeError(w, http.StatusNotFound, flashgate.CodeSaleNotFound, "no sale "+id)
 		return
 	}
-	byStatus, err := mysql.OrdersByStatus(r.Context(), a.db, id)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
-		return
+	a.flights.ledgerCalls.Add(1)
+	ans := a.flights.shared(r.Context(), "ledger "+id, func(ctx context.Context) answer { return a.readLedger(ctx, id) })
+	writeJSON(w, ans.status, ans.body)
+}
+
+// readLedger is the ledger's one read of MySQL and Redis, as an answer.
+func (a *adminAPI) readLedger(ctx context.Context, id string) answer {
+	a.flights.ledgerReads.Add(1)
+	if a.flights.ledgerHook != nil {
+		a.flights.ledgerHook()
 	}
-	retired, err := saleRetired(r.Context(), a.db, id)
+	row, err := loadSale(ctx, a.db, id)
+	switch {
+	case errors.Is(err, errSaleNotFound):
+		return errAnswer(http.StatusNotFound, flashgate.CodeSaleNotFound, "no sale "+id)
+	case err != nil:
+		return errAnswer(http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
+	}
+	byStatus, err := mysql.OrdersByStatus(ctx, a.db, id)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
-		return
+		return errAnswer(http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
+	}
+	retired, err := saleRetired(ctx, a.db, id)
+	if err != nil {
+		return errAnswer(http.StatusServiceUnavailable, flashgate.CodeUnavailable, "MySQL: "+err.Error())
 	}
 	if retired != nil {
 		// Settled when it was retired: nothing reserved, the rest unsold.
 		rem := row.Total - row.Sold
-		writeJSON(w, http.StatusOK, ledgerView{
+		return answer{http.StatusOK, ledgerView{
 			Sale: &row.Sale, Total: row.Total, Remaining: rem,
 			Sold: row.Sold, SoldByRegion: row.RegionSold, OrdersByStatus: byStatus,
 			Invariant3: invariant3{Holds: true, Remaining: rem, Sold: row.Sold, Total: row.Total},
 			RetiredAt:  retired,
 			Degrade:    row.DegradeMode(), DegradeRate: row.DegradeLimit(), Stale: row.Stale,
-		})
-		return
+		}}
 	}
-	red, err := audit.RedisLedger(r.Context(), a.rc, id, row.RegionNames())
+	red, err := audit.RedisLedger(ctx, a.rc, id, row.RegionNames())
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
-		return
+		return errAnswer(http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
 	}
 	diff := red.Remaining + red.Reserved + row.Sold - row.Total
-	writeJSON(w, http.StatusOK, ledgerView{
+	return answer{http.StatusOK, ledgerView{
 		Sale: &row.Sale, Total: row.Total,
 		Warm: red.Warm, Remaining: red.Remaining, RemainingByRegion: red.ByRegion,
 		Reserved: red.Reserved, Reservations: red.Reservations,
@@ -280,7 +307,7 @@ func (a *adminAPI) ledger(w http.ResponseWriter, r *http.Request) {
 			Sold: row.Sold, Total: row.Total, Diff: diff},
 		Degrade: row.DegradeMode(), DegradeRate: row.DegradeLimit(), Stale: row.Stale,
 		ConservationErrorUnits: diff,
-	})
+	}}
 }
 
 func (a *adminAPI) saleOr404(w http.ResponseWriter, r *http.Request, id string) (*saleRow, bool) {
@@ -366,16 +393,25 @@ func (a *adminAPI) closeSale(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, &row.Sale)
 }
 
+// minOlderThan is the floor of reconcile's ?older_than=: younger than this,
+// a reservation is one whose order is still on its way (admission to publish
+// to write takes milliseconds, but a stalled backend a while), and reconcile
+// would only churn the hot shard releasing what the writer confirms next.
+const minOlderThan = time.Second
+
 // reconcileSale repairs the sale now and answers the report (reconcile.go):
-// any backend may run it, leader or not. ?older_than=<duration> (default 30s)
-// is the age past which a reservation is stale.
+// any backend may run it, leader or not. ?older_than=<duration> (default 30s,
+// at least minOlderThan) is the age past which a reservation is stale.
+// Requests for one sale and age that arrive while it runs share that run and
+// its report (flight.go); the run is recorded once in the audit log, under
+// the key of the request that started it.
 func (a *adminAPI) reconcileSale(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sale")
 	var opt ReconcileOptions
 	if v := r.URL.Query().Get("older_than"); v != "" {
 		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, "older_than: a positive duration such as 30s")
+		if err != nil || d < minOlderThan {
+			writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, "older_than: a duration of at least "+minOlderThan.String()+", such as 30s")
 			return
 		}
 		opt.StaleAfter = d
@@ -383,20 +419,22 @@ func (a *adminAPI) reconcileSale(w http.ResponseWriter, r *http.Request) {
 	if _, ok := a.saleOr404(w, r, id); !ok {
 		return
 	}
-	rep, err := a.reconcile(r.Context(), id, opt)
-	switch {
-	case errors.Is(err, errSaleNotFound):
-		writeError(w, http.StatusNotFound, flashgate.CodeSaleNotFound, "no sale "+id)
-		return
-	case err != nil:
-		a.log.Error("reconcile", "sale", id, "err", err)
-		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "reconcile: "+err.Error())
-		return
-	}
-	a.record(r, change{action: "reconcile", sale: id, before: rep.Before, after: rep.After})
-	a.log.Info("reconciled on request", "sale", id, "rewarmed", rep.Rewarmed, "republished", rep.Republished,
-		"repaired", rep.Repair.Done, "diff_before", rep.Before.Diff, "diff_after", rep.After.Diff)
-	writeJSON(w, http.StatusOK, rep)
+	ans := a.flights.shared(r.Context(), "reconcile "+id+" "+opt.StaleAfter.String(), func(ctx context.Context) answer {
+		a.flights.reconcileRuns.Add(1)
+		rep, err := a.reconcile(ctx, id, opt)
+		switch {
+		case errors.Is(err, errSaleNotFound):
+			return errAnswer(http.StatusNotFound, flashgate.CodeSaleNotFound, "no sale "+id)
+		case err != nil:
+			a.log.Error("reconcile", "sale", id, "err", err)
+			return errAnswer(http.StatusServiceUnavailable, flashgate.CodeUnavailable, "reconcile: "+err.Error())
+		}
+		a.record(r.WithContext(ctx), change{action: "reconcile", sale: id, before: rep.Before, after: rep.After})
+		a.log.Info("reconciled on request", "sale", id, "rewarmed", rep.Rewarmed, "republished", rep.Republished,
+			"repaired", rep.Repair.Done, "diff_before", rep.Before.Diff, "diff_after", rep.After.Diff)
+		return answer{http.StatusOK, rep}
+	})
+	writeJSON(w, ans.status, ans.body)
 }
 
 // readyz answers 200 only when MySQL, Redis and NATS all answer.

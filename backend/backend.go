@@ -6,6 +6,7 @@
 package backend
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -181,8 +182,9 @@ func (b *Backend) build(ctx context.Context) error {
 	b.ingest.room = newWaitRoom(b.ingest)
 	b.admin = &adminAPI{
 		keys: auth.NewAdminKeys(opts.AdminKeys), natsCfg: opts.NATS, js: b.js, log: b.log, db: b.db, rc: b.rc, nc: b.nc, metrics: b.metrics,
-		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout,
+		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout, maxTokenTTL: cmp.Or(opts.MaxTokenTTL, auth.DefaultMaxTTL),
 		warmer: b.warmer, events: b.events, reconcile: b.rec.ReconcileWith, isLeader: b.IsLeader, cancel: b.life.cancel, live: b.live,
+		liveSnaps: &liveSnapshots{live: b.live},
 	}
 	return nil
 }
@@ -198,7 +200,7 @@ func (b *Backend) serveAdmin() error {
 	}
 	b.addr = ln.Addr().String()
 	b.srv = &http.Server{
-		Handler:           b.admin.handler(),
+		Handler:           auth.AdminPort(b.admin.handler(), b.addr, b.opts.AllowedHosts),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/internal/clip"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
 )
@@ -45,8 +46,6 @@ const (
 	deadLetterTimeout = 10 * time.Second
 	// probeTimeout bounds the dependency probe after a failed batch.
 	probeTimeout = 2 * time.Second
-	// maxLoggedBody bounds the body of an unparseable message in a log line.
-	maxLoggedBody = 512
 )
 
 // lastTry is the delivery on which a failing message is given up:
@@ -114,7 +113,9 @@ func (ig *ingest) deadHeader(m jetstream.Msg, kind string, cause error) nats.Hea
 	h := nats.Header{}
 	h.Set(bus.HdrDeadKind, kind)
 	if cause != nil {
-		h.Set(bus.HdrDeadError, cause.Error())
+		// The cause may quote the message (bus.DecodeOrder does): at most
+		// clip.Max bytes of it, no CR or LF that would end the header.
+		h.Set(bus.HdrDeadError, clip.Text(cause.Error()))
 	}
 	h.Set(bus.HdrDeadSubject, m.Subject())
 	h.Set(bus.HdrDeadSequence, strconv.FormatUint(streamSeq(m), 10))
@@ -267,12 +268,8 @@ func (ig *ingest) unparseable(m jetstream.Msg, cause error) {
 		}
 		return
 	}
-	body := m.Data()
-	if len(body) > maxLoggedBody {
-		body = body[:maxLoggedBody]
-	}
-	ig.log.Error("terminating an unparseable order message that could not be dead-lettered: the log keeps it",
-		"subject", m.Subject(), "seq", seq, "body", string(body), "err", cause, "dlq_err", err)
+	ig.log.Error("terminating an unparseable order message that could not be dead-lettered: the log keeps its start",
+		"subject", m.Subject(), "seq", seq, "body", clip.Quote(m.Data()), "bytes", len(m.Data()), "err", cause, "dlq_err", err)
 	if err := m.Term(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 		ig.log.Warn("term", "subject", m.Subject(), "err", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,10 +39,19 @@ const (
 	// gateway.publish_timeout (2 s by default); a command that finishes after it
 	// gave up is still right, and the buyer's retry sees it: both are idempotent.
 	commandTimeout = 5 * time.Second
-	// commandWorkers is how many commands one backend carries out at once: each
-	// NATS subscription runs its handler on one goroutine, so the backend joins
-	// the queue group this many times.
+	// payWorkers and commandWorkers are how many payments, and how many
+	// cancels and reads, one backend carries out at once: two pools, so
+	// that a flood of a buyer's commands cannot hold up the payment
+	// service's (docs/backend.md, "Order commands").
+	payWorkers     = 8
 	commandWorkers = 16
+	// payQueue and commandQueue bound the commands waiting for a worker of
+	// each pool. A command that finds its queue full is answered
+	// unavailable at once (the gateway's 503, with a Retry-After of the time
+	// to work the queue off): a queue longer than a worker pool can empty
+	// within the gateway's wait only turns answers into timeouts.
+	payQueue     = 64
+	commandQueue = 64
 	// commandRetries bounds the attempts of a command's transaction (deadlocks
 	// and lock wait timeouts).
 	commandRetries = 4
@@ -76,49 +86,100 @@ type lifecycle struct {
 	metrics *metrics.Backend
 }
 
-// commandServer carries out order commands for the gateways: the subscriptions
-// of the backends' queue group and the handlers in progress.
+// commandServer carries out order commands for the gateways: the
+// subscription of the backends' queue group, which only sorts each command
+// into its pool's queue, and the workers of the two pools.
 type commandServer struct {
 	subs []*nats.Subscription
+	pay  *commandPool
+	cmd  *commandPool
 
-	mu       sync.Mutex
+	mu       sync.RWMutex
 	stopping bool
 	wg       sync.WaitGroup
 }
 
-// enter counts a handler in; false once stop has drained the subscriptions.
-func (cs *commandServer) enter() bool {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if cs.stopping {
-		return false
-	}
-	cs.wg.Add(1)
-	return true
+// queuedCommand is a command waiting for a worker, with what answers it.
+type queuedCommand struct {
+	cmd    bus.OrderCommand
+	answer func(bus.OrderReply)
 }
 
-// serveCommands joins the queue group of order commands (bus.ServeCommands)
-// commandWorkers times.
+// commandPool is one pool: its bounded queue, and how long its commands
+// took lately (what a full queue's Retry-After is worked out from).
+type commandPool struct {
+	workers int
+	queue   chan queuedCommand
+	// avgNS is a moving average of a command's time in a worker.
+	avgNS atomic.Int64
+}
+
+func newCommandPool(workers, queue int) *commandPool {
+	return &commandPool{workers: workers, queue: make(chan queuedCommand, queue)}
+}
+
+// took folds one command's time into the average (a weight of 1/8).
+func (p *commandPool) took(d time.Duration) {
+	old := p.avgNS.Load()
+	p.avgNS.Store(old + (int64(d)-old)/8)
+}
+
+// backlog is how long the queue as it stands takes to work off: the
+// cause's length behind a full queue's Retry-After.
+func (p *commandPool) backlog() time.Duration {
+	return time.Duration(int64(len(p.queue)+p.workers) * max(p.avgNS.Load(), int64(time.Millisecond)) / int64(p.workers))
+}
+
+// full is the answer of a command whose queue is full.
+func (p *commandPool) full() bus.OrderReply {
+	return bus.OrderReply{Code: string(flashgate.CodeUnavailable), Message: "order service busy; retry",
+		RetryAfterMS: max(p.backlog().Milliseconds(), 1)}
+}
+
+// take queues a command for its pool, or answers it at once: the backend is
+// stopping, or the queue is full. It runs on the subscription's goroutine
+// and never blocks.
+func (cs *commandServer) take(cmd bus.OrderCommand, answer func(bus.OrderReply)) {
+	p := cs.cmd
+	if cmd.Op == bus.CmdPay {
+		p = cs.pay
+	}
+	cs.mu.RLock()
+	defer cs.mu.RUnlock()
+	if cs.stopping {
+		answer(bus.OrderReply{Code: string(flashgate.CodeUnavailable), Message: "backend shutting down; retry"})
+		return
+	}
+	select {
+	case p.queue <- queuedCommand{cmd: cmd, answer: answer}:
+	default:
+		answer(p.full())
+	}
+}
+
+// serveCommands starts the two pools' workers and joins the queue group of
+// order commands (bus.ServeCommandsLater).
 func (l *lifecycle) serveCommands() (*commandServer, error) {
-	cs := &commandServer{}
-	handle := func(cmd bus.OrderCommand) bus.OrderReply {
-		if !cs.enter() {
-			return bus.OrderReply{Code: string(flashgate.CodeUnavailable), Message: "backend shutting down; retry"}
+	cs := &commandServer{pay: newCommandPool(payWorkers, payQueue), cmd: newCommandPool(commandWorkers, commandQueue)}
+	for _, p := range []*commandPool{cs.pay, cs.cmd} {
+		for range p.workers {
+			cs.wg.Go(func() {
+				for q := range p.queue {
+					start := time.Now()
+					q.answer(l.handleCommand(q.cmd))
+					p.took(time.Since(start))
+				}
+			})
 		}
-		defer cs.wg.Done()
-		return l.handleCommand(cmd)
 	}
-	for range commandWorkers {
-		sub, err := bus.ServeCommands(l.nc, l.nats, handle)
-		if err != nil {
-			for _, s := range cs.subs {
-				_ = s.Unsubscribe()
-			}
-			return nil, fmt.Errorf("order commands: %w", err)
-		}
-		cs.subs = append(cs.subs, sub)
+	sub, err := bus.ServeCommandsLater(l.nc, l.nats, cs.take)
+	if err != nil {
+		cs.closeQueues()
+		cs.wg.Wait()
+		return nil, fmt.Errorf("order commands: %w", err)
 	}
-	// Ready means answering: the server must know the subscriptions before
+	cs.subs = append(cs.subs, sub)
+	// Ready means answering: the server must know the subscription before
 	// a gateway's first pay, or that pay finds no responder (503).
 	if err := l.nc.Flush(); err != nil {
 		return cs, fmt.Errorf("order commands: %w", err)
@@ -126,10 +187,24 @@ func (l *lifecycle) serveCommands() (*commandServer, error) {
 	return cs, nil
 }
 
-// stop leaves the queue group and answers the commands already received
-// (NATS drain), then waits for the handlers. The drain gets drainTimeout at
-// most (it needs NATS, which may be the thing that is down): commands still
-// queued then are dropped, and their gateways answer 503 (a retry is safe).
+// closeQueues stops taking commands: the workers finish what is queued and
+// end.
+func (cs *commandServer) closeQueues() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.stopping {
+		return
+	}
+	cs.stopping = true
+	close(cs.pay.queue)
+	close(cs.cmd.queue)
+}
+
+// stop leaves the queue group and takes the commands already received (NATS
+// drain), then lets the workers answer what is queued. The drain gets
+// drainTimeout at most (it needs NATS, which may be the thing that is down):
+// commands still undelivered then are dropped, and their gateways answer 503
+// (a retry is safe).
 func (cs *commandServer) stop(ctx context.Context) error {
 	if cs == nil {
 		return nil
@@ -156,9 +231,7 @@ func (cs *commandServer) stop(ctx context.Context) error {
 	if undrained > 0 {
 		errs = append(errs, fmt.Errorf("order commands: %d of %d subscriptions not drained: %w", undrained, len(cs.subs), ctx.Err()))
 	}
-	cs.mu.Lock()
-	cs.stopping = true
-	cs.mu.Unlock()
+	cs.closeQueues()
 	cs.wg.Wait()
 	return errors.Join(errs...)
 }
@@ -299,6 +372,15 @@ func retryTx[T any](ctx context.Context, attempts int, fn func() (T, error)) (T,
 // (invariant 8).
 func (l *lifecycle) pay(ctx context.Context, cmd bus.OrderCommand) (bus.OrderReply, error) {
 	p := cmd.Payment()
+	// An order MySQL has no row of is answered before any lock: a payment
+	// of a made-up id must not queue on the sale's row lock. (One written
+	// just after this read was pending in Redis: absentPayment answers it
+	// conflict, and the retry finds the row.)
+	if _, err := mysql.Order(ctx, l.db, p.SaleID, p.OrderID); errors.Is(err, mysql.ErrNoOrder) {
+		return l.absentPayment(ctx, p)
+	} else if err != nil {
+		return bus.OrderReply{}, fmt.Errorf("pay %d: %w", p.OrderID, err)
+	}
 	res, err := retryTx(ctx, commandRetries, func() (payResult, error) { return l.payTx(ctx, p) })
 	if err != nil {
 		return bus.OrderReply{}, err
@@ -454,6 +536,19 @@ func (l *lifecycle) paidToRedis(ctx context.Context, o flashgate.Order) {
 // Canceling a canceled order answers ok again (its units are not returned
 // twice); a paid or failed order is closed.
 func (l *lifecycle) cancel(ctx context.Context, cmd bus.OrderCommand, now time.Time) (bus.OrderReply, error) {
+	// Whose order it is, and whether it exists, is read before any lock: an
+	// order's buyer never changes, so someone else's order, or one that does
+	// not exist, is answered without queuing on the sale's row lock that
+	// every order of the sale needs (a flood of made-up ids would otherwise
+	// hold up the sale's batches, payments and real cancels).
+	switch o, err := mysql.Order(ctx, l.db, cmd.SaleID, cmd.OrderID); {
+	case errors.Is(err, mysql.ErrNoOrder):
+		return l.absent(ctx, cmd)
+	case err != nil:
+		return bus.OrderReply{}, fmt.Errorf("cancel %d: %w", cmd.OrderID, err)
+	case o.UserID != cmd.UserID:
+		return notFound, nil
+	}
 	type result struct {
 		o       flashgate.Order
 		missing bool

@@ -215,7 +215,9 @@ func TestCancelUnchargesLimits(t *testing.T) {
 		}
 		s.auditOK(sale.ID)
 	}
-	again := admitSub(t, s.rc, k, sale, sub, 2)
+	// Another account at the same phone and address buys again: those limits came back with
+	// the cancel (u1's own quota did not).
+	again := admitSub(t, s.rc, k, sale, flashgate.Subjects{User: "u2", Phone: sub.Phone, Address: sub.Address}, 2)
 	if o := s.process(sale.ID, []flashgate.Order{again}); o[0].Status != flashgate.OrderConfirmed {
 		t.Fatalf("buying again: %+v", o)
 	}

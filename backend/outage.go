@@ -66,9 +66,10 @@ func redisUnavailable(err error) bool {
 }
 
 // unavailable reports whether err says a dependency cannot write now (MySQL
-// or Redis): the batch waits instead of being taken for poison.
+// or Redis, or Redis's replicas under redis.wait_replicas): the batch waits
+// instead of being taken for poison.
 func unavailable(err error) bool {
-	return mysql.Stalled(err) || redisUnavailable(err) || errors.Is(err, errSaleCold)
+	return mysql.Stalled(err) || redisUnavailable(err) || errors.Is(err, errSaleCold) || errors.Is(err, lua.ErrNotReplicated)
 }
 
 // errSaleCold: an order's tag in Redis is not warm (claim.lua's 'cold'): it

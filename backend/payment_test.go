@@ -61,14 +61,15 @@ func TestPaymentRecorded(t *testing.T) {
 	wantReply(t, "its own payment", s.pay(m2, "pi_c", 990), ok, "paid", "")
 
 	// Late: canceled by its buyer, or past its deadline. Closed; the units
-	// the cancel or the expiry gave back stay back.
+	// the cancel or the expiry gave back stay back (and the buyer's quota
+	// the cancel kept stays kept).
 	canceled := s.confirmed(k, "u3", 1, "")
 	wantReply(t, "cancel", s.command(bus.CmdCancel, canceled, "u3"), ok, "canceled", flashgate.ReasonCanceled)
 	expired := s.confirmedOrders(k, 1, 1, "", time.Now().Add(-time.Second), func(int) string { return "u4" })[0]
 	sold, left := s.sold(sale.ID), remaining(t, s.rc, k, "")
 	wantReply(t, "late, canceled", s.pay(canceled, "pi_d", 990), string(flashgate.CodeOrderClosed), "canceled", flashgate.ReasonCanceled)
 	wantReply(t, "late, expired", s.pay(expired, "pi_e", 990), string(flashgate.CodeOrderClosed), "canceled", flashgate.ReasonExpired)
-	if s.sold(sale.ID) != sold-1 || remaining(t, s.rc, k, "") != left+1 || s.units(sale.ID, "u3") != 0 || s.units(sale.ID, "u4") != 0 {
+	if s.sold(sale.ID) != sold-1 || remaining(t, s.rc, k, "") != left+1 || s.units(sale.ID, "u3") != 1 || s.units(sale.ID, "u4") != 0 {
 		t.Fatalf("sold %d→%d, remaining %d→%d: a late payment took units back", sold, s.sold(sale.ID), left, remaining(t, s.rc, k, ""))
 	}
 	for _, o := range []flashgate.Order{canceled, expired} {

@@ -109,6 +109,18 @@ func (w *warmer) rebuildOnce(ctx context.Context, sale string, inTx func(context
 	if w.afterFence != nil {
 		w.afterFence()
 	}
+	// When the books were rebuilt, by each tag's own clock, read after its
+	// fence: every order admitted on the tag later writes its record there,
+	// so a gateway may answer 404 for a newer id the buyer's tag does not
+	// hold (gateway/orderids.go).
+	rebuilt := map[*lua.Keys]string{}
+	for _, t := range k.Tags() {
+		at, err := lua.ServerTime(ctx, w.rc, t.Meta)
+		if err != nil {
+			return rep, fmt.Errorf("rebuild %s: %w", sale, err)
+		}
+		rebuilt[t] = strconv.FormatInt(at.UnixMilli(), 10)
+	}
 	// From here on the tags answer not_warmed: whatever fails below, the next
 	// warm request rebuilds again.
 	p, err := w.project(ctx, tx, row, k)
@@ -116,6 +128,9 @@ func (w *warmer) rebuildOnce(ctx context.Context, sale string, inTx func(context
 		return rep, fmt.Errorf("rebuild %s: %w", sale, err)
 	}
 	rep.Pending, rep.Tombstones, rep.Holds = p.pending, p.tombstones, p.holds
+	for t, at := range rebuilt {
+		p.books[t].Meta = append(slices.Clip(p.books[t].Meta), lua.MetaRebuilt, at)
+	}
 	for _, t := range k.Tags() {
 		if err := lua.Install(ctx, w.rc, t, rep.Epoch, p.books[t], p.live[t]); err != nil {
 			return rep, err

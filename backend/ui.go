@@ -91,7 +91,7 @@ type uiView struct {
 }
 
 func (a *adminAPI) uiView(r *http.Request) (uiView, error) {
-	v, err := a.live.view(r.Context())
+	v, err := a.liveSnaps.view(r.Context())
 	who, _ := r.Context().Value(uiWhoKey{}).(uiSession)
 	return uiView{LiveView: v, Role: who.actor.Role, CSRF: who.csrf}, err
 }

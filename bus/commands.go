@@ -63,6 +63,10 @@ type OrderReply struct {
 	Region    string    `json:"region,omitempty"`
 	CreatedAt time.Time `json:"created_at,omitzero"`
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// RetryAfterMS, with code unavailable, is how long the backend expects
+	// the cause to last (a full queue: the time to work it off); the
+	// gateway's Retry-After is derived from it.
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
 }
 
 // Order is the order a reply shows: sale, id and user are the command's (the
@@ -113,14 +117,24 @@ func DecodeCommand(b []byte) (cmd OrderCommand, ok bool) {
 // ServeCommands answers order commands with handle, in the backends' queue
 // group. handle must reply within the gateway's timeout.
 func ServeCommands(nc *nats.Conn, cfg config.NATS, handle func(OrderCommand) OrderReply) (*nats.Subscription, error) {
+	return ServeCommandsLater(nc, cfg, func(cmd OrderCommand, answer func(OrderReply)) { answer(handle(cmd)) })
+}
+
+// ServeCommandsLater is ServeCommands for a server that answers later, off
+// the subscription's goroutine: take is handed each well-formed command and
+// the function that answers it (call it once). A malformed command is
+// answered invalid_request here.
+func ServeCommandsLater(nc *nats.Conn, cfg config.NATS, take func(OrderCommand, func(OrderReply))) (*nats.Subscription, error) {
 	return nc.QueueSubscribe(cfg.CommandSubject, CommandQueue, func(m *nats.Msg) {
-		var r OrderReply
-		if cmd, ok := DecodeCommand(m.Data); !ok {
-			r = OrderReply{Code: string(flashgate.CodeInvalidRequest), Message: "malformed order command"}
-		} else {
-			r = handle(cmd)
+		answer := func(r OrderReply) {
+			b, _ := json.Marshal(r)
+			_ = m.Respond(b)
 		}
-		b, _ := json.Marshal(r)
-		_ = m.Respond(b)
+		cmd, ok := DecodeCommand(m.Data)
+		if !ok {
+			answer(OrderReply{Code: string(flashgate.CodeInvalidRequest), Message: "malformed order command"})
+			return
+		}
+		take(cmd, answer)
 	})
 }

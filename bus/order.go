@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/internal/clip"
 )
 
 // The orders stream carries one JSON object per admitted order, keyed short:
@@ -137,13 +138,13 @@ func pubAckError(b []byte) error {
 		if bytes.HasPrefix(b, []byte(`{"stream":`)) {
 			return nil
 		}
-		return fmt.Errorf("publish: unexpected answer %q", b)
+		return fmt.Errorf("publish: unexpected answer %s", clip.Quote(b))
 	}
 	var a struct {
 		Error *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(b, &a); err != nil || a.Error == nil {
-		return fmt.Errorf("publish: unexpected answer %q", b)
+		return fmt.Errorf("publish: unexpected answer %s", clip.Quote(b))
 	}
 	return a.Error
 }
@@ -213,14 +214,14 @@ func DecodeOrder(b []byte) (flashgate.Order, error) {
 		CreatedAt: fromMilli(m.Created), ExpiresAt: fromMilli(m.Expires)}
 	if m.ID == 0 || !flashgate.ValidID(m.Sale) || !flashgate.ValidID(m.User) || m.Qty < 1 || m.Qty > flashgate.MaxSaleUnits ||
 		(m.Region != "" && !flashgate.ValidRegion(m.Region)) || (m.Idem != "" && !flashgate.ValidID(m.Idem)) {
-		return o, fmt.Errorf("%w: %s", ErrBadMsg, b)
+		return o, fmt.Errorf("%w: %s", ErrBadMsg, clip.Quote(b))
 	}
 	if _, err := flashgate.ParseCharges(m.Charges); err != nil {
 		return o, fmt.Errorf("%w: %v", ErrBadMsg, err)
 	}
 	for _, f := range [...]string{m.Phone, m.Device, m.IP, m.Addr} {
 		if f != "" && !flashgate.ValidSubject(f) {
-			return o, fmt.Errorf("%w: subject %q", ErrBadMsg, f)
+			return o, fmt.Errorf("%w: subject %s", ErrBadMsg, clip.Quote(f))
 		}
 	}
 	return o, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/clip"
 )
 
 // ReplyPrefix is where the answers to order commands and lane purchases come
@@ -28,7 +29,12 @@ func ReplyPrefix(cfg config.NATS) string { return cfg.CommandSubject + ".reply."
 // listens on subject.
 func request(ctx context.Context, nc *nats.Conn, cfg config.NATS, subject string, data []byte) (*nats.Msg, error) {
 	reply := ReplyPrefix(cfg) + nuid.Next()
-	sub, err := nc.SubscribeSync(reply)
+	// One answer is awaited, so a channel of one: SubscribeSync's holds
+	// nats.Options.SubChanLen (64k) pointers, half a megabyte allocated per
+	// request, which at a junk flood's rates was the gateway's garbage
+	// collector's whole time (docs/hostile.md, "Junk commands").
+	ch := make(chan *nats.Msg, 1)
+	sub, err := nc.ChanSubscribe(reply, ch)
 	if err != nil {
 		return nil, err
 	}
@@ -39,7 +45,16 @@ func request(ctx context.Context, nc *nats.Conn, cfg config.NATS, subject string
 	if err := nc.PublishRequest(subject, reply, data); err != nil {
 		return nil, err
 	}
-	return sub.NextMsgWithContext(ctx)
+	select {
+	case m := <-ch:
+		// The server's "no responders" status, as SubscribeSync would read it.
+		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+			return nil, nats.ErrNoResponders
+		}
+		return m, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // ask sends v (JSON) on subject to the backends and decodes their answer
@@ -58,7 +73,7 @@ func ask[T any](ctx context.Context, nc *nats.Conn, cfg config.NATS, subject str
 		return r, err
 	}
 	if err := json.Unmarshal(msg.Data, &r); err != nil {
-		return r, fmt.Errorf("%s %q: %w", what, msg.Data, err)
+		return r, fmt.Errorf("%s %s: %w", what, clip.Quote(msg.Data), err)
 	}
 	return r, nil
 }

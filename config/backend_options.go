@@ -28,6 +28,13 @@ type BackendOptions struct {
 	// Events is the events block: the order-events stream the leader
 	// publishes the outbox to.
 	Events Events
+	// MaxTokenTTL is auth.max_token_ttl: how long a denylist entry lasts by
+	// default (every token it names has expired by then). The backend
+	// verifies no token and holds no signing key.
+	MaxTokenTTL time.Duration
+	// AllowedHosts is admin.allowed_hosts: the Host headers the admin port
+	// answers (empty: its listen address and localhost's).
+	AllowedHosts []string
 }
 
 // BackendOptions picks the backend's options out of the configuration.
@@ -41,5 +48,7 @@ func (c Config) BackendOptions() BackendOptions {
 		WaitReplicas:   c.Redis.WaitReplicas,
 		WaitTimeout:    c.Redis.WaitTimeout,
 		Events:         c.Events,
+		MaxTokenTTL:    c.Auth.MaxTokenTTL,
+		AllowedHosts:   c.Admin.AllowedHosts,
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/flashgate/flashgate"
 )
 
 // Config is everything the gateway, the backend and the CLI read.
@@ -132,12 +134,20 @@ type RateLimit struct {
 	// gateway its own, the default) or "global" (in Redis, shared by the
 	// fleet: docs/gateway.md, "Rate limits"). Per-IP stays local in both.
 	Mode string `yaml:"mode" json:"mode"`
-	// PerIP limits requests per client address.
+	// PerIP limits requests per client address: an IPv4 address, or an IPv6
+	// /64 (one subscriber's block: a host may send from any address of it).
 	PerIP Rate `yaml:"per_ip" json:"per_ip"`
+	// PerNet limits requests per IPv6 /48, a looser tier above per_ip (a
+	// site's block: 65,536 /64s). IPv4 clients have no such tier.
+	PerNet Rate `yaml:"per_net" json:"per_net"`
 	// PerUser limits requests per JWT subject.
 	PerUser Rate `yaml:"per_user" json:"per_user"`
 	// PerSale limits admissions per sale per gateway (global mode: per fleet).
 	PerSale Rate `yaml:"per_sale" json:"per_sale"`
+	// PerUserView limits a JWT subject's GETs of orders, per gateway (local
+	// in both modes): apart from per_user, so polling an order's status
+	// does not use up the buyer's purchases.
+	PerUserView Rate `yaml:"per_user_view" json:"per_user_view"`
 	// MaxInflight caps the requests past pre-validation at once per gateway (0: no cap); past it, 429.
 	MaxInflight int `yaml:"max_inflight" json:"max_inflight"`
 }
@@ -196,6 +206,12 @@ type Auth struct {
 	// MaxTokenTTL bounds a token's lifetime: exp - iat, or exp - now for a
 	// token without iat.
 	MaxTokenTTL time.Duration `yaml:"max_token_ttl"`
+	// Issuer is the iss the default key's tokens must carry ("" = "flashgate"); a key of keys without an issuer of its own has this one.
+	Issuer string `yaml:"issuer"`
+	// SubjectPrefix is what the default key's tokens' sub must start with ("" = any user: a key of the operator's own).
+	SubjectPrefix string `yaml:"subject_prefix"`
+	// AudienceOptional accepts a token without aud (one with aud must still name flashgate); off: aud is required.
+	AudienceOptional bool `yaml:"audience_optional"`
 }
 
 // Key is one verification key: an HS256 Secret or an Ed25519 PublicKeyFile
@@ -204,6 +220,12 @@ type Key struct {
 	Kid           string `yaml:"kid" json:"kid"`
 	Secret        string `yaml:"secret,omitempty" json:"secret,omitempty"`
 	PublicKeyFile string `yaml:"public_key_file,omitempty" json:"public_key_file,omitempty"`
+	// Issuer is the iss this key's tokens must carry ("": auth.issuer).
+	Issuer string `yaml:"issuer,omitempty" json:"issuer,omitempty"`
+	// SubjectPrefix is what this key's tokens' sub must start with, and be
+	// longer than ("": any user). A partner's key gets the partner's own
+	// namespace, so it cannot sign for anyone else's buyers.
+	SubjectPrefix string `yaml:"subject_prefix,omitempty" json:"subject_prefix,omitempty"`
 }
 
 // Admin guards the backend's admin API.
@@ -214,6 +236,8 @@ type Admin struct {
 	URL string `yaml:"url"`
 	// Keys are the admin API's credentials, each with an id (recorded in the admin audit log) and a role: viewer (reads) or operator (reads and changes); token, when set, is one more operator key with id "default" (docs/credentials.md).
 	Keys []AdminKey `yaml:"keys"`
+	// AllowedHosts are the Host headers both admin ports answer, as host or host:port (empty: the port's listen address, localhost, 127.0.0.1 and [::1]); any other gets 421 (DNS rebinding).
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // Admin roles: a viewer reads (the live view, ledgers, orders, audits,
@@ -433,15 +457,17 @@ func Default() Config {
 		RateLimit: RateLimit{
 			Mode:        RateLocal,
 			PerIP:       Rate{Rate: 20, Burst: 40},
+			PerNet:      Rate{Rate: 320, Burst: 640},
 			PerUser:     Rate{Rate: 5, Burst: 5},
 			PerSale:     Rate{Rate: 50000, Burst: 5000},
+			PerUserView: Rate{Rate: 10, Burst: 20},
 			MaxInflight: 20000,
 		},
 		Backend: Backend{
 			AdminListen: "127.0.0.1:8082", BatchSize: 500, BatchWait: 50 * time.Millisecond,
 			MaxAckPending: 20000, MaxDeliver: 10, AckWait: 30 * time.Second, ShutdownTimeout: 15 * time.Second,
 		},
-		Admin: Admin{URL: "http://127.0.0.1:8082", Keys: []AdminKey{}},
+		Admin: Admin{URL: "http://127.0.0.1:8082", Keys: []AdminKey{}, AllowedHosts: []string{}},
 		Redis: Redis{Addrs: []string{"127.0.0.1:16379"}, MaxFlushDelay: 0, WaitTimeout: 250 * time.Millisecond},
 		NATS: NATS{
 			URL: "nats://127.0.0.1:14222", Stream: "FLASHGATE_ORDERS",
@@ -449,7 +475,7 @@ func Default() Config {
 			Consumer: "flashgate-backend", Replicas: 1, DedupWindow: 2 * time.Minute,
 			MaxMsgSize: 64 << 10, MaxBytes: 1 << 30,
 		},
-		Auth:   Auth{Keys: []Key{}, MaxTokenTTL: 24 * time.Hour},
+		Auth:   Auth{Keys: []Key{}, MaxTokenTTL: 24 * time.Hour, Issuer: "flashgate"},
 		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},
 		Orders: Orders{PaymentTimeout: 15 * time.Minute},
 		Sales:  Sales{Retention: 7 * 24 * time.Hour, LiveGrace: 24 * time.Hour},
@@ -683,6 +709,15 @@ func (c *Config) checkAuth() []error {
 			weak(fmt.Sprintf("auth.keys[%d] (kid %q) secret", i, k.Kid), k.Secret, MinJWTSecretBytes)
 		}
 	}
+	prefix := func(what, p string) {
+		if p != "" && !flashgate.ValidID(p) {
+			errs = append(errs, fmt.Errorf("%s %q: up to 64 characters of [A-Za-z0-9_-]", what, p))
+		}
+	}
+	prefix("auth.subject_prefix", a.SubjectPrefix)
+	for i, k := range a.Keys {
+		prefix(fmt.Sprintf("auth.keys[%d] (kid %q) subject_prefix", i, k.Kid), k.SubjectPrefix)
+	}
 	if a.SigningKid != "" {
 		i := slices.IndexFunc(a.Keys, func(k Key) bool { return k.Kid == a.SigningKid })
 		if i < 0 || a.Keys[i].Secret == "" {
@@ -699,7 +734,7 @@ func (r *RateLimit) Validate() error {
 	for _, x := range []struct {
 		name string
 		r    Rate
-	}{{"per_ip", r.PerIP}, {"per_user", r.PerUser}, {"per_sale", r.PerSale}} {
+	}{{"per_ip", r.PerIP}, {"per_net", r.PerNet}, {"per_user", r.PerUser}, {"per_sale", r.PerSale}, {"per_user_view", r.PerUserView}} {
 		switch {
 		case x.r.Rate < 0 || x.r.Burst < 0:
 			errs = append(errs, fmt.Errorf("ratelimit.%s: rate and burst must not be negative", x.name))
@@ -789,6 +824,9 @@ func setValue(v reflect.Value, s string) error {
 		v.SetInt(int64(d))
 		return nil
 	case []string:
+		if s == "" && v.Len() == 0 {
+			return nil // empty stays empty (nil or not), as the file had it
+		}
 		v.Set(reflect.ValueOf(commaList(s)))
 		return nil
 	case Secrets:

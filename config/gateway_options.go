@@ -27,6 +27,9 @@ type GatewayOptions struct {
 	LiveGrace time.Duration
 	// AdminToken guards the admin API and pprof on the admin port.
 	AdminToken string
+	// AdminHosts is admin.allowed_hosts: the Host headers the admin port
+	// answers (empty: its listen address and localhost's).
+	AdminHosts []string
 	// PaymentSecrets verify the payment service's signatures (payments.secret).
 	PaymentSecrets Secrets
 	// File is the configuration file the rate limits are reloaded from
@@ -46,6 +49,7 @@ func (c Config) GatewayOptions() GatewayOptions {
 		WaitTimeout:    c.Redis.WaitTimeout,
 		LiveGrace:      c.Sales.LiveGrace,
 		AdminToken:     c.Admin.Token,
+		AdminHosts:     c.Admin.AllowedHosts,
 		PaymentSecrets: c.Payments.Secret,
 		File:           c.Source,
 	}

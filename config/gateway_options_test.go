@@ -22,12 +22,13 @@ func TestGatewayOptions(t *testing.T) {
 	c.Redis.WaitReplicas, c.Redis.WaitTimeout = 1, 50*time.Millisecond
 	c.Sales.LiveGrace = 5 * time.Hour
 	c.Admin.Token = "admin"
+	c.Admin.AllowedHosts = []string{"admin.example:8081"}
 	c.Payments.Secret = Secrets{"pay"}
 	c.Source = "/etc/flashgate.yaml"
 	o := c.GatewayOptions()
 	want := GatewayOptions{Gateway: c.Gateway, NATS: c.NATS, Auth: c.Auth, RateLimit: c.RateLimit,
 		PaymentTimeout: 3 * time.Minute, WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond, LiveGrace: 5 * time.Hour, AdminToken: "admin",
-		PaymentSecrets: Secrets{"pay"}, File: "/etc/flashgate.yaml"}
+		AdminHosts: []string{"admin.example:8081"}, PaymentSecrets: Secrets{"pay"}, File: "/etc/flashgate.yaml"}
 	if !reflect.DeepEqual(o, want) {
 		t.Fatalf("GatewayOptions() = %+v\nwant %+v", o, want)
 	}

@@ -346,6 +346,7 @@ func TestRedisRoles(t *testing.T) {
 		{"DEL", k.Epoch},
 		{"SET", k.Warming, "x"},
 		{"SADD", lua.SalesIndex, "x"},
+		{"HDEL", lua.Denylist, "sub:bot"}, // the operator's revocations
 		{"ZADD", lua.LiveIndex, "1", "x"},
 		{"SET", "other:key", "1"},
 		// Another gateway's order-id nodes (this one leases 0-503).

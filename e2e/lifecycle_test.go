@@ -38,7 +38,8 @@ func call(t *testing.T, cfg config.Config, method, url, user string) answer {
 
 // TestPayAndCancelThroughTheGateway: the public API of an order's life, end to
 // end: buy, the payment service pays; buy, cancel, and the canceled unit sells again — to someone
-// else, and to the same buyer.
+// else, never to the buyer who canceled: within the sale a cancel gives the units back, not the
+// buyer's quota (a scalper's hand-off from one account to a waiting one).
 func TestPayAndCancelThroughTheGateway(t *testing.T) {
 	cfg := e2eConfig(t)
 	be := startBackend(t, cfg)
@@ -86,7 +87,8 @@ func TestPayAndCancelThroughTheGateway(t *testing.T) {
 		t.Fatalf("a payment of a canceled order: %d %s", r.status, r.raw)
 	}
 	// Bob's unit is for sale again: carol gets it (once the sold-out mark
-	// clears, by event or refresh), and after another cancel, bob himself.
+	// clears, by event or refresh); after her cancel, bob may not buy again
+	// (403 limit_reached), while dave can.
 	deadline := time.Now().Add(10 * time.Second)
 	var c answer
 	for c = call(t, cfg, "POST", base, "carol"); c.status != 202; c = call(t, cfg, "POST", base, "carol") {
@@ -100,10 +102,18 @@ func TestPayAndCancelThroughTheGateway(t *testing.T) {
 		t.Fatalf("carol cancels: %d", r.status)
 	}
 	deadline = time.Now().Add(10 * time.Second)
-	for r := call(t, cfg, "POST", base, "bob"); r.status != 202; r = call(t, cfg, "POST", base, "bob") {
+	r := call(t, cfg, "POST", base, "bob")
+	// The sold-out mark until it clears (409), and the per-user rate limit meanwhile (429).
+	for ; r.status == 409 || r.status == 429; r = call(t, cfg, "POST", base, "bob") {
 		if time.Now().After(deadline) {
-			t.Fatalf("bob cannot buy again after his cancel: %d %s", r.status, r.Code)
+			t.Fatalf("the sale stayed sold out after carol's cancel: %d %s", r.status, r.Code)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if r.status != 403 || r.Code != "limit_reached" {
+		t.Fatalf("bob buys again within the sale after his cancel: %d %s, want 403 limit_reached", r.status, r.Code)
+	}
+	if r := call(t, cfg, "POST", base, "dave"); r.status != 202 {
+		t.Fatalf("the unit carol gave back, for dave: %d %s", r.status, r.Code)
 	}
 }

@@ -81,6 +81,17 @@ func peerAddr(a net.Addr) netip.Addr {
 // unsafeString views b as a string for a parse that does not keep it.
 func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
+// netKey is the per-network limiter's key of an IPv6 client: its /48. An IPv4
+// client has none (false): a /24 may be one carrier's NAT for a city.
+func netKey(a netip.Addr) ([16]byte, bool) {
+	if !a.Is6() || a.Is4In6() {
+		return [16]byte{}, false
+	}
+	k := a.As16()
+	clear(k[6:])
+	return k, true
+}
+
 // ipKey is the per-IP limiter's key of a: an IPv4 client by its address, an
 // IPv6 client by its /64. One IPv6 subscriber is given a whole /64 (often more),
 // so keying by the full address would give one buyer 2^64 buckets.

@@ -2,12 +2,15 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/flashgate/flashgate/internal/tick"
@@ -33,6 +36,8 @@ type edgeMarks struct {
 	mu  sync.Mutex
 	// held: the seconds this gateway wrote a file for, by sale.
 	held map[string][]int64
+	// swept is the second of the last sweep.
+	swept atomic.Int64
 }
 
 // edgeMarkTick is how often the marks follow the sold-out flags.
@@ -50,9 +55,9 @@ func (m *edgeMarks) path(sale string, sec int64) string {
 }
 
 // prepare creates the directory (readable by an nginx worker of another
-// user) and removes marks that lapsed, left by gateways that stopped.
+// user), refuses one that someone else could write marks into, and sweeps it.
 func (m *edgeMarks) prepare(now time.Time) error {
-	if _, err := os.Stat(m.dir); os.IsNotExist(err) {
+	if _, err := os.Lstat(m.dir); os.IsNotExist(err) {
 		if err := os.MkdirAll(m.dir, 0o755); err != nil {
 			return err
 		}
@@ -62,17 +67,68 @@ func (m *edgeMarks) prepare(now time.Time) error {
 			return err
 		}
 	}
-	ents, err := os.ReadDir(m.dir)
+	if err := trustedDir(m.dir); err != nil {
+		return err
+	}
+	m.sweep(now)
+	return nil
+}
+
+// trustedDir checks that only this process's user (or root) can put a file
+// in dir: nginx answers 409 sold_out for any mark it finds there, so a
+// directory another user may write is a way to stop a sale at the edge.
+func trustedDir(dir string) error {
+	fi, err := os.Lstat(dir)
 	if err != nil {
 		return err
 	}
-	for _, e := range ents {
-		i := strings.LastIndexByte(e.Name(), '.')
-		if sec, err := strconv.ParseInt(e.Name()[i+1:], 10, 64); i > 0 && err == nil && sec < now.Unix() {
-			_ = os.Remove(filepath.Join(m.dir, e.Name()))
-		}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("%s is not a directory (a symbolic link is not followed)", dir)
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("%s is writable by group or others (mode %v): anyone of them could mark a sale sold out at nginx", dir, fi.Mode().Perm())
+	case ok && st.Uid != uint32(os.Geteuid()) && st.Uid != 0:
+		return fmt.Errorf("%s belongs to uid %d, not this process's (%d)", dir, st.Uid, os.Geteuid())
 	}
 	return nil
+}
+
+// sweep removes from the directory what nginx must not trust: marks of past
+// seconds (left by gateways that stopped), of seconds past the next (no
+// gateway writes those: a clock gone wrong, or a planted file that would
+// answer sold_out for as long as its name says), and anything that is not
+// a regular file of this process's user with no write bit for others.
+func (m *edgeMarks) sweep(now time.Time) {
+	ents, err := os.ReadDir(m.dir)
+	if err != nil {
+		slog.Warn("gateway: edge marks", "err", err)
+		return
+	}
+	sec := now.Unix()
+	uid := uint32(os.Geteuid())
+	for _, e := range ents {
+		name := e.Name()
+		i := strings.LastIndexByte(name, '.')
+		s, perr := strconv.ParseInt(name[i+1:], 10, 64)
+		if i <= 0 || perr != nil {
+			continue // not a mark's name: nginx never asks for it
+		}
+		drop := s < sec || s > sec+1
+		if !drop {
+			fi, err := os.Lstat(filepath.Join(m.dir, name))
+			if err != nil {
+				continue
+			}
+			st, ok := fi.Sys().(*syscall.Stat_t)
+			drop = !fi.Mode().IsRegular() || fi.Mode().Perm()&0o022 != 0 || ok && st.Uid != uid
+		}
+		if drop {
+			if err := os.Remove(filepath.Join(m.dir, name)); err != nil && !os.IsNotExist(err) {
+				slog.Warn("gateway: edge marks: cannot remove an untrusted mark", "file", name, "err", err)
+			}
+		}
+	}
 }
 
 // set makes the marks of sale follow soldOut at now: the files of this
@@ -138,6 +194,11 @@ func (g *Gateway) edgeMarkLoop(ctx context.Context) { tick.Every(ctx, edgeMarkTi
 
 func (g *Gateway) syncEdgeMarks(now time.Time) {
 	nowMS := now.UnixMilli()
+	// Once a second (at the tick that crosses into it), what nginx must not
+	// trust is swept out of the directory.
+	if sec := now.Unix(); sec != g.marks.swept.Swap(sec) {
+		g.marks.sweep(now)
+	}
 	all := *g.sales.m.Load()
 	for id, s := range all {
 		if s.allSoldOut() && !s.closed.Load() && nowMS >= s.startsMS && nowMS < s.endsMS {

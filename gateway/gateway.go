@@ -53,6 +53,7 @@ type settings struct {
 	WaitReplicas   int
 	WaitTimeout    time.Duration
 	AdminToken     string
+	AdminHosts     []string
 	File           string
 }
 
@@ -64,6 +65,8 @@ type Gateway struct {
 	js      jetstream.JetStream
 	scripts *lua.Scripts
 	auth    *auth.Cache
+	// deny follows Redis's denylist into auth's (denylist.go).
+	deny denylist
 	// payments verifies the payment service's signatures (POST /v1/payments).
 	payments *auth.PaymentVerifier
 	lease    atomic.Pointer[orderid.Lease]
@@ -135,9 +138,9 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 	}
 	g := &Gateway{
 		cfg: settings{Gateway: opts.Gateway, NATS: opts.NATS, PaymentTimeout: opts.PaymentTimeout,
-			WaitReplicas: opts.WaitReplicas, WaitTimeout: opts.WaitTimeout, AdminToken: opts.AdminToken, File: opts.File},
+			WaitReplicas: opts.WaitReplicas, WaitTimeout: opts.WaitTimeout, AdminToken: opts.AdminToken, AdminHosts: opts.AdminHosts, File: opts.File},
 		rc: deps.Redis, nc: deps.NATS, js: deps.JetStream,
-		scripts: lua.Load(), sales: newSales(opts.LiveGrace), now: deps.Now, metrics: metrics.NewGateway(),
+		scripts: lua.LoadWait(opts.WaitReplicas, opts.WaitTimeout), sales: newSales(opts.LiveGrace), now: deps.Now, metrics: metrics.NewGateway(),
 		releases: newReleases(opts.Gateway.ReleaseQueue), marks: newEdgeMarks(opts.Gateway.EdgeMarksDir),
 		id: newRequestID()[:16], accessSample: opts.Gateway.AccessLogSample,
 	}
@@ -181,6 +184,9 @@ func (g *Gateway) connect(ctx context.Context) error {
 	if err = g.sales.load(ctx, g.rc); err != nil {
 		return fmt.Errorf("gateway: load sales: %w", err)
 	}
+	if err = g.deny.sync(ctx, g, g.now()); err != nil {
+		return fmt.Errorf("gateway: denylist: %w", err)
+	}
 	if g.marks != nil {
 		if err = g.marks.prepare(g.now()); err != nil {
 			return fmt.Errorf("gateway: edge_marks_dir: %w", err)
@@ -212,6 +218,7 @@ func (g *Gateway) runBackground() {
 	g.goBG(func() { g.leaseLoop(bgctx) })
 	g.goBG(func() { g.watchConfig(bgctx) })
 	g.goBG(func() { g.statsLoop(bgctx) })
+	g.goBG(func() { g.denylistLoop(bgctx, &g.deny) })
 	g.goBG(func() {
 		lua.WatchSkew(bgctx, g.rc, g.now, func(d time.Duration) {
 			g.skew.Store(int64(d))

@@ -282,6 +282,12 @@ func rawPost(t *testing.T, addr, path, token, extra string) reply {
 func TestPurchaseAcceptedAndOrderLookup(t *testing.T) {
 	e := start(t)
 	s := e.sale(nil)
+	// Rebuilt before the purchases, as a backend's warm does: the buyers'
+	// records decide newer ids (orderids.go); older ones are MySQL's.
+	rebuilt := time.Now().Add(-40 * time.Second)
+	e.stampRebuilt(s, rebuilt)
+	id123 := strconv.FormatUint(mkID(rebuilt.Add(-10*time.Second), 7, 123), 10)
+	id124 := strconv.FormatUint(mkID(rebuilt.Add(-10*time.Second), 7, 124), 10)
 	alice, bob := e.token("alice"), e.token("bob")
 
 	r := e.buy(s, alice, `{"quantity":2}`, nil)
@@ -322,12 +328,12 @@ func TestPurchaseAcceptedAndOrderLookup(t *testing.T) {
 	// An order Redis does not know is MySQL's to answer (Redis may have lost
 	// it): no backend answering is 503, never a guess; a backend's "no such
 	// order" is 404, its order is 200.
-	if got := e.do("GET", "/v1/sales/"+s.ID+"/orders/123", alice, nil, nil); got.Status != 503 {
+	if got := e.do("GET", "/v1/sales/"+s.ID+"/orders/"+id123, alice, nil, nil); got.Status != 503 {
 		t.Fatalf("missing order, no backend: %d, want 503", got.Status)
 	}
 	stub := testenv.NATS(t)
 	sub, err := bus.ServeCommands(stub, e.cfg.NATS, func(cmd bus.OrderCommand) bus.OrderReply {
-		if cmd.Op == bus.CmdGet && cmd.OrderID == 124 && cmd.UserID == "alice" {
+		if cmd.Op == bus.CmdGet && strconv.FormatUint(cmd.OrderID, 10) == id124 && cmd.UserID == "alice" {
 			return bus.OrderReply{Code: bus.ReplyOK, Status: "confirmed", Quantity: 1}
 		}
 		return bus.OrderReply{Code: string(flashgate.CodeOrderNotFound)}
@@ -339,10 +345,10 @@ func TestPurchaseAcceptedAndOrderLookup(t *testing.T) {
 	if err := stub.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.do("GET", "/v1/sales/"+s.ID+"/orders/123", alice, nil, nil); got.Status != 404 {
+	if got := e.do("GET", "/v1/sales/"+s.ID+"/orders/"+id123, alice, nil, nil); got.Status != 404 {
 		t.Fatalf("missing order: %d, want 404", got.Status)
 	}
-	if got := e.do("GET", "/v1/sales/"+s.ID+"/orders/124", alice, nil, nil); got.Status != 200 || got.State != "confirmed" {
+	if got := e.do("GET", "/v1/sales/"+s.ID+"/orders/"+id124, alice, nil, nil); got.Status != 200 || got.State != "confirmed" {
 		t.Fatalf("order only MySQL holds: %d %s, want 200 confirmed", got.Status, got.Raw)
 	}
 

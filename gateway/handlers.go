@@ -12,6 +12,7 @@ import (
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
+	"github.com/flashgate/flashgate/ratelimit"
 )
 
 func (g *Gateway) getSale(ctx *fasthttp.RequestCtx, s *sale) {
@@ -48,43 +49,61 @@ func (g *Gateway) orderRequest(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) 
 }
 
 // getOrder is GET /v1/sales/{sale}/orders/{order}: owner only; anyone else,
-// like a missing order, gets 404.
+// like a missing order, gets 404. Reads are limited per buyer
+// (ratelimit.per_user_view); an id that cannot be the buyer's is answered
+// here (orderids.go); only an id the buyer's records cannot decide is read
+// from MySQL.
 func (g *Gateway) getOrder(ctx *fasthttp.RequestCtx, s *sale, rawID []byte) {
-	claims, id, _, ok := g.orderRequest(ctx, s, rawID)
+	claims, id, now, ok := g.orderRequest(ctx, s, rawID)
 	if !ok {
 		return
 	}
+	if ok, wait := g.limits.OrderView.Allow(ratelimit.KeyString(claims.Subject), now.UnixNano()); !ok {
+		g.limited(ctx, metrics.LimitView, "too many order reads from your account", wait)
+		return
+	}
+	if !possibleID(s, id, now) {
+		noSuchOrder(ctx)
+		return
+	}
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	rec, ok, err := lua.Order(rctx, g.rc, s.keys.Home(claims.Subject), id)
+	rec, known, rebuilt, err := lua.OrderSince(rctx, g.rc, s.keys.Home(claims.Subject), id)
 	cancel()
 	if err != nil {
 		unavailable(ctx, "order state unavailable")
 		return
 	}
-	if !ok && !g.saleWarm(s) {
+	switch mine, gone := ownRecord(&rec, known, claims.Subject, id, rebuilt); {
+	case gone:
+		noSuchOrder(ctx)
+		return
+	case mine:
+		b, err := encodeOrderView(&rec)
+		if err != nil {
+			fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
+			return
+		}
+		ctx.SetContentTypeBytes(ctJSON)
+		ctx.SetBody(b)
+		return
+	}
+	if !g.saleWarm(s) {
 		// Redis lost the sale: its orders come back with the warm (from
 		// MySQL), so "no such order" would be a guess.
 		g.askWarm(s)
 		unavailable(ctx, "sale is warming up")
 		return
 	}
-	if !ok {
-		// Redis lost the order but not the sale (the warm brings orders
-		// back; keys can still go missing one by one): MySQL may hold it.
-		g.orderFromBackend(ctx, s, claims.Subject, id)
-		return
-	}
-	if rec.UserID != claims.Subject || rec.Status == lua.StatusReleased {
-		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
-		return
-	}
-	b, err := encodeOrderView(&rec)
-	if err != nil {
-		fail(ctx, fasthttp.StatusInternalServerError, flashgate.CodeInternal, "encode order")
-		return
-	}
-	ctx.SetContentTypeBytes(ctJSON)
-	ctx.SetBody(b)
+	// Redis cannot tell (an id older than the last rebuild, a lane's order,
+	// a record lost on its own): MySQL decides, for someone else's order as
+	// for a missing one.
+	g.orderFromBackend(ctx, s, claims.Subject, id)
+}
+
+// noSuchOrder is the one 404 of an order: missing, someone else's, or an id
+// that cannot be one look the same.
+func noSuchOrder(ctx *fasthttp.RequestCtx) {
+	fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
 }
 
 // orderFromBackend answers GET of an order Redis has no record of with what
@@ -99,7 +118,7 @@ func (g *Gateway) orderFromBackend(ctx *fasthttp.RequestCtx, s *sale, user strin
 		unavailable(ctx, "order state unavailable")
 		return
 	case flashgate.Code(reply.Code) == flashgate.CodeUnavailable:
-		unavailable(ctx, nonEmpty(reply.Message, "order state unavailable"))
+		unavailableFor(ctx, nonEmpty(reply.Message, "order state unavailable"), time.Duration(reply.RetryAfterMS)*time.Millisecond)
 		return
 	case reply.Code != bus.ReplyOK:
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
@@ -126,7 +145,8 @@ func (g *Gateway) saleWarm(s *sale) bool {
 
 // orderCommand is POST …/orders/{order}/cancel: owner only. MySQL is
 // where an order changes, so a backend carries it out (bus.Command); the
-// gateway refuses what it can answer itself: a bad token, another user's order.
+// gateway refuses what it can answer itself: a bad token, an id that cannot
+// be the buyer's order (orderids.go).
 func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, op string) {
 	claims, id, now, ok := g.orderRequest(ctx, s, rawID)
 	if !ok {
@@ -136,13 +156,18 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 		g.limited(ctx, metrics.LimitUser, "too many requests from your account", wait)
 		return
 	}
+	if !possibleID(s, id, now) {
+		noSuchOrder(ctx)
+		return
+	}
 	rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-	rec, known, err := lua.Order(rctx, g.rc, s.keys.Home(claims.Subject), id)
+	rec, known, rebuilt, err := lua.OrderSince(rctx, g.rc, s.keys.Home(claims.Subject), id)
 	cancel()
-	// Another user's order, or one that never existed, is answered here. An
-	// order Redis does not know (it lost its data) goes on: MySQL decides.
-	if err == nil && known && (rec.UserID != claims.Subject || rec.Status == lua.StatusReleased) {
-		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeOrderNotFound, "no such order")
+	// What the buyer's records decide is answered here: someone else's
+	// order and one that never existed alike. The rest goes on (Redis
+	// failed, or cannot tell): MySQL decides.
+	if _, gone := ownRecord(&rec, known, claims.Subject, id, rebuilt); err == nil && gone {
+		noSuchOrder(ctx)
 		return
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
@@ -172,7 +197,7 @@ func (g *Gateway) orderCommand(ctx *fasthttp.RequestCtx, s *sale, rawID []byte, 
 	case flashgate.CodeInvalidRequest:
 		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, nonEmpty(reply.Message, "invalid order command"))
 	default:
-		unavailable(ctx, nonEmpty(reply.Message, "order service unavailable"))
+		unavailableFor(ctx, nonEmpty(reply.Message, "order service unavailable"), time.Duration(reply.RetryAfterMS)*time.Millisecond)
 	}
 }
 

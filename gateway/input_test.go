@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/config"
 )
 
@@ -54,6 +55,37 @@ func TestPerIPLimitKeysIPv6By64(t *testing.T) {
 	}
 	if st := from("198.51.100.8"); st == 429 {
 		t.Fatalf("a neighbouring IPv4 address shares a bucket: %d", st)
+	}
+}
+
+// TestPerNetLimitKeysIPv6By48: a host with many /64s (a /48 holds 65,536)
+// meets the looser per-network tier: each /64 has per_ip to itself, but the
+// third /64 of one /48 is refused per_net; another /48 is not, and IPv4
+// clients have no network tier.
+func TestPerNetLimitKeysIPv6By48(t *testing.T) {
+	e := start(t, func(c *config.Config) {
+		c.RateLimit.PerIP = config.Rate{Rate: 1000, Burst: 1000}
+		c.RateLimit.PerNet = config.Rate{Rate: 0.001, Burst: 2}
+	})
+	s := e.sale(func(s *flashgate.Sale) { s.PerUserLimit, s.Total = 100, 100 })
+	from := func(ip, user string) reply {
+		return e.buy(s, e.token(user), `{}`, map[string]string{"X-Forwarded-For": ip})
+	}
+	for i, ip := range []string{"2001:db8:bb:1::1", "2001:db8:bb:2::1"} {
+		if r := from(ip, "n"+strconv.Itoa(i)); r.Status != 202 {
+			t.Fatalf("/64 number %d of the /48 (%s): %d %s", i+1, ip, r.Status, r.Raw)
+		}
+	}
+	if r := from("2001:db8:bb:3::1", "n2"); r.Status != 429 || r.Code != string(flashgate.CodeRateLimited) {
+		t.Fatalf("a third /64 of the same /48: %d %s, want 429 rate_limited", r.Status, r.Raw)
+	}
+	if r := from("2001:db8:cc:1::1", "n3"); r.Status != 202 {
+		t.Fatalf("another /48: %d %s", r.Status, r.Raw)
+	}
+	for i := range 5 {
+		if r := from("198.51.100."+strconv.Itoa(i+1), "v4"+strconv.Itoa(i)); r.Status != 202 {
+			t.Fatalf("IPv4 client %d of one /24: %d %s", i+1, r.Status, r.Raw)
+		}
 	}
 }
 

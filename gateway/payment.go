@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -37,6 +38,12 @@ func (g *Gateway) payment(ctx *fasthttp.RequestCtx) {
 	p, err := parsePayment(body)
 	if err != nil {
 		fail(ctx, fasthttp.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
+		return
+	}
+	// An id that cannot be an order of a sale this gateway knows is
+	// answered here (orderids.go), as a backend would: no such order.
+	if s := g.sales.get([]byte(p.SaleID)); s != nil && !possibleID(s, p.OrderID, g.now()) {
+		noSuchOrder(ctx)
 		return
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.PublishTimeout)
@@ -64,7 +71,7 @@ func (g *Gateway) payment(ctx *fasthttp.RequestCtx) {
 	case flashgate.CodeInvalidRequest:
 		fail(ctx, fasthttp.StatusBadRequest, code, nonEmpty(reply.Message, "invalid payment"))
 	default:
-		unavailable(ctx, nonEmpty(reply.Message, "payment service unavailable"))
+		unavailableFor(ctx, nonEmpty(reply.Message, "payment service unavailable"), time.Duration(reply.RetryAfterMS)*time.Millisecond)
 	}
 }
 

@@ -80,7 +80,9 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx) metrics.Route {
 		}
 		return metrics.RoutePayment
 	}
-	if !bytes.HasPrefix(path, prefixSales) {
+	// A trailing slash names no resource: …/orders/ is not …/orders. Routed as one, it would be
+	// a purchase that nginx's orders location (its limits, its sold-out answers) never saw.
+	if !bytes.HasPrefix(path, prefixSales) || path[len(path)-1] == '/' {
 		fail(ctx, fasthttp.StatusNotFound, flashgate.CodeInvalidRequest, "no such route")
 		return metrics.RouteOther
 	}
@@ -229,12 +231,20 @@ func (g *Gateway) redisNow(now time.Time) time.Time {
 	return now.Add(-time.Duration(g.skew.Load()))
 }
 
-// allowIP applies the per-IP limit to the client's address.
+// allowIP applies the per-IP limit to the client's address (an IPv6 client
+// by its /64), then, for an IPv6 client, the looser per-network one to its /48.
 func (g *Gateway) allowIP(ctx *fasthttp.RequestCtx, now time.Time) bool {
-	k := ipKey(g.proxies.clientIP(ctx))
+	a := g.proxies.clientIP(ctx)
+	k := ipKey(a)
 	if ok, wait := g.limits.IP.Allow(ratelimit.KeyBytes(k[:]), now.UnixNano()); !ok {
 		g.limited(ctx, metrics.LimitIP, "too many requests from your address", wait)
 		return false
+	}
+	if n, ok := netKey(a); ok {
+		if ok, wait := g.limits.Net.Allow(ratelimit.KeyBytes(n[:]), now.UnixNano()); !ok {
+			g.limited(ctx, metrics.LimitIP, "too many requests from your network", wait)
+			return false
+		}
 	}
 	return true
 }
@@ -274,7 +284,7 @@ func (g *Gateway) soldOutEarly(ctx *fasthttp.RequestCtx, s *sale, now time.Time)
 	if f := s.soldOutFlag(region); f == nil || !f.Load() {
 		return false
 	}
-	soldOut(ctx, now)
+	soldOut(ctx, s, now)
 	return true
 }
 
@@ -391,7 +401,7 @@ func (g *Gateway) saleOpen(ctx *fasthttp.RequestCtx, s *sale, region, user, idem
 		failRetry(ctx, statusTooEarly, flashgate.CodeNotStarted, "the sale has not started", ceilSeconds(s.startsMS-nowMS))
 		return false
 	case s.soldOutFlag(region).Load() && !g.maybeReplay(s, user, idem):
-		soldOut(ctx, now)
+		soldOut(ctx, s, now)
 		return false
 	}
 	return true
@@ -452,6 +462,16 @@ func (g *Gateway) admit(ctx *fasthttp.RequestCtx, s *sale, sub *flashgate.Subjec
 		return
 	}
 	g.metrics.AdmitLatency(time.Since(start))
+	if errors.Is(err, lua.ErrNotReplicated) || errors.Is(err, lua.ErrHoldLost) {
+		// Redis ran the admission and answered: it is not to be promised.
+		// Its release decides the answer, as after a failed publish: a
+		// replay of the same key may have published and claimed the order
+		// meanwhile, and then it lives (202); a 503 sent before the release
+		// had answered could become that order.
+		g.undoNow(ctx, s, &flashgate.Order{ID: args.OrderID, SaleID: s.spec.ID, UserID: sub.User, Region: region,
+			Charges: args.EncodedCharges}, err)
+		return
+	}
 	if err != nil {
 		// Not the lane: Redis may yet run this admission (a stalled Redis
 		// runs what it had read when it wakes), and the buyer would have two
@@ -515,7 +535,7 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 			return
 		}
 		g.markSoldOut(s, a.Region)
-		soldOut(ctx, a.Now)
+		soldOut(ctx, s, a.Now)
 	case lua.DuplicateID:
 		slog.Error("order id already taken: the id source is broken", "sale", s.spec.ID, "order", a.OrderID, "node", lease.Node())
 		unavailable(ctx, "order ids unavailable")
@@ -531,6 +551,29 @@ func (g *Gateway) answerAdmission(ctx *fasthttp.RequestCtx, s *sale, sub *flashg
 func (g *Gateway) undoAdmit(s *sale, user string, id uint64, region, charges string, cause error) {
 	slog.Warn("admission failed; undoing it", "sale", s.spec.ID, "order", id, "cause", cause)
 	g.enqueueRelease(releaseJob{s: s, user: user, id: id, region: region, charges: charges, reason: flashgate.ReasonAdmitFailed})
+}
+
+// undoNow releases an admission Redis answered but that is not to be
+// promised (lua.ErrNotReplicated, lua.ErrHoldLost) and answers by the
+// release: claimed (a replay of its key published it, and a backend holds
+// it) is a 202, released a 503. If Redis does not answer the release within
+// a publish timeout, the release goes on in the background and the answer is
+// 503 (docs/verification.md names this gap).
+func (g *Gateway) undoNow(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order, cause error) {
+	slog.Warn("admission not promised; releasing it", "sale", s.spec.ID, "order", m.ID, "cause", cause)
+	rel, err := g.releaseUnpublished(s, m, flashgate.ReasonAdmitFailed)
+	switch {
+	case err != nil:
+		g.enqueueRelease(releaseJob{s: s, user: m.UserID, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonAdmitFailed})
+		unavailable(ctx, "stock service unavailable")
+	case rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased):
+		accepted(ctx, m.ID, flashgate.OrderPending)
+	default:
+		if rel.Released {
+			g.restocked(s, m.Region)
+		}
+		unavailable(ctx, "stock service unavailable")
+	}
 }
 
 // publish sends an admitted order to JetStream and answers 202 once it is
@@ -571,7 +614,7 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order)
 	// answers: a 503 sent while the release is still open could be overtaken
 	// by the backend's claim. (Release is idempotent: a retry of one that ran
 	// unanswered finds it done.)
-	rel, rerr := g.releaseUnpublished(s, m)
+	rel, rerr := g.releaseUnpublished(s, m, flashgate.ReasonPublishFailed)
 	switch {
 	case rerr != nil:
 		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
@@ -590,11 +633,11 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order)
 // releaseUnpublished releases the reservation of an order whose publish
 // failed, retrying for up to another publish timeout while Redis does not
 // answer.
-func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order) (rel lua.ReleaseResult, err error) {
+func (g *Gateway) releaseUnpublished(s *sale, m *flashgate.Order, reason string) (rel lua.ReleaseResult, err error) {
 	deadline := time.Now().Add(g.cfg.Gateway.PublishTimeout)
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
 		rctx, cancel := context.WithTimeout(context.Background(), g.cfg.Gateway.AdmitTimeout)
-		rel, err = g.scripts.Release(rctx, g.rc, s.keys.Home(m.UserID), m.ID, m.Region, m.Charges, lua.ReleaseGateway, flashgate.ReasonPublishFailed)
+		rel, err = g.scripts.Release(rctx, g.rc, s.keys.Home(m.UserID), m.ID, m.Region, m.Charges, lua.ReleaseGateway, reason)
 		cancel()
 		if err == nil || time.Now().Add(wait).After(deadline) {
 			return rel, err
@@ -643,6 +686,22 @@ func (g *Gateway) replay(ctx *fasthttp.RequestCtx, s *sale, user string, id uint
 		return
 	}
 	if rec.Status == lua.StatusReleased {
+		// The 503 is final only once the release is on the replicas: one a
+		// failover lost would bring the order back, pending, for a backend
+		// to confirm (spec/admission.pml, BUG_REPLAY_NO_WAIT). So the replay
+		// releases the order itself, waited (release.lua writes a released
+		// record again), and answers by that release: a failover may have
+		// brought it back, claimed (202) or pending (released now: 503).
+		rel, err := g.releaseUnpublished(s, &flashgate.Order{ID: id, UserID: user, Region: rec.Region, Charges: rec.Charges},
+			flashgate.ReasonPublishFailed)
+		switch {
+		case err == nil && rel.Claimed:
+			accepted(ctx, id, flashgate.OrderPending)
+			return
+		case err == nil && rel.Status != "" && rel.Status != lua.StatusReleased:
+			accepted(ctx, id, rel.Status.Public())
+			return
+		}
 		unavailable(ctx, "order queue unavailable")
 		return
 	}

@@ -20,14 +20,19 @@ var (
 	hdrAccelExpires = []byte("X-Accel-Expires")
 )
 
-// soldOut answers 409 sold_out for a sale (or region) marked sold out: the
-// one answer an nginx in front may repeat without asking. X-Accel-Expires
+// soldOut answers 409 sold_out for a sale (or region) marked sold out. Once
+// the whole sale is (every region of it), it is the one answer an nginx in
+// front may repeat without asking: nginx keys its copy by the sale's path
+// alone, never by the body that names a region. X-Accel-Expires
 // "@<unix second>" keeps nginx's copy until the end of the current second
 // (nginx's cache counts whole seconds: a relative "1" would let a copy live up
 // to two), so a copy is less than a second old when a restock clears the mark.
 // Every other answer is left uncacheable.
-func soldOut(ctx *fasthttp.RequestCtx, now time.Time) {
+func soldOut(ctx *fasthttp.RequestCtx, s *sale, now time.Time) {
 	fail(ctx, fasthttp.StatusConflict, flashgate.CodeSoldOut, "sold out")
+	if !s.allSoldOut() {
+		return
+	}
 	var buf [24]byte
 	b := append(buf[:0], '@')
 	ctx.Response.Header.SetBytesKV(hdrAccelExpires, strconv.AppendInt(b, now.Unix(), 10))

@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp/reuseport"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/auth"
 	"github.com/flashgate/flashgate/metrics"
 )
 
@@ -38,7 +39,17 @@ func (g *Gateway) listen() error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	g.srv = g.publicServer(conns)
-	g.admin = &http.Server{Handler: g.adminMux(), ReadHeaderTimeout: 5 * time.Second}
+	// The admin port's connections have deadlines too: without them one
+	// client holding connections open idle (or trickling a request) keeps
+	// goroutines and descriptors of the process that serves buyers.
+	g.admin = &http.Server{
+		Handler:           auth.AdminPort(g.adminMux(), g.adminLn.Addr().String(), g.cfg.AdminHosts),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second, // pprof adds its ?seconds= to it
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+	}
 	return nil
 }
 

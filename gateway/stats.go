@@ -18,6 +18,7 @@ import (
 
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/internal/clip"
 	"github.com/flashgate/flashgate/internal/tick"
 	"github.com/flashgate/flashgate/metrics"
 )
@@ -71,7 +72,7 @@ func (g *Gateway) accessLog(ctx *fasthttp.RequestCtx, route metrics.Route, code 
 	slog.Info("access",
 		"request_id", requestID(ctx),
 		"method", string(ctx.Method()),
-		"path", string(ctx.Path()),
+		"path", clip.Text(ctx.Path()), // the client's: bounded
 		"route", route.String(),
 		"status", ctx.Response.StatusCode(),
 		"code", string(code),

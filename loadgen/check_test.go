@@ -61,7 +61,7 @@ func TestWriteAudit(t *testing.T) {
 }
 
 func TestMintTokens(t *testing.T) {
-	toks, err := MintTokens("s3cret", "", 100, time.Hour)
+	toks, err := MintTokens("s3cret", "", "", 100, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

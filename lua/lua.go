@@ -171,10 +171,12 @@ func (s *Scripts) Admit(ctx context.Context, c rueidis.Client, k *Keys, a AdmitA
 	return admitted(k, a, s.admit.Exec(ctx, c, keys, args))
 }
 
-// ErrNotReplicated is AdmitWait's answer for an admission that fewer
-// replicas than asked for had received within the wait: a failover now could
-// lose it, so it must not be promised.
-var ErrNotReplicated = errors.New("admission not replicated")
+// ErrNotReplicated is the answer of a write under redis.wait_replicas that
+// fewer replicas than asked for had received within the wait (an admission,
+// a claim, a gateway's release): a failover now could lose it, so nothing
+// may be promised or decided on it. The write itself stands on the master; it
+// is idempotent, and the caller undoes it (an admission) or runs it again.
+var ErrNotReplicated = errors.New("not on enough replicas")
 
 // ErrHoldLost is AdmitHeld's answer for an admission whose purchase-limit
 // hold in another bucket was gone when it came to keep it (that bucket's
@@ -395,12 +397,26 @@ func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderI
 		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
 	}
 	sid := strconv.FormatUint(orderID, 10)
-	res, err := s.release.Exec(ctx, c,
+	// A gateway's release (its answer is a 503, or a 202 if the order was
+	// claimed) under redis.wait_replicas is answered only once the replicas
+	// have it: a failover that lost the tombstone or the release would let
+	// the backend claim and confirm the order its buyer was told 503 for.
+	w := replication{}
+	if mode == ReleaseGateway {
+		w = s.wait
+	}
+	raw, acked, err := execWait(ctx, c, s.release,
 		append([]string{stock, k.Users, k.Resv, k.Orders, k.Idem, k.giveBack(), k.Epoch}, wkeys...),
-		append([]string{sid, mode, reason, region, away, k.callerEpoch()}, windows...),
-	).ToArray()
+		append([]string{sid, mode, reason, region, away, k.callerEpoch()}, windows...), w)
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
+	}
+	res, err := raw.ToArray()
+	if err != nil {
+		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w", k.Sale, orderID, err)
+	}
+	if !acked {
+		return ReleaseResult{}, fmt.Errorf("release %s/%d: %w: fewer than %d replicas within %v", k.Sale, orderID, ErrNotReplicated, w.replicas, w.timeout)
 	}
 	if away != "" {
 		// The charges counted in other buckets, left in the give-backs by the
@@ -453,9 +469,19 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 	for i, id := range ids {
 		args[i] = strconv.FormatUint(id, 10)
 	}
-	out, err := s.claim.Exec(ctx, c, []string{k.Orders, k.Meta}, args).AsStrSlice()
+	// Under redis.wait_replicas the claim is decided on only once the
+	// replicas have it: a failover that lost it would let a gateway whose
+	// publish timed out release the order (503) that MySQL then confirms.
+	r, acked, err := execWait(ctx, c, s.claim, []string{k.Orders, k.Meta}, args, s.wait)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", k.Sale, err)
+	}
+	out, err := r.AsStrSlice()
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", k.Sale, err)
+	}
+	if !acked {
+		return nil, fmt.Errorf("claim %s: %w: fewer than %d replicas within %v", k.Sale, ErrNotReplicated, s.wait.replicas, s.wait.timeout)
 	}
 	if len(out) != len(ids) {
 		return nil, fmt.Errorf("claim %s: %d answers for %d orders", k.Sale, len(out), len(ids))
@@ -771,6 +797,37 @@ func Order(ctx context.Context, c rueidis.Client, k *Keys, id uint64) (flashgate
 	}
 	o, err := DecodeRecord(k.Sale, id, v)
 	return o, err == nil, err
+}
+
+// MetaRebuilt is the field of a tag's meta that says when its books were
+// last rebuilt (backend/rebuild.go): unix milliseconds by the clock of the
+// tag's master, read after the rebuild's fence. Every order admitted on the
+// tag after that moment has its record in the tag's orders hash.
+const MetaRebuilt = "rebuilt"
+
+// OrderSince is Order on a buyer's home tag k, with, in the same round trip,
+// when the tag was last rebuilt (MetaRebuilt): the zero time when the tag is
+// not warm, or its books were not made by a rebuild that recorded the time.
+func OrderSince(ctx context.Context, c rueidis.Client, k *Keys, id uint64) (o flashgate.Order, ok bool, rebuilt time.Time, err error) {
+	rs := c.DoMulti(ctx,
+		c.B().Hget().Key(k.Orders).Field(strconv.FormatUint(id, 10)).Build(),
+		c.B().Hget().Key(k.Meta).Field(MetaRebuilt).Build())
+	switch at, err := rs[1].AsInt64(); {
+	case rueidis.IsRedisNil(err):
+	case err != nil:
+		return o, false, rebuilt, err
+	default:
+		rebuilt = time.UnixMilli(at).UTC()
+	}
+	v, err := rs[0].ToString()
+	if rueidis.IsRedisNil(err) {
+		return o, false, rebuilt, nil
+	}
+	if err != nil {
+		return o, false, rebuilt, err
+	}
+	o, err = DecodeRecord(k.Sale, id, v)
+	return o, err == nil, rebuilt, err
 }
 
 // Reservations reads every open reservation of the sale (admitted, not settled).

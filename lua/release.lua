@@ -45,6 +45,12 @@ if mode == 'gateway' and st == 'processing' then
 end
 local rec = redis.call('HGET', KEYS[3], id)
 if (st ~= 'pending' and st ~= 'processing') or not rec then
+  if mode == 'gateway' and st == 'released' then
+    -- Written again, unchanged: under redis.wait_replicas the WAIT after this
+    -- call then covers the release itself, and a replay's 503 of this order
+    -- is final (a failover cannot bring the order back, pending).
+    redis.call('HSET', KEYS[4], id, ord)
+  end
   return {'already', st}
 end
 local user, qty, region, idem = string.match(rec, '^([^|]*)|([^|]*)|([^|]*)|[^|]*|[^|]*|([^|]*)')

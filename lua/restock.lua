@@ -11,8 +11,8 @@
 -- A charge counted in another bucket (docs/buckets.md) is not undone here: it goes into
 -- the give-backs hash under the order id, in the same step, for lua.giveBack.
 -- Returns one word per order:
---   'restocked'  its units went back now: stock up, the buyer's counter down, the
---                reservation (if any) gone
+--   'restocked'  its units went back now: stock up, the buyer's counter down (not for
+--                a buyer's cancel: see below), the reservation (if any) gone
 --   'already'    they went back before: this script ran for the order, or the order
 --                failed and release.lua gave them back
 --   'unknown'    Redis had no record of the order (it lost its data): its counters
@@ -23,6 +23,11 @@
 -- joins the restocked set. Called from an older epoch than the tag's (a rebuild
 -- counted the cancels already, restocked set included), it answers {'fenced'}
 -- and writes nothing.
+--
+-- A buyer's cancel gives the units back to sale, not the buyer's quota: the counter
+-- in users stays as it was until the sale is over, as MySQL's user_purchases does
+-- (mysql.ReturnUnits), so that one account cannot buy, cancel and buy again, handing
+-- unit after unit to a waiting account. An expiry (the buyer never paid) gives both.
 --
 -- Whether the units went back is the restocked set's word, not the record's: the
 -- backend's confirm.lua rewrites records from MySQL (a redelivery of a canceled
@@ -82,7 +87,7 @@ for j = 1, n do
   local id = ARGV[i]
   if words[j] == 'restocked' then
     redis.call('INCRBY', KEYS[tonumber(ARGV[i + 1])], qtys[j])
-    if redis.call('HINCRBY', KEYS[1], users[j], -qtys[j]) <= 0 then
+    if ARGV[i + 3] ~= 'canceled' and redis.call('HINCRBY', KEYS[1], users[j], -qtys[j]) <= 0 then
       redis.call('HDEL', KEYS[1], users[j])
     end
     for _, u in ipairs(undos[j]) do

@@ -42,10 +42,11 @@ const (
 	LimitSale                  // per sale admission rate
 	LimitInflight              // max_inflight concurrent requests
 	LimitConns                 // connection limits
+	LimitView                  // per JWT subject rate of order reads
 	numLimits
 )
 
-var limitNames = [numLimits]string{"ip", "user", "sale", "inflight", "conns"}
+var limitNames = [numLimits]string{"ip", "user", "sale", "inflight", "conns", "view"}
 
 // String is the limit's label value; an out-of-range limit is "other".
 func (l Limit) String() string {

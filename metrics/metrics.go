@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,7 +83,10 @@ func seconds(d time.Duration) float64 { return d.Seconds() }
 // Profiles expose internals (command line, heap contents, goroutine stacks):
 // serve it only on a loopback or otherwise private admin port, behind the admin
 // token where there is one. The CPU profile and the trace run for ?seconds=
-// (default 30); pprof extends the server's write deadline by as much.
+// (default 30); pprof extends the server's write deadline by as much. A
+// ?seconds= over MaxPprofSeconds is refused 400 before anything starts: a
+// profile of an hour would hold a connection, and the CPU profiler, for that
+// hour.
 //
 // (Importing net/http/pprof also registers these routes on
 // http.DefaultServeMux; flashgate never serves that mux.)
@@ -93,5 +97,16 @@ func PprofHandler() http.Handler {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.FormValue("seconds"); v != "" { // what pprof reads
+			if s, err := strconv.ParseFloat(v, 64); err != nil || !(s <= MaxPprofSeconds) {
+				http.Error(w, "seconds: at most "+strconv.Itoa(MaxPprofSeconds), http.StatusBadRequest)
+				return
+			}
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
+
+// MaxPprofSeconds bounds pprof's ?seconds= (CPU profile, trace, delta profiles).
+const MaxPprofSeconds = 60

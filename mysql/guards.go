@@ -170,8 +170,9 @@ func RollbackOrder(ctx context.Context, tx Querier) error {
 
 // ReturnUnits cancels orders (confirmed, locked, of sale, whose row the
 // caller holds) with reason and takes their units off sales.sold,
-// sale_regions.sold, user_purchases.units and limit_usage.used, in the
-// writer's order: sales, regions, users, limits, orders.
+// sale_regions.sold, user_purchases.units (not for a buyer's cancel) and
+// limit_usage.used, in the writer's order: sales, regions, users, limits,
+// orders.
 func ReturnUnits(ctx context.Context, tx Querier, sale string, orders []flashgate.Order, reason string, now time.Time) error {
 	var units int64
 	regions := map[string]int64{}
@@ -195,8 +196,13 @@ func ReturnUnits(ctx context.Context, tx Querier, sale string, orders []flashgat
 	if err := returnSold(ctx, tx, sale, units, regions, now); err != nil {
 		return err
 	}
-	if err := returnBuyers(ctx, tx, sale, users); err != nil {
-		return err
+	// A buyer's cancel keeps the buyer's quota taken for the rest of the sale
+	// (lua/restock.lua does the same in Redis): the units go back on sale,
+	// the buyer does not get to buy them again.
+	if reason != flashgate.ReasonCanceled {
+		if err := returnBuyers(ctx, tx, sale, users); err != nil {
+			return err
+		}
 	}
 	if err := uncharge(ctx, tx, sale, usage); err != nil {
 		return err

@@ -26,7 +26,9 @@ type Ledger struct {
 	// without regions; a region live orders name that the sale lacks has a
 	// zero total).
 	Regions map[string]*RegionLedger
-	// Buyers holds each buyer's live units and user_purchases.units.
+	// Buyers holds each buyer's live units, user_purchases.units and, in
+	// Kept, the units of the orders the buyer canceled: their quota is not
+	// given back (mysql.ReturnUnits), so user_purchases counts them too.
 	Buyers map[string]*Counted
 	// Usage holds, per purchase-limit counter, what live orders charge it and
 	// limit_usage.used.
@@ -36,8 +38,9 @@ type Ledger struct {
 // RegionLedger is one region's counters and live units.
 type RegionLedger struct{ Total, Sold, Live int64 }
 
-// Counted is a counter's value and what the live orders say it should be.
-type Counted struct{ Live, Counted int64 }
+// Counted is a counter's value and what the live orders say it should be
+// (with Kept: a buyer's, the units of orders they canceled).
+type Counted struct{ Live, Kept, Counted int64 }
 
 // SaleLedger reads the sale's ledger (no locks: exact once the system has
 // drained). ErrSaleNotFound for a sale MySQL does not know.
@@ -123,6 +126,26 @@ func (l *Ledger) readBuyers(ctx context.Context, db Querier, sale string) error 
 		err := rows.Scan(&u, &c.Live)
 		l.Buyers[u] = c
 		return err
+	})
+	if err != nil {
+		return err
+	}
+	rows, err = db.QueryContext(ctx, `SELECT user_id, SUM(quantity) FROM orders
+		WHERE sale_id = ? AND status = ? AND reason = ? GROUP BY user_id`, sale, flashgate.OrderCanceled, flashgate.ReasonCanceled)
+	if err != nil {
+		return err
+	}
+	err = scanRows(rows, func() error {
+		var u string
+		var kept int64
+		if err := rows.Scan(&u, &kept); err != nil {
+			return err
+		}
+		if l.Buyers[u] == nil {
+			l.Buyers[u] = &Counted{}
+		}
+		l.Buyers[u].Kept = kept
+		return nil
 	})
 	if err != nil {
 		return err

@@ -121,7 +121,8 @@ func TestGuardsAndLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	l = mustLedger(t, db, s.ID)
-	if l.Sold != 1 || l.Regions["a"].Sold != 1 || l.Buyers["u1"].Counted != 0 || l.Buyers["u1"].Live != 0 {
+	// The buyer's cancel: the units go back, the buyer's quota stays counted (and Kept says why).
+	if l.Sold != 1 || l.Regions["a"].Sold != 1 || l.Buyers["u1"].Counted != 2 || l.Buyers["u1"].Live != 0 || l.Buyers["u1"].Kept != 2 {
 		t.Errorf("ledger after the cancel: sold %d, region a %+v, u1 %+v", l.Sold, *l.Regions["a"], *l.Buyers["u1"])
 	}
 	if st, err := OrderStateOf(c, db, s.ID, 1); err != nil || st.Status != flashgate.OrderCanceled || st.Reason != flashgate.ReasonCanceled {

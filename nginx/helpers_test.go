@@ -73,7 +73,13 @@ type opts struct {
 	gateways    []string
 	rate, burst int
 	conn        int
-	readTimeout string
+	bodyConn    int // purchases in flight per client (NGINX_BODY_CONN)
+	// the per-network tier (an IPv6 /48): NGINX_NET_RATE, _BURST, _CONN, _BODY_CONN
+	netRate, netBurst, netConn, netBodyConn int
+	readTimeout                             string
+	// clientHeader: nginx takes the client's address from this request header (the realip
+	// module, trusting 127.0.0.1), so that a test on loopback can be any client, IPv6 too.
+	clientHeader string
 	// status adds, for the test only, a server on a port of its own answering nginx's counters
 	// (the stub_status module): edge.writing reads them.
 	status bool
@@ -140,6 +146,18 @@ func startNginx(t testing.TB, o opts) *edge {
 	if o.conn == 0 {
 		o.conn = 32
 	}
+	if o.bodyConn == 0 {
+		o.bodyConn = 8
+	}
+	if o.netRate == 0 {
+		o.netRate, o.netBurst = 320, 640
+	}
+	if o.netConn == 0 {
+		o.netConn = 512
+	}
+	if o.netBodyConn == 0 {
+		o.netBodyConn = 128
+	}
 	if o.readTimeout == "" {
 		o.readTimeout = "5s"
 	}
@@ -159,10 +177,16 @@ func startNginx(t testing.TB, o opts) *edge {
 		e.base = "http://" + e.addr
 		conf := render(t, "nginx.conf", map[string]string{
 			"NGINX_LISTEN":             e.addr,
+			"NGINX_LISTEN_EXTRA":       "",
 			"NGINX_UPSTREAM_SERVERS":   strings.Join(servers, "\n"),
 			"NGINX_RATE":               strconv.Itoa(o.rate),
 			"NGINX_BURST":              strconv.Itoa(o.burst),
 			"NGINX_CONN":               strconv.Itoa(o.conn),
+			"NGINX_BODY_CONN":          strconv.Itoa(o.bodyConn),
+			"NGINX_NET_RATE":           strconv.Itoa(o.netRate),
+			"NGINX_NET_BURST":          strconv.Itoa(o.netBurst),
+			"NGINX_NET_CONN":           strconv.Itoa(o.netConn),
+			"NGINX_NET_BODY_CONN":      strconv.Itoa(o.netBodyConn),
 			"NGINX_READ_TIMEOUT":       o.readTimeout,
 			"NGINX_HTML":               html,
 			"NGINX_LOG_DIR":            e.dir,
@@ -177,6 +201,12 @@ func startNginx(t testing.TB, o opts) *edge {
 			e.status = "http://" + statusAddr + "/status"
 			end := strings.LastIndex(conf, "}")
 			conf = conf[:end] + "    server {\n        listen " + statusAddr + ";\n        location = /status { stub_status; }\n    }\n}\n"
+		}
+		if o.clientHeader != "" {
+			// First in the http block: every server's requests then come "from" the header's
+			// address, as they would from a real client of it (the limits key on it).
+			i := strings.Index(conf, "\nhttp {\n") + len("\nhttp {\n")
+			conf = conf[:i] + "    set_real_ip_from 127.0.0.1;\n    real_ip_header " + o.clientHeader + ";\n" + conf[i:]
 		}
 		if err := os.WriteFile(filepath.Join(e.dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
 			t.Fatal(err)

@@ -39,11 +39,16 @@ func TestConfigTest(t *testing.T) {
 		{"defaults", nil, []string{
 			"listen 127.0.0.1:8000 ", "rate=20r/s;", "burst=40 nodelay;", "limit_conn per_ip_conn 32;",
 			"server 127.0.0.1:8080 max_fails=3 fail_timeout=5s;", "proxy_read_timeout 5s;",
-			"worker_rlimit_nofile ", "worker_connections ", "limit_conn per_ip_body 8;"}},
+			"worker_rlimit_nofile ", "worker_connections ", "limit_conn per_ip_body 8;",
+			"zone=per_net:10m rate=320r/s;", "zone=per_net burst=640 nodelay;", "limit_conn per_net_conn 512;",
+			"limit_conn per_net_body 128;", "client_max_body_size 1k;"}},
 		{"overrides", []string{"NGINX_RATE=7", "NGINX_BURST=3", "NGINX_CONN=9", "NGINX_READ_TIMEOUT=2s",
-			"NGINX_GATEWAYS=127.0.0.1:9001,127.0.0.1:9002"}, []string{
+			"NGINX_GATEWAYS=127.0.0.1:9001,127.0.0.1:9002", "NGINX_BODY_CONN=64", "NGINX_NET_RATE=70",
+			"NGINX_NET_BURST=30", "NGINX_NET_CONN=90", "NGINX_NET_BODY_CONN=640"}, []string{
 			"rate=7r/s;", "burst=3 nodelay;", "limit_conn per_ip_conn 9;", "proxy_read_timeout 2s;",
-			"server 127.0.0.1:9001 max_fails=3", "server 127.0.0.1:9002 max_fails=3"}},
+			"server 127.0.0.1:9001 max_fails=3", "server 127.0.0.1:9002 max_fails=3",
+			"limit_conn per_ip_body 64;", "zone=per_net:10m rate=70r/s;", "zone=per_net burst=30 nodelay;",
+			"limit_conn per_net_conn 90;", "limit_conn per_net_body 640;"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -82,14 +87,17 @@ func TestConfigTest(t *testing.T) {
 			}
 		})
 	}
-	t.Run("bad value refused", func(t *testing.T) {
-		cmd := exec.Command("bash", "../scripts/stack.sh", "nginx-conf", filepath.Join(t.TempDir(), "x.conf"))
-		cmd.Env = append(envWithoutNginx(), "NGINX_RATE=20r/s")
-		out, err := cmd.CombinedOutput()
-		if err == nil || !strings.Contains(string(out), "NGINX_RATE") {
-			t.Fatalf("NGINX_RATE=20r/s accepted: %v\n%s", err, out)
-		}
-	})
+	for _, bad := range []string{"NGINX_RATE=20r/s", "NGINX_BURST=0", "NGINX_BODY_CONN=0", "NGINX_NET_RATE=x",
+		"NGINX_NET_BURST=-1", "NGINX_NET_CONN=65536", "NGINX_NET_BODY_CONN=8k"} {
+		t.Run("bad value refused "+bad, func(t *testing.T) {
+			cmd := exec.Command("bash", "../scripts/stack.sh", "nginx-conf", filepath.Join(t.TempDir(), "x.conf"))
+			cmd.Env = append(envWithoutNginx(), bad)
+			out, err := cmd.CombinedOutput()
+			if name, _, _ := strings.Cut(bad, "="); err == nil || !strings.Contains(string(out), name) {
+				t.Fatalf("%s accepted: %v\n%s", bad, err, out)
+			}
+		})
+	}
 }
 
 // envWithoutNginx is the environment without the caller's NGINX_* settings, nor its
@@ -401,8 +409,8 @@ func TestRetries(t *testing.T) {
 	})
 }
 
-// TestLimits: bodies and headers over nginx's limits get JSON answers from nginx, and bodies
-// between the gateway's 1 KiB and nginx's 16 KiB get the gateway's own 413.
+// TestLimits: bodies and headers over nginx's limits get JSON answers from nginx. nginx's body
+// limit is the gateway's (1 KiB): a body over it is nginx's 413, one of 1 KiB goes through.
 func TestLimits(t *testing.T) {
 	g := startGateway(t, nil)
 	e := startNginx(t, opts{gateways: []string{g.g.Addr()}})
@@ -419,8 +427,13 @@ func TestLimits(t *testing.T) {
 	mid := []byte(`{"quantity":1,"region":"` + strings.Repeat("x", 2<<10) + `"}`)
 	r = do(t, "POST", url, tok, mid, nil)
 	wantError(t, r, 413, string(flashgate.CodeBodyTooLarge))
-	if r.JSON["message"] == nginxMsg {
-		t.Errorf("a 2 KiB body: want the gateway's 413, got nginx's %s", r.Raw)
+	if r.JSON["message"] != nginxMsg {
+		t.Errorf("a 2 KiB body: want nginx's 413, got %s", r.Raw)
+	}
+	pad := `{"quantity":1,"region":"`
+	kib := []byte(pad + strings.Repeat("x", 1024-len(pad)-2) + `"}`)
+	if r = do(t, "POST", url, tok, kib, nil); r.Status == 413 || len(kib) != 1024 {
+		t.Errorf("a body of %d bytes: %d %s, want the gateway's answer (a 400: no such region)", len(kib), r.Status, r.Raw)
 	}
 
 	res, body := rawRequest(t, e.addr, "GET /v1/sales/"+g.sale.ID+" HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("y", 9000)+"\r\n\r\n")

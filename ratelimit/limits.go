@@ -10,12 +10,16 @@ import (
 
 // Limits are the gateway's limits, retuned as a whole by Apply.
 type Limits struct {
-	IP       *Keyed
-	User     *Keyed
-	Sale     *Keyed
-	inflight atomic.Int64
-	maxIn    atomic.Int64
-	global   atomic.Bool
+	IP *Keyed
+	// Net is the per-IPv6-/48 tier above IP.
+	Net  *Keyed
+	User *Keyed
+	Sale *Keyed
+	// OrderView limits a buyer's GETs of orders (per_user_view; always local).
+	OrderView *Keyed
+	inflight  atomic.Int64
+	maxIn     atomic.Int64
+	global    atomic.Bool
 	// Denied remembers the keys the fleet-wide limits refused (global mode).
 	Denied *DenyCache
 
@@ -32,9 +36,11 @@ type Limits struct {
 // New builds the limits of cfg; keyed limiters hold at most maxKeys keys each.
 func New(cfg config.RateLimit, maxKeys int, source string) *Limits {
 	l := &Limits{
-		IP:   NewKeyed(cfg.PerIP, maxKeys),
-		User: NewKeyed(cfg.PerUser, maxKeys),
-		Sale: NewKeyed(cfg.PerSale, maxKeys),
+		IP:        NewKeyed(cfg.PerIP, maxKeys),
+		Net:       NewKeyed(cfg.PerNet, maxKeys),
+		User:      NewKeyed(cfg.PerUser, maxKeys),
+		Sale:      NewKeyed(cfg.PerSale, maxKeys),
+		OrderView: NewKeyed(cfg.PerUserView, maxKeys),
 		// The refusals of the fleet-wide limits: one key per user or sale
 		// over its limit, for at most a wait each.
 		Denied: NewDenyCache(maxKeys),
@@ -56,8 +62,10 @@ func (l *Limits) Apply(cfg config.RateLimit, source string) error {
 
 func (l *Limits) apply(cfg config.RateLimit, source string) {
 	l.IP.SetRate(cfg.PerIP)
+	l.Net.SetRate(cfg.PerNet)
 	l.User.SetRate(cfg.PerUser)
 	l.Sale.SetRate(cfg.PerSale)
+	l.OrderView.SetRate(cfg.PerUserView)
 	l.maxIn.Store(int64(cfg.MaxInflight))
 	l.global.Store(cfg.Global())
 	l.mu.Lock()
@@ -125,7 +133,7 @@ func (l *Limits) View() View {
 	}
 	l.mu.Unlock()
 	v.Inflight = l.Inflight()
-	v.Keys = map[string]int{"ip": l.IP.Len(), "user": l.User.Len(), "sale": l.Sale.Len()}
+	v.Keys = map[string]int{"ip": l.IP.Len(), "net": l.Net.Len(), "user": l.User.Len(), "sale": l.Sale.Len(), "view": l.OrderView.Len()}
 	return v
 }
 
@@ -133,7 +141,9 @@ func (l *Limits) View() View {
 func (l *Limits) Sweep(now time.Time) {
 	n := now.UnixNano()
 	l.IP.Sweep(n)
+	l.Net.Sweep(n)
 	l.User.Sweep(n)
 	l.Sale.Sweep(n)
+	l.OrderView.Sweep(n)
 	l.Denied.Sweep(n)
 }

@@ -565,19 +565,19 @@ stop_edge() {
 if ((SOLD_OUT)); then
 	mkdir -p "$EDGE_PREFIX/tmp" "$EDGE_PREFIX/log"
 	# shellcheck disable=SC2016 # literal ${...}: the names envsubst may substitute
-	NGINX_LISTEN="127.0.0.1:$EDGE_PORT" NGINX_UPSTREAM_SERVERS="        server 127.0.0.1:$GW_PORT max_fails=3 fail_timeout=5s;" \
-		NGINX_RATE=1000000 NGINX_BURST=1000000 NGINX_CONN=65535 NGINX_READ_TIMEOUT=5s NGINX_HTML="$ROOT/nginx/html" \
+	NGINX_LISTEN="127.0.0.1:$EDGE_PORT" NGINX_LISTEN_EXTRA="" NGINX_UPSTREAM_SERVERS="        server 127.0.0.1:$GW_PORT max_fails=3 fail_timeout=5s;" \
+		NGINX_RATE=1000000 NGINX_BURST=1000000 NGINX_CONN=65535 NGINX_BODY_CONN=65535 NGINX_READ_TIMEOUT=5s NGINX_HTML="$ROOT/nginx/html" \
+		NGINX_NET_RATE=1000000 NGINX_NET_BURST=1000000 NGINX_NET_CONN=65535 NGINX_NET_BODY_CONN=65535 \
 		NGINX_LOG_DIR="$EDGE_PREFIX/log" NGINX_PID="$EDGE_PID" NGINX_MARKS="$EDGE_MARKS" NGINX_RLIMIT_NOFILE="$hard" NGINX_WORKER_CONNECTIONS=$(((hard - 64) / 2)) \
-		envsubst '${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS} ${NGINX_MARKS}' \
-		<"$ROOT/nginx/nginx.conf" | sed -E 's/limit_conn per_ip_body [0-9]+;/limit_conn per_ip_body 65535;/' >"$EDGE_PREFIX/nginx.conf"
-	grep -q 'limit_conn per_ip_body 65535;' "$EDGE_PREFIX/nginx.conf" || die "nginx/nginx.conf has no 'limit_conn per_ip_body N;' for the bench to lift"
+		envsubst '${NGINX_LISTEN} ${NGINX_LISTEN_EXTRA} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_BODY_CONN} ${NGINX_NET_RATE} ${NGINX_NET_BURST} ${NGINX_NET_CONN} ${NGINX_NET_BODY_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS} ${NGINX_MARKS}' \
+		<"$ROOT/nginx/nginx.conf" >"$EDGE_PREFIX/nginx.conf"
 	eg=""
 	[[ "$(id -u)" == 0 ]] && eg="user root root;"
 	edge_args=(-p "$EDGE_PREFIX/" -c "$EDGE_PREFIX/nginx.conf" -e "$EDGE_PREFIX/log/nginx-error.log")
 	[[ -n "$eg" ]] && edge_args+=(-g "$eg")
 	if nginx "${edge_args[@]}" -t -q 2>>"$LOG/nginx-bench-error.log" && nginx "${edge_args[@]}" &&
 		wait_for 10 tcp_open "$EDGE_PORT"; then
-		echo "# nginx/nginx.conf rendered as scripts/stack.sh does, with NGINX_RATE=1000000 NGINX_BURST=1000000 NGINX_CONN=65535 and per_ip_body 65535 (one load-tool address)" >>"$OUT/refusals_nginx.cmd"
+		echo "# nginx/nginx.conf rendered as scripts/stack.sh does, with NGINX_RATE=1000000 NGINX_BURST=1000000 NGINX_CONN=65535 NGINX_BODY_CONN=65535 and the NGINX_NET_* as high (one load-tool address)" >>"$OUT/refusals_nginx.cmd"
 		note refusals_nginx nginx "${edge_args[@]}"
 		gwb="$(gw_purchases)"
 		cpu_snap refusals_nginx before "$EDGE_PID"

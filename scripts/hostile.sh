@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The hostile-client suite (`make hostile`): bench/hostile plays slowloris, silent connections,
-# slow bodies, pipelining, connection churn, request smuggling, oversized bodies and fd
+# slow bodies, pipelining, connection churn, request smuggling, oversized bodies, junk commands (a
+# buyer's cancels of made-up order ids beside real payments, gateway port only) and fd
 # exhaustion against the gateway's port (:8080) and nginx's (:8000) of the local stack, with a
 # probe beside each attack, and prints one line per attack and port, then its targets:
 #   target <name>: <figure> (goal <goal>) met|missed
@@ -14,7 +15,8 @@
 #
 # Environment: HOSTILE_DURATION (12s: each attack), HOSTILE_ARGS (more flags for bench/hostile,
 # e.g. "--attacks smuggling,oversize --ports nginx"; `bin/hostile -h` lists them),
-# HOSTILE_STRICT=1 (exit 1 when a target is missed), STACK_CONFIG (configs/flashgate.yaml), GO,
+# HOSTILE_STRICT=1 (exit 1 when a target is missed), HOSTILE_SLOW_BODY_NET (fd66:6c61:7465:1::/64:
+# the /64 the slow bodies through nginx come from), STACK_CONFIG (configs/flashgate.yaml), GO,
 # STACK_PORT_OFFSET (the stack's ports: nginx 8000 + offset, the gateway 8080 + offset).
 set -euo pipefail
 
@@ -58,10 +60,14 @@ mkdir -p "$LOG" "$OUT"
 
 STARTED_APPS=()
 SALE=""
+ROUTE_ADDED=""
 cleanup() {
 	local rc=$?
 	if [[ -n "$SALE" ]]; then
 		"$BIN" sale close --config "$CONFIG" "$SALE" >>"$LOG/hostile.log" 2>&1 || true
+	fi
+	if [[ -n "$ROUTE_ADDED" ]]; then
+		ip -6 route del local "$ROUTE_ADDED" dev lo 2>/dev/null || true
 	fi
 	if ((${#STARTED_APPS[@]})); then
 		say "stopping what this run started: ${STARTED_APPS[*]}"
@@ -93,15 +99,37 @@ fi
 . "$ROOT/var/secrets.env"
 
 SALE="hostile-$(date +%s)"
-"$BIN" sale create --config "$CONFIG" --id "$SALE" --total 1000000 --per-user-limit 1 --starts-at now --duration 1h \
+# It opens 15 s after it is created (and warmed), as a real sale opens after its warm: the junk
+# commands' made-up ids then all fall where the buyers' records decide (docs/hostile.md).
+"$BIN" sale create --config "$CONFIG" --id "$SALE" --total 1000000 --per-user-limit 1 --price-cents 100 --starts-at +15s --duration 1h \
 	>>"$LOG/hostile.log" 2>&1 || die "creating sale $SALE failed" "$LOG/hostile.log"
 say "sale $SALE created; gateway pid $(cat var/run/gateway.pid 2>/dev/null || echo ?), open-file limit $(awk '/Max open files/ {print $4}' "/proc/$(cat var/run/gateway.pid 2>/dev/null || echo self)/limits" 2>/dev/null || echo ?)"
+
+# The slow bodies through nginx come from 2,000 addresses of one IPv6 /64 (one host's block) to
+# nginx's [::1] port: the /64 is routed to lo (a "local" route: every address of it is this
+# host's, none configured), which takes root (CAP_NET_ADMIN). Without it they come from IPv4
+# loopback addresses, as every other attack's.
+SLOW_NET="${HOSTILE_SLOW_BODY_NET:-fd66:6c61:7465:1::/64}"
+NGINX6=()
+if grep -q "listen \[::1\]:$((8000 + OFFSET)) " var/nginx/nginx.conf 2>/dev/null; then
+	if ip -6 route show table local | grep -q "^local ${SLOW_NET} "; then
+		NGINX6=(--nginx6 "[::1]:$((8000 + OFFSET))" --slow-body-net "$SLOW_NET")
+	elif ip -6 route add local "$SLOW_NET" dev lo 2>>"$LOG/hostile.log"; then
+		ROUTE_ADDED="$SLOW_NET"
+		NGINX6=(--nginx6 "[::1]:$((8000 + OFFSET))" --slow-body-net "$SLOW_NET")
+	fi
+fi
+if ((${#NGINX6[@]})); then
+	say "slow bodies through nginx: from $SLOW_NET to [::1]:$((8000 + OFFSET))"
+else
+	say "slow bodies through nginx: from IPv4 addresses (no IPv6 listener, or 'ip -6 route add local $SLOW_NET dev lo' refused: run as root)"
+fi
 
 NOTE="commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git status --porcelain --untracked-files=no -- . ':!BENCHMARKS.md' ':!bench/hostile-results.json' 2>/dev/null)" ]] || NOTE+=" with local changes"
 # shellcheck disable=SC2086 # HOSTILE_ARGS is a list of flags
-"$TOOL" --sale "$SALE" --nginx "$NGINX_ADDR" --gateway "$GATEWAY_ADDR" --duration "$DURATION" --note "$NOTE" \
-	${HOSTILE_ARGS:-} | tee "$OUT/last.out"
+"$TOOL" --config "$CONFIG" --sale "$SALE" --nginx "$NGINX_ADDR" --gateway "$GATEWAY_ADDR" --duration "$DURATION" --note "$NOTE" \
+	"${NGINX6[@]}" ${HOSTILE_ARGS:-} | tee "$OUT/last.out"
 rc=${PIPESTATUS[0]}
 ((rc == 0)) || exit "$rc"
 if [[ "${HOSTILE_STRICT:-}" == 1 ]] && grep -q '^target .* missed$' "$OUT/last.out"; then

@@ -30,6 +30,8 @@
 #   e.g. REDIS=cluster NATS=cluster GATEWAYS=3 BACKENDS=2 scripts/stack.sh up
 #   scripts/stack.sh nginx-test  render nginx/nginx.conf into var/nginx/nginx.conf and nginx -t it
 #   scripts/stack.sh nginx-conf [OUT]  only render it (into OUT) and print the path
+#   scripts/stack.sh sql [ARGS]  the mariadb client, as root, on the stack's flashgate database
+#                                (e.g. sql -e 'SHOW TRIGGERS'): for drills and debugging only
 #   scripts/stack.sh auth-conf   only generate the secrets and render var/secrets/redis-users.acl
 #                                and var/secrets/nats.conf (the tests start servers with them)
 #
@@ -50,6 +52,9 @@
 # per-IP limits and upstream, see the nginx section), everything else is passed through to the
 # app processes unchanged (but for their logins, which are their role's).
 set -euo pipefail
+# Everything the stack writes (Redis's append-only files and dumps, MariaDB's and NATS's data, the
+# logs, the secrets) is its operator's alone: files 0600, directories 0700.
+umask 077
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VAR="${STACK_VAR:-$ROOT/var}"
@@ -147,9 +152,10 @@ apps_nats_url() {
 # The stack's shape differs from the defaults (the apps are then told where things are).
 shaped() { [[ "$REDIS_MODE" != single || "$NATS_MODE" != single || $N_GATEWAYS != 1 || $N_BACKENDS != 1 ]]; }
 
-# prometheus brings promtool (the alert rules' tests), chromium the live view's browser test
+# prometheus brings promtool (the alert rules' tests), chromium the live view's browser test, spin
+# the protocol's model checker (make verify)
 # (docs/observability.md).
-DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev prometheus chromium)
+DEB_PACKAGES=(redis-server redis-tools mariadb-server mariadb-client nats-server nginx gettext-base wrk curl gcc libc6-dev prometheus chromium spin)
 
 # Where Debian puts the daemons (/usr/sbin is not on every PATH).
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin"
@@ -178,7 +184,12 @@ need() {
 	done
 }
 
-mkdirs() { mkdir -p "$RUN" "$LOG" "$@"; }
+mkdirs() {
+	mkdir -p "$RUN" "$LOG" "$@"
+	# A var/ made before the umask above (or by another tool) is closed too: what is under it is
+	# then out of other users' reach whatever its own mode.
+	chmod 700 "$VAR"
+}
 
 # pid_of PIDFILE: print the pid recorded in PIDFILE ("" if none).
 pid_of() {
@@ -285,7 +296,7 @@ cmd_deps() {
 		$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 			-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
 	fi
-	for p in redis-server redis-cli mariadbd mariadb mariadb-install-db mariadb-admin nats-server nginx envsubst wrk curl promtool chromium; do
+	for p in redis-server redis-cli mariadbd mariadb mariadb-install-db mariadb-admin nats-server nginx envsubst wrk curl promtool chromium spin; do
 		command -v "$p" >/dev/null 2>&1 || die "'$p' still missing after installing packages"
 	done
 	local go="${GO:-go}"
@@ -412,7 +423,10 @@ role_env() {
 	migrator) ru=$U_BACKEND rp=$S_REDIS_BACKEND nu=$U_BACKEND np=$S_NATS_BACKEND mu=$U_MIGRATOR mp=$S_MYSQL_MIGRATOR ;;
 	*) die "role_env: unknown role $1" ;;
 	esac
-	printf '%s\n' "FLASHGATE_JWT_SECRET=$S_JWT_SECRET" "FLASHGATE_ADMIN_TOKEN=$S_ADMIN_TOKEN" \
+	# The buyers' token secret: the gateways verify with it, the operator mints with it (flashgate
+	# token); a backend verifies no token and mints none, so it is not given it (docs/security.md).
+	if [[ "$1" != backend ]]; then printf '%s\n' "FLASHGATE_JWT_SECRET=$S_JWT_SECRET"; fi
+	printf '%s\n' "FLASHGATE_ADMIN_TOKEN=$S_ADMIN_TOKEN" \
 		"FLASHGATE_REDIS_USERNAME=$ru" "FLASHGATE_REDIS_PASSWORD=$rp" \
 		"FLASHGATE_NATS_USER=$nu" "FLASHGATE_NATS_PASSWORD=$np" "FLASHGATE_NATS_INBOX_PREFIX=$inbox" \
 		"FLASHGATE_MYSQL_DSN=$(mysql_dsn "$mu" "$mp")"
@@ -767,14 +781,16 @@ mysql_users() {
 		done < <(mysql_cli_nopass -N -e "SELECT CONCAT(QUOTE(user), '@', QUOTE(host)) FROM mysql.user WHERE user = 'root'")
 		# --force: an account of another host name (root@<hostname>, which --skip-name-resolve
 		# ignores) may refuse; what counts is that root logs in with the password afterwards.
-		mysql_cli_nopass --force -e "$q FLUSH PRIVILEGES" >>"$LOG/mariadb-users.log" 2>&1 || true
+		# The statements carry passwords: on stdin, never on a command line (ps shows those to
+		# every user of the host).
+		printf '%s\n' "$q FLUSH PRIVILEGES;" | mysql_cli_nopass --force >>"$LOG/mariadb-users.log" 2>&1 || true
 		mysql_cli -e 'select 1' >/dev/null 2>&1 || die "cannot set MariaDB root's password" "$LOG/mariadb-users.log"
 	fi
 	q=""
 	while IFS= read -r u; do
 		[[ -n "$u" ]] && q+="DROP USER $u;"
 	done < <(mysql_cli -N -e "SELECT CONCAT(QUOTE(user), '@', QUOTE(host)) FROM mysql.user WHERE user = ''")
-	mysql_cli -e "$q" || die "cannot drop MariaDB's anonymous users" "$LOG/mariadb.log"
+	printf '%s\n' "$q" | mysql_cli || die "cannot drop MariaDB's anonymous users" "$LOG/mariadb.log"
 	# The role accounts and their grants (roles/roles.go), on stdin: no password on a command line.
 	# The tests' databases (fgtest_*) get the same rights, so that a test runs a backend with the
 	# backend's login.
@@ -834,14 +850,16 @@ mysql_down() {
 # nginx
 #
 # nginx/nginx.conf is a template: nginx_render fills in the ${NGINX_*} names (and only those)
-# with envsubst and writes var/nginx/nginx.conf, which is what nginx runs. The per-IP limits and
-# the gateways can be set from the environment:
-#   NGINX_RATE=20 NGINX_BURST=40 NGINX_CONN=32 NGINX_READ_TIMEOUT=5s
+# with envsubst and writes var/nginx/nginx.conf, which is what nginx runs. The per-client limits
+# (a client: an IPv4 address or an IPv6 /64), the per-network ones (an IPv6 /48) and the
+# gateways can be set from the environment (docs/hostile.md, "nginx's connection settings"):
+#   NGINX_RATE=20 NGINX_BURST=40 NGINX_CONN=32 NGINX_BODY_CONN=8 NGINX_READ_TIMEOUT=5s
+#   NGINX_NET_RATE=320 NGINX_NET_BURST=640 NGINX_NET_CONN=512 NGINX_NET_BODY_CONN=128
 #   NGINX_GATEWAYS="127.0.0.1:8080 10.0.0.2:8080"   (space or comma separated)
 
 NGINX_PID="$RUN/nginx.pid"
 # shellcheck disable=SC2016 # literal ${...}: the names envsubst may substitute
-NGINX_VARS='${NGINX_LISTEN} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS} ${NGINX_MARKS}'
+NGINX_VARS='${NGINX_LISTEN} ${NGINX_LISTEN_EXTRA} ${NGINX_UPSTREAM_SERVERS} ${NGINX_RATE} ${NGINX_BURST} ${NGINX_CONN} ${NGINX_BODY_CONN} ${NGINX_NET_RATE} ${NGINX_NET_BURST} ${NGINX_NET_CONN} ${NGINX_NET_BODY_CONN} ${NGINX_READ_TIMEOUT} ${NGINX_HTML} ${NGINX_LOG_DIR} ${NGINX_PID} ${NGINX_RLIMIT_NOFILE} ${NGINX_WORKER_CONNECTIONS} ${NGINX_MARKS}'
 
 # nginx_nofile: the open-file limit nginx's workers set themselves (worker_rlimit_nofile): our
 # hard limit, at most 65535 (more buys nothing on one machine's ports).
@@ -857,11 +875,18 @@ nginx_nofile() {
 nginx_render() {
 	local out="$1" rate="${NGINX_RATE:-20}" burst="${NGINX_BURST:-40}" conn="${NGINX_CONN:-32}"
 	local rt="${NGINX_READ_TIMEOUT:-5s}" gws="${NGINX_GATEWAYS:-$(all_gateways)}" servers="" gw
+	local body="${NGINX_BODY_CONN:-8}" nrate="${NGINX_NET_RATE:-320}" nburst="${NGINX_NET_BURST:-640}"
+	local nconn="${NGINX_NET_CONN:-512}" nbody="${NGINX_NET_BODY_CONN:-128}" v
 	local hostport='^[][A-Za-z0-9.:_-]+:[0-9]+$'
 	need envsubst
 	[[ "$rate" =~ ^[1-9][0-9]*$ ]] || die "NGINX_RATE must be a whole number of requests/s > 0, not '$rate'"
-	[[ "$burst" =~ ^[0-9]+$ ]] || die "NGINX_BURST must be a whole number >= 0, not '$burst'"
+	[[ "$burst" =~ ^[1-9][0-9]*$ ]] || die "NGINX_BURST must be a whole number > 0 (nginx refuses burst=0), not '$burst'"
 	{ [[ "$conn" =~ ^[1-9][0-9]*$ ]] && ((conn <= 65535)); } || die "NGINX_CONN must be 1..65535, not '$conn'"
+	[[ "$nrate" =~ ^[1-9][0-9]*$ ]] || die "NGINX_NET_RATE must be a whole number of requests/s > 0, not '$nrate'"
+	[[ "$nburst" =~ ^[1-9][0-9]*$ ]] || die "NGINX_NET_BURST must be a whole number > 0, not '$nburst'"
+	for v in NGINX_BODY_CONN="$body" NGINX_NET_CONN="$nconn" NGINX_NET_BODY_CONN="$nbody"; do
+		{ [[ "${v#*=}" =~ ^[1-9][0-9]*$ ]] && ((${v#*=} <= 65535)); } || die "${v%%=*} must be 1..65535, not '${v#*=}'"
+	done
 	[[ "$rt" =~ ^[1-9][0-9]*(ms|s|m)?$ ]] || die "NGINX_READ_TIMEOUT must be an nginx time such as 5s, not '$rt'"
 	for gw in ${gws//,/ }; do
 		[[ "$gw" =~ $hostport ]] || die "NGINX_GATEWAYS: '$gw' is not host:port"
@@ -873,9 +898,15 @@ nginx_render() {
 	nofile="$(nginx_nofile)"
 	wconns=$(((nofile - 64) / 2))
 	((wconns >= 256)) || die "the open-file hard limit ($nofile) is too low for nginx: raise ulimit -Hn"
+	# IPv6 clients too, on the loopback (make hostile's /64 attack), when the host has ::1.
+	local listen6="        # no IPv6 loopback on this host"
+	if grep -qs '^0\{31\}1 ' /proc/net/if_inet6; then
+		listen6="        listen [::1]:$NGINX_PORT backlog=4096 reuseport;"
+	fi
 	mkdir -p "$(dirname "$out")"
-	NGINX_RLIMIT_NOFILE="$nofile" NGINX_WORKER_CONNECTIONS="$wconns" NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_UPSTREAM_SERVERS="${servers%$'\n'}" \
-		NGINX_RATE="$rate" NGINX_BURST="$burst" NGINX_CONN="$conn" NGINX_READ_TIMEOUT="$rt" \
+	NGINX_RLIMIT_NOFILE="$nofile" NGINX_WORKER_CONNECTIONS="$wconns" NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_LISTEN_EXTRA="$listen6" NGINX_UPSTREAM_SERVERS="${servers%$'\n'}" \
+		NGINX_RATE="$rate" NGINX_BURST="$burst" NGINX_CONN="$conn" NGINX_READ_TIMEOUT="$rt" NGINX_BODY_CONN="$body" \
+		NGINX_NET_RATE="$nrate" NGINX_NET_BURST="$nburst" NGINX_NET_CONN="$nconn" NGINX_NET_BODY_CONN="$nbody" \
 		NGINX_HTML="$ROOT/nginx/html" NGINX_LOG_DIR="$LOG" NGINX_PID="$NGINX_PID" NGINX_MARKS="$NGINX_MARKS_DIR" \
 		envsubst "$NGINX_VARS" <"$NGINX_TEMPLATE" >"$out.tmp.$$" || die "cannot render $NGINX_TEMPLATE"
 	sed -i "1i # GENERATED by scripts/stack.sh from nginx/nginx.conf: edit that file, not this one." "$out.tmp.$$"
@@ -933,7 +964,7 @@ nginx_up() {
 		nginx_prep
 		mapfile -t args < <(nginx_args)
 		nginx "${args[@]}" -t -q 2>>"$LOG/nginx-error.log" || die "nginx config test failed ($NGINX_CONF)" "$LOG/nginx-error.log"
-		say "starting nginx on 127.0.0.1:$NGINX_PORT (per IP: ${NGINX_RATE:-20} r/s, burst ${NGINX_BURST:-40}, ${NGINX_CONN:-32} connections; gateways ${NGINX_GATEWAYS:-$(all_gateways)})"
+		say "starting nginx on 127.0.0.1:$NGINX_PORT (per client: ${NGINX_RATE:-20} r/s, burst ${NGINX_BURST:-40}, ${NGINX_CONN:-32} connections, ${NGINX_BODY_CONN:-8} purchases; per IPv6 /48: ${NGINX_NET_RATE:-320} r/s, burst ${NGINX_NET_BURST:-640}, ${NGINX_NET_CONN:-512}, ${NGINX_NET_BODY_CONN:-128}; gateways ${NGINX_GATEWAYS:-$(all_gateways)})"
 		(cd "$ROOT" && nginx "${args[@]}") || die "nginx failed to start" "$LOG/nginx-error.log"
 	fi
 	wait_for "$TIMEOUT" nginx_ok || die "nginx did not answer on 127.0.0.1:$NGINX_PORT within ${TIMEOUT}s" "$LOG/nginx-error.log"
@@ -1130,6 +1161,11 @@ auth-conf)
 apps-down)
 	shift
 	cmd_apps_down "$@"
+	;;
+sql)
+	shift
+	secrets_load
+	mysql_cli flashgate "$@"
 	;;
 down) cmd_down ;;
 status) cmd_status ;;

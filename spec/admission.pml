@@ -18,8 +18,9 @@
  * its admission and its publish (the orphan is republished by reconcile).
  * The backends take messages from the stream (claim, decide in MySQL under
  * the sale row lock, write back with the epoch), any message at any time
- * (redelivery), and one may die after MySQL decided. Buyer 1 cancels o2 if it is confirmed (an expiry
- * is the same transaction). The leader may rebuild Redis (the one rebuild,
+ * (redelivery), and one may die after MySQL decided. Buyer 1 cancels o2 if
+ * it is confirmed, or it expires (the cancel keeps the buyer's quota, the
+ * expiry gives it back). The leader may rebuild Redis (the one rebuild,
  * with its epoch) at any moment, and Redis may lose all its data once; the
  * gateway that meets the cold sale asks for a rebuild.
  *
@@ -96,6 +97,27 @@ byte xunits;           /* one transfer on the move: units, giver, its epoch */
 byte xfrom;
 byte xepoch;
 
+/* ---- Redis's replicas (redis.wait_replicas): what a failover keeps ----
+ * The replica holds the master's writes up to the last WAIT that succeeded
+ * (sync); a failover makes it the master, losing what came after. Without
+ * replicas (-DNO_REPLICAS) a loss is all of Redis's data at once. */
+#ifndef NO_REPLICAS
+bool r_meta[2];
+byte r_stock[2];
+byte r_ucount[2];
+bool r_resv[NO];
+byte r_rec[NO];
+byte r_idem;
+bool r_restocked[NO];
+byte r_epochKey[2];
+byte r_ph;
+bool r_hold[NO];
+bool r_held[NO];
+byte r_xunits;
+byte r_xfrom;
+byte r_xepoch;
+#endif
+
 /* ---- MySQL and the stream: durable ---- */
 byte st[NO];
 byte sold;
@@ -107,7 +129,12 @@ bool stream[NO];
 /* ---- what the clients were told ---- */
 bool r202[NO];         /* a 202 naming this order */
 bool r503[NO];         /* this order's purchase answered 503 */
-byte kans[2];          /* the keyed purchases' answers: o+1 (202), 100 (503), 101 (4xx) */
+byte kans[2];          /* the keyed purchases' answers: o+1 (202), 100 (503), 101 (4xx), 102 (a replay's 202 of a failed order) */
+
+byte aepoch[NO];       /* the epoch the order was admitted in (its id's time against the last rebuild's) */
+bool unk[NO];          /* its last claim found no record (claim.lua 'unknown') */
+byte cep[NO];          /* the tag's epoch its last claim read */
+bool kept[NO];         /* canceled by its buyer, who keeps the quota (not an expiry) */
 
 byte running;          /* purchases and the cancel, still under way */
 byte lost;             /* Redis losses left */
@@ -118,6 +145,46 @@ bool rbusy;            /* a rebuild is running */
 byte pubs;             /* gateways between an admission and the end of its publish */
 
 #define home(o) ((o) / 2)   /* o0, o1: buyer 0; o2, o3: buyer 1 */
+
+/* copy(a, b): every Redis variable b into a */
+#define copyRedis(A, B) \
+  A##meta[0] = B##meta[0]; A##meta[1] = B##meta[1]; A##stock[0] = B##stock[0]; A##stock[1] = B##stock[1]; \
+  A##ucount[0] = B##ucount[0]; A##ucount[1] = B##ucount[1]; \
+  A##resv[0] = B##resv[0]; A##resv[1] = B##resv[1]; A##resv[2] = B##resv[2]; A##resv[3] = B##resv[3]; \
+  A##rec[0] = B##rec[0]; A##rec[1] = B##rec[1]; A##rec[2] = B##rec[2]; A##rec[3] = B##rec[3]; \
+  A##idem = B##idem; \
+  A##restocked[0] = B##restocked[0]; A##restocked[1] = B##restocked[1]; A##restocked[2] = B##restocked[2]; A##restocked[3] = B##restocked[3]; \
+  A##epochKey[0] = B##epochKey[0]; A##epochKey[1] = B##epochKey[1]; A##ph = B##ph; \
+  A##hold[0] = B##hold[0]; A##hold[1] = B##hold[1]; A##hold[2] = B##hold[2]; A##hold[3] = B##hold[3]; \
+  A##held[0] = B##held[0]; A##held[1] = B##held[1]; A##held[2] = B##held[2]; A##held[3] = B##held[3]; \
+  A##xunits = B##xunits; A##xfrom = B##xfrom; A##xepoch = B##xepoch
+
+#define clearReplica() \
+  r_meta[0] = 0; r_meta[1] = 0; r_stock[0] = 0; r_stock[1] = 0; r_ucount[0] = 0; r_ucount[1] = 0; \
+  r_resv[0] = 0; r_resv[1] = 0; r_resv[2] = 0; r_resv[3] = 0; r_rec[0] = 0; r_rec[1] = 0; r_rec[2] = 0; r_rec[3] = 0; \
+  r_idem = 0; r_restocked[0] = 0; r_restocked[1] = 0; r_restocked[2] = 0; r_restocked[3] = 0; \
+  r_epochKey[0] = 0; r_epochKey[1] = 0; r_ph = 0; r_hold[0] = 0; r_hold[1] = 0; r_hold[2] = 0; r_hold[3] = 0; \
+  r_held[0] = 0; r_held[1] = 0; r_held[2] = 0; r_held[3] = 0; r_xunits = 0; r_xfrom = 0; r_xepoch = 0
+
+/* sync: a WAIT that succeeded (the replica has every write so far) */
+/* Once the one failover has happened the replica no longer matters: it is
+ * left as zeros (a smaller state space). */
+#ifndef NO_REPLICAS
+inline sync() { atomic { if :: lost > 0 -> copyRedis(r_, ) :: else -> skip fi } }
+#else
+inline sync() { skip }
+#endif
+/* waited(ws): the WAIT after a write made when losses was ws succeeds; it
+ * cannot after a failover since (the connection to the old master broke) */
+#ifndef NO_REPLICAS
+inline waited(ws) { atomic { losses == ws -> if :: lost > 0 -> copyRedis(r_, ) :: else -> skip fi } }
+#else
+inline waited(ws) { skip }
+#endif
+
+/* the tag is warm: its meta is there and its epoch is MySQL's (a failover
+ * back to a replica from before a rebuild is not warm: warmer.isWarm) */
+#define warmTag(b) (meta[b] && epochKey[b] == mepoch)
 
 inline lock() { atomic { !mlock -> mlock = true } }
 inline unlock() { mlock = false }
@@ -142,7 +209,7 @@ inline admit(u, o, key, res, rid) {
         :: rec[o] != R_NONE -> res = A_DUPID
         :: rec[o] == R_NONE && (ucount[u] >= LIMIT || stock[u] == 0) -> res = A_REFUSED
         :: else ->
-          stock[u]--; ucount[u]++; resv[o] = true; rec[o] = R_PENDING;
+          stock[u]--; ucount[u]++; resv[o] = true; rec[o] = R_PENDING; aepoch[o] = mepoch;
           if :: key -> idem = o + 1 :: else -> skip fi;
           res = A_OK
         fi
@@ -174,6 +241,23 @@ inline releaseGw(o, rel) {
       rec[o] = R_RELEASED; rel = 0
     fi
   }
+}
+
+/* a gateway's release under redis.wait_replicas (lua.Scripts.Release): its
+ * answer counts only once a WAIT after it succeeded; until then it is run
+ * again (a failover meanwhile may have lost it: the next run decides anew) */
+inline releaseW(o, rel, ws) {
+#if defined(NO_REPLICAS) || defined(BUG_RELEASE_NO_WAIT)
+  releaseGw(o, rel)
+#else
+  do
+  :: atomic { releaseGw(o, rel); ws = losses };
+    if
+    :: waited(ws); break
+    :: skip   /* fewer replicas within the wait: again */
+    fi
+  od
+#endif
 }
 
 /* hold.lua in bucket 1, and unhold.lua keep or give */
@@ -227,13 +311,37 @@ inline answer(o, a) {
   if :: o < 2 -> kans[o] = a :: else -> skip fi
 }
 
+/* the answer of an admission undone (not replicated, or its hold lost): the
+ * release's (waited); claimed means a replay of its key republished and
+ * claimed it, and the order lives: 202 */
+inline undone(o, rel) {
+  if
+  :: rel == 1 -> r202[o] = true; answer(o, o + 1)
+  :: else -> r503[o] = true; answer(o, 100)
+  fi
+}
+
+/* a replay's 202: the key's order as Redis has it; one that failed is
+ * reported as failed (the body's status), which promises nothing */
+inline replied(o, rid) {
+  if
+  :: rec[rid] == R_FAILED -> answer(o, 102)
+  :: else -> r202[rid] = true; answer(o, rid + 1)
+  fi
+}
+
 proctype Gateway(byte u; byte o; bool key) {
-  byte res, rid, rel, seen;
+  byte res, rid, rel, seen, ws;
   bool ok;
   if :: o == 2 -> if :: gather(u) :: skip fi :: else -> skip fi;
   if
-  :: o == 0 -> holdPhone(o, ok);
-    if :: !ok -> r503[o] = true; answer(o, 100); goto done :: else -> skip fi
+  :: o == 0 -> atomic { holdPhone(o, ok); ws = losses };
+    if :: !ok -> r503[o] = true; answer(o, 100); goto done :: else -> skip fi;
+    /* the hold waits for the replicas too; fewer: given back, 503 */
+    if
+    :: waited(ws)
+    :: unhold(o, false); r503[o] = true; answer(o, 100); goto done
+    fi
   :: else -> skip
   fi;
   if
@@ -243,27 +351,52 @@ proctype Gateway(byte u; byte o; bool key) {
      * connection, and the call with it: rueidis does not resend a write) */
     r503[o] = true; answer(o, 100);
     seen = losses;
-    releaseGw(o, rel);
+    releaseW(o, rel, ws);
     atomic { if :: losses == seen -> admit(u, o, key, res, rid) :: else -> skip fi };
     goto done
-  :: atomic { admit(u, o, key, res, rid); if :: res == A_OK -> pubs++ :: else -> skip fi }
+  :: atomic { admit(u, o, key, res, rid); if :: res == A_OK -> pubs++ :: else -> skip fi; ws = losses }
   fi;
+#ifndef NO_REPLICAS
+  /* AdmitWait: an admission fewer replicas had within the wait is undone
+   * and answered 503 (lua.ErrNotReplicated) */
+  if
+  :: res == A_OK ->
+    if
+    :: waited(ws)
+    :: releaseW(o, rel, ws); undone(o, rel); pubs--; goto done
+    fi
+  :: else -> skip
+  fi;
+#endif
   if
   :: res == A_REPLAY ->
     if :: o == 0 -> unhold(o, false) :: else -> skip fi;
-    /* the replay (gateway.replay): a released or unknown order is 503; a
-     * pending one is published again (same message id) and claimed, which
-     * stops the first request's release; then 202 */
+    /* the replay (gateway.replay): an unknown order is 503; a released one
+     * is 503 once that is on the replicas (the gateway's release of it,
+     * waited: it writes the released record again; a failover may have
+     * brought the order back, pending, and then it is released now); a pending
+     * one is published again (same message id) and claimed, which stops the
+     * first request's release; then 202 */
     if
-    :: atomic { rec[rid] == R_NONE || rec[rid] == R_RELEASED -> r503[o] = true; answer(o, 100) }
-    :: atomic { rec[rid] != R_NONE && rec[rid] != R_RELEASED && rec[rid] != R_PENDING -> r202[rid] = true; answer(o, rid + 1) }
+    :: atomic { rec[rid] == R_NONE -> r503[o] = true; answer(o, 100) }
+    :: atomic { rec[rid] == R_RELEASED -> skip };
+#ifndef BUG_REPLAY_NO_WAIT
+      releaseW(rid, rel, ws);
+      if
+      :: rel == 1 -> r202[rid] = true; answer(o, rid + 1)
+      :: else -> r503[o] = true; answer(o, 100)
+      fi
+#else
+      r503[o] = true; answer(o, 100)
+#endif
+    :: atomic { rec[rid] != R_NONE && rec[rid] != R_RELEASED && rec[rid] != R_PENDING -> sync(); replied(o, rid) }
     :: atomic { rec[rid] == R_PENDING -> stream[rid] = true };
       atomic {
         if
-        :: rec[rid] == R_RELEASED || rec[rid] == R_NONE -> r503[o] = true; answer(o, 100)
+        :: rec[rid] == R_RELEASED || rec[rid] == R_NONE -> r503[o] = true; answer(o, 100)   /* FIXME waited */
         :: else ->
           if :: rec[rid] == R_PENDING -> rec[rid] = R_PROCESSING :: else -> skip fi;
-          r202[rid] = true; answer(o, rid + 1)
+          sync(); replied(o, rid)
         fi
       }
     fi;
@@ -283,7 +416,7 @@ proctype Gateway(byte u; byte o; bool key) {
       :: !ok ->
 #ifndef BUG_HOLD_LOST
         atomic { if :: !held[o] -> held[o] = true; ph++ :: else -> skip fi };
-        releaseGw(o, rel); r503[o] = true; answer(o, 100); pubs--; goto done
+        releaseW(o, rel, ws); undone(o, rel); pubs--; goto done
 #else
         skip
 #endif
@@ -296,9 +429,9 @@ proctype Gateway(byte u; byte o; bool key) {
    * gateway die before it; o2's may land and time out */
   if
   :: stream[o] = true; r202[o] = true; answer(o, o + 1)
-  :: o == 0 -> releaseGw(o, rel);
+  :: o == 0 -> releaseW(o, rel, ws);
     if :: rel == 1 -> r202[o] = true; answer(o, o + 1) :: else -> r503[o] = true; answer(o, 100) fi
-  :: o == 0 || o == 2 -> stream[o] = true; releaseGw(o, rel);
+  :: o == 0 || o == 2 -> stream[o] = true; releaseW(o, rel, ws);
     if :: rel == 1 -> r202[o] = true; answer(o, o + 1) :: else -> r503[o] = true; answer(o, 100) fi
   :: o == 0 -> skip   /* the gateway dies: no answer */
   fi;
@@ -311,10 +444,22 @@ done:
 inline decide(o, e) {
   lock();
   atomic {
+#ifndef BUG_NO_CLAIM_EPOCH
+    /* a rebuild since the claim (or a failover back to an older epoch): the
+     * claim's answer is stale; nothing is decided, the message is claimed
+     * again (e = 0: not decided) */
+    if :: cep[o] != mepoch -> e = 0; goto undecided :: else -> skip fi;
+#endif
     if
     :: st[o] == M_NONE ->
       if
       :: o < 2 && (st[1 - o] == M_CONFIRMED || st[1 - o] == M_CANCELED) -> st[o] = M_FAILED  /* the key's second order */
+#ifndef BUG_TRUST_UNKNOWN
+      /* an order Redis does not know, admitted since the last rebuild: no
+       * admission of it survived (a failover lost it, or none was ever
+       * made): failed, unadmitted */
+      :: !(o < 2 && (st[1 - o] == M_CONFIRMED || st[1 - o] == M_CANCELED)) && unk[o] && aepoch[o] == cep[o] -> st[o] = M_FAILED
+#endif
       :: else ->
         if
         :: sold < N && units[home(o)] < LIMIT -> st[o] = M_CONFIRMED; sold++; units[home(o)]++
@@ -324,7 +469,9 @@ inline decide(o, e) {
     :: else -> skip
     fi;
     assert(sold <= N);
-    e = mepoch
+    e = mepoch;
+undecided:
+    skip
   };
   unlock()
 }
@@ -355,41 +502,85 @@ inline writeBack(o, e) {
   }
 }
 
+/* the WAIT after a claim: cold (reused) becomes true when it failed */
+inline claimWait(cold, ws) {
+#if defined(NO_REPLICAS) || defined(BUG_CLAIM_NO_WAIT)
+  skip
+#else
+  if
+  :: waited(ws)
+  :: cold = true
+  fi
+#endif
+}
+
 /* claim.lua, decide, write back, ack; drop a released one; on a cold tag
  * nothing (the message waits for the rebuild) */
-inline handle(o, e, cold) {
+inline handle(o, e, cold, ws, drop) {
   atomic {
     cold = !meta[home(o)] && !COLD;
+    drop = !cold && rec[o] == R_RELEASED;   /* claim.lua's answer, kept */
+    unk[o] = !cold && rec[o] == R_NONE;
+    cep[o] = epochKey[home(o)];
+    if :: !cold && rec[o] == R_PENDING -> rec[o] = R_PROCESSING :: else -> skip fi;
+    ws = losses
+  };
+  if
+  :: cold -> skip
+  :: drop -> stream[o] = false
+  :: else ->
+    /* the claim is decided on only once the replicas have it; fewer: the
+     * batch waits (lua.ErrNotReplicated is an outage) */
+    claimWait(cold, ws);
+    if
+    :: !cold -> decide(o, e); if :: e != 0 -> writeBack(o, e); stream[o] = false :: else -> skip fi
+    :: else -> skip
+    fi
+  fi
+}
+
+/* handle for the reconcile at the end, when the replicas answer */
+inline handleDone(o, e, cold, drop) {
+  atomic {
+    cold = !meta[home(o)] && !COLD;
+    drop = !cold && rec[o] == R_RELEASED;
+    unk[o] = !cold && rec[o] == R_NONE;
+    cep[o] = epochKey[home(o)];
     if :: !cold && rec[o] == R_PENDING -> rec[o] = R_PROCESSING :: else -> skip fi
   };
   if
   :: cold -> skip
-  :: !cold && rec[o] == R_RELEASED -> stream[o] = false
-  :: else -> decide(o, e); writeBack(o, e); stream[o] = false
+  :: drop -> stream[o] = false
+  :: else -> sync(); decide(o, e); if :: e != 0 -> writeBack(o, e); stream[o] = false :: else -> skip fi
   fi
 }
 
 /* The backends, as one consumer: a message is handled, or its handler dies
  * after MySQL decided it (no write-back, no ack: it is delivered again). */
 proctype Backend() {
-  byte o, e;
-  bool cold;
+  byte o, e, ws;
+  bool cold, drop;
   do
   :: running == 0 -> break
   /* claim.lua answers 'cold' while the order's tag is not warm: the
    * message waits for the rebuild */
-  :: atomic { stream[0] && (meta[home(0)] || COLD) -> o = 0 }; handle(o, e, cold)
-  :: atomic { stream[1] && (meta[home(1)] || COLD) -> o = 1 }; handle(o, e, cold)
-  :: atomic { stream[2] && (meta[home(2)] || COLD) -> o = 2 }; handle(o, e, cold)
-  :: atomic { stream[3] && (meta[home(3)] || COLD) -> o = 3 }; handle(o, e, cold)
-  :: crashes > 0 && ((stream[0] && (meta[home(0)] || COLD)) || (stream[2] && (meta[home(2)] || COLD))) ->
-    crashes--;
-    if :: stream[0] && (meta[home(0)] || COLD) -> o = 0 :: else -> o = 2 fi;
+  :: atomic { stream[0] && (meta[home(0)] || COLD) -> o = 0 }; handle(o, e, cold, ws, drop)
+  :: atomic { stream[1] && (meta[home(1)] || COLD) -> o = 1 }; handle(o, e, cold, ws, drop)
+  :: atomic { stream[2] && (meta[home(2)] || COLD) -> o = 2 }; handle(o, e, cold, ws, drop)
+  :: atomic { stream[3] && (meta[home(3)] || COLD) -> o = 3 }; handle(o, e, cold, ws, drop)
+  :: atomic { crashes > 0 && stream[0] && (meta[home(0)] || COLD) -> crashes--; o = 0 }; goto crash
+  :: atomic { crashes > 0 && stream[2] && (meta[home(2)] || COLD) -> crashes--; o = 2 };
+crash:
     atomic {
       cold = !meta[home(o)] && !COLD;
-      if :: !cold && rec[o] == R_PENDING -> rec[o] = R_PROCESSING :: else -> skip fi
+      drop = !cold && rec[o] == R_RELEASED;
+      unk[o] = !cold && rec[o] == R_NONE;
+      cep[o] = epochKey[home(o)];
+      if :: !cold && rec[o] == R_PENDING -> rec[o] = R_PROCESSING :: else -> skip fi;
+      ws = losses
     };
-    if :: !cold && rec[o] != R_RELEASED -> decide(o, e) :: else -> skip fi
+    if :: !cold && !drop -> claimWait(cold, ws) :: else -> skip fi;
+    if :: !cold && !drop -> decide(o, e) :: else -> skip fi
   od
 }
 
@@ -404,7 +595,8 @@ inline restock(o, e) {
       if
       :: restocked[o] -> skip
       :: !restocked[o] && rec[o] != R_NONE && rec[o] != R_FAILED && rec[o] != R_RELEASED ->
-        stock[home(o)]++; ucount[home(o)]--; resv[o] = false;
+        stock[home(o)]++; resv[o] = false;
+        if :: !kept[o] -> ucount[home(o)]-- :: else -> skip fi;
         if :: home(o) == 0 -> unholdNow(o) :: else -> skip fi;
         restocked[o] = true; rec[o] = R_CANCELED
       :: else -> restocked[o] = true; rec[o] = R_CANCELED
@@ -413,16 +605,24 @@ inline restock(o, e) {
   }
 }
 
+/* The buyer's cancel keeps the buyer's quota for the rest of the sale (a
+ * scalper cannot hand a unit to another account and buy again); an expiry
+ * gives it back. Either is one transaction under the sale row lock, then the
+ * restock with the epoch read in it. */
 proctype Cancel(byte o) {
   byte e;
-  bool did;
+  bool did, expiry;
+  if :: expiry = true :: expiry = false fi;
   lock();
   atomic {
     if
-    :: st[o] == M_CONFIRMED -> st[o] = M_CANCELED; sold--; units[home(o)]--; did = true
+    :: st[o] == M_CONFIRMED ->
+      st[o] = M_CANCELED; sold--; did = true;
+      if :: expiry -> units[home(o)]-- :: else -> skip fi
     :: else -> skip
     fi;
-    e = mepoch
+    e = mepoch;
+    kept[o] = !expiry
   };
   unlock();
   if :: did -> restock(o, e) :: else -> skip fi;
@@ -554,6 +754,21 @@ proctype Leader() {
   do
   :: rebuilds > 0 -> rebuilds--; rebuildNow()
   :: lost > 0 ->
+#ifndef NO_REPLICAS
+    /* a failover: the replica, with what the last successful WAIT covered,
+     * becomes the master (the connections break: a call in flight is lost) */
+    atomic { lost--; losses++; copyRedis(, r_); clearReplica() };
+    /* the leader sees the master's replication id change and rebuilds every
+     * sale of it (what the failover lost, e.g. an admission not yet
+     * replicated whose message a replay published, is then counted from the
+     * stream or MySQL), after the publish grace as for a loss */
+    (pubs == 0);
+#ifndef BUG_NO_FAILOVER_REBUILD
+    rebuildNow()
+#else
+    if :: !warmTag(0) || !warmTag(1) -> rebuildNow() :: else -> skip fi
+#endif
+#else
     atomic {
       lost--; losses++;
       meta[0] = false; meta[1] = false; stock[0] = 0; stock[1] = 0; ucount[0] = 0; ucount[1] = 0;
@@ -569,16 +784,18 @@ proctype Leader() {
      * admission made before the loss has landed or failed by then */
     (pubs == 0);
     rebuildNow()
+#endif
   :: running == 0 -> break
   od
 }
 
 init {
   byte o, e;
-  bool cold;
+  bool cold, drop;
   lost = 1;
   rebuilds = 1;
   meta[0] = true; meta[1] = true; stock[0] = 1; stock[1] = 1; epochKey[0] = 1; epochKey[1] = 1;
+  sync();
   /* The configurations (docs/verification.md); each is searched
    * exhaustively on its own: all of them at once is beyond a CI budget. */
 #if defined(CFG_KEYS)
@@ -614,16 +831,34 @@ init {
 
   /* the leader's reconcile once the sale is quiet: a cold sale is rebuilt
    * first (the backends' messages wait for it) */
-  if :: !meta[0] || !meta[1] -> rebuildNow() :: else -> skip fi;
+  if :: !warmTag(0) || !warmTag(1) -> rebuildNow() :: else -> skip fi;
+  /* undecided holds past their grace (lua.FinishHolds, holdcheck.lua): an
+   * order that was never admitted gets a tombstone and its hold back; one
+   * that was keeps it as its count */
+  o = 0;
+  do
+  :: o < NO ->
+    atomic {
+      if
+      :: hold[o] && (rec[o] == R_NONE || rec[o] == R_RELEASED) -> rec[o] = R_RELEASED; hold[o] = false; ph--
+      :: hold[o] && rec[o] != R_NONE && rec[o] != R_RELEASED -> hold[o] = false; held[o] = true
+      :: else -> skip
+      fi
+    };
+    o++
+  :: else -> break
+  od;
   o = 0;
   do
   :: o < NO ->
     if :: resv[o] && st[o] == M_NONE && !stream[o] -> stream[o] = true :: else -> skip fi;
-    if :: stream[o] -> handle(o, e, cold) :: else -> skip fi;
+    if :: stream[o] -> handleDone(o, e, cold, drop) :: else -> skip fi;
+    /* a decided order whose write-back never landed (lost in a failover) */
+    if :: resv[o] && st[o] != M_NONE -> e = mepoch; writeBack(o, e) :: else -> skip fi;
     o++
   :: else -> break
   od;
-  if :: !meta[0] || !meta[1] -> rebuildNow() :: else -> skip fi;
+  if :: !warmTag(0) || !warmTag(1) -> rebuildNow() :: else -> skip fi;
   o = 0;
   do
   :: o < NO -> if :: st[o] == M_CANCELED -> e = mepoch; restock(o, e) :: else -> skip fi; o++

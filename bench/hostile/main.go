@@ -9,16 +9,18 @@
 //
 //	target <name>: <figure> (goal <goal>) met|missed
 //
-// Everything is bounded in count and time, and every byte goes to 127.0.0.1: attackers and probes
-// use source addresses of their own in 127.0.0.0/8 so that per-address limits see many clients
-// (nginx's limit_req/limit_conn, the gateway's per-IP limits) and the probes are never limited
-// for what the attackers do.
+// Everything is bounded in count and time, and every byte goes to 127.0.0.1 (or ::1): attackers
+// and probes use source addresses of their own in 127.0.0.0/8 so that per-address limits see many
+// clients (nginx's limit_req/limit_conn, the gateway's per-IP limits) and the probes are never
+// limited for what the attackers do. With --nginx6, the slow bodies through nginx come from one
+// IPv6 /64 instead (--slow-body-net, routed to the loopback): one host, many addresses.
 package main
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -26,9 +28,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,6 +59,8 @@ type settings struct {
 	slowBodies     int
 	slowBodyAddrs  int
 	slowBodyEvery  time.Duration
+	slowBodyNet    netip.Prefix
+	nginx6         string
 	pipeConns      int
 	churnRate      int
 	smuggleRate    int
@@ -64,6 +70,11 @@ type settings struct {
 	preBaseline    time.Duration
 	trace          string
 	probeAddr      string
+	// the junk-command attack (junk.go)
+	junkRate  int
+	junkUsers int
+	payRate   int
+	config    string
 }
 
 // probeAddr is where the probes go: the port under attack, or --probe-addr.
@@ -96,6 +107,8 @@ func run() int {
 	flag.IntVar(&set.slowBodies, "slow-bodies", 2000, "slow-body connections")
 	flag.IntVar(&set.slowBodyAddrs, "slow-body-addrs", 100, "source addresses the slow bodies come from")
 	flag.DurationVar(&set.slowBodyEvery, "slow-body-every", 2*time.Second, "a slow body sends one byte this often")
+	flag.StringVar(&set.nginx6, "nginx6", "", "nginx's IPv6 loopback port ([::1]:<port>): the slow bodies through nginx come from --slow-body-net to it (empty: from IPv4 addresses to --nginx)")
+	slowNet := flag.String("slow-body-net", "fd66:6c61:7465:1::/64", "with --nginx6: the IPv6 /64 the slow bodies through nginx come from, routed to this host (ip -6 route add local <net> dev lo)")
 	flag.IntVar(&set.pipeConns, "pipeline-conns", 8, "pipelining connections (each sends 50 requests at once, 10 times a second)")
 	flag.IntVar(&set.churnRate, "churn-rate", 1000, "connection churn: new connections per second")
 	flag.IntVar(&set.smuggleRate, "smuggle-rate", 200, "smuggling attempts per second")
@@ -103,6 +116,10 @@ func run() int {
 	flag.DurationVar(&set.recoveryWithin, "recovery", time.Second, "goal: a new connection served within this after an attack")
 	flag.DurationVar(&set.probeTimeout, "probe-timeout", 2*time.Second, "a probe request slower than this failed")
 	flag.StringVar(&set.trace, "trace", "", "append every probe request to this file: <attack> <port> <phase> <seconds from the phase's start> <new|keep> <ms> <ok|failure>")
+	flag.IntVar(&set.junkRate, "junk-rate", 2000, "junk commands: cancels of made-up order ids per second, all accounts together")
+	flag.IntVar(&set.junkUsers, "junk-users", 500, "junk commands: the buyer accounts (and source addresses) they come from")
+	flag.IntVar(&set.payRate, "pay-rate", 50, "junk commands: real payments per second beside the junk")
+	flag.StringVar(&set.config, "config", "configs/flashgate.yaml", "junk commands: the stack's configuration, read (with the FLASHGATE_* environment) for the token and payments secrets")
 	flag.StringVar(&set.probeAddr, "probe-addr", "", "probe this 127.0.0.1 address instead of the port under attack (e.g. the gateway while nginx is attacked): what the attack costs the machine, not the port")
 	holdAddr := flag.String("hold-idle", "", "(internal: a child of the fd exhaustion) hold idle connections to this address")
 	holdN := flag.Int("hold-n", 0, "(internal) how many")
@@ -134,6 +151,18 @@ func run() int {
 		}
 		targets = append(targets, t)
 	}
+	if set.nginx6 != "" {
+		if host, _, err := net.SplitHostPort(set.nginx6); err != nil || host != "::1" {
+			fmt.Fprintf(os.Stderr, "hostile: --nginx6 %q: only [::1]:<port> is allowed\n", set.nginx6)
+			return 2
+		}
+		p, err := netip.ParsePrefix(*slowNet)
+		if err != nil || !p.Addr().Is6() || p.Bits() != 64 {
+			fmt.Fprintf(os.Stderr, "hostile: --slow-body-net %q: an IPv6 /64\n", *slowNet)
+			return 2
+		}
+		set.slowBodyNet = p.Masked()
+	}
 	if set.probeAddr != "" {
 		if host, _, err := net.SplitHostPort(set.probeAddr); err != nil || host != "127.0.0.1" {
 			fmt.Fprintf(os.Stderr, "hostile: --probe-addr %q: only 127.0.0.1:<port> is allowed\n", set.probeAddr)
@@ -164,9 +193,11 @@ func run() int {
 			"fd_conns":     strconv.Itoa(set.fdConns), "slowloris": strconv.Itoa(set.slowloris),
 			"silent": strconv.Itoa(set.silent), "slow_bodies": strconv.Itoa(set.slowBodies),
 			"slow_body_addrs": strconv.Itoa(set.slowBodyAddrs), "slow_body_every": set.slowBodyEvery.String(),
+			"slow_body_net":  slowBodyNetText(),
 			"pipeline_conns": strconv.Itoa(set.pipeConns), "churn_rate": strconv.Itoa(set.churnRate),
 			"smuggle_rate":   strconv.Itoa(set.smuggleRate),
 			"oversize_tries": strconv.Itoa(set.oversizeTries), "probe_timeout": set.probeTimeout.String(),
+			"junk_rate": strconv.Itoa(set.junkRate), "junk_users": strconv.Itoa(set.junkUsers), "pay_rate": strconv.Itoa(set.payRate),
 		},
 		Baselines: map[string]probeSummary{}, Note: *note, LoadStart: loadavg(),
 	}
@@ -188,6 +219,15 @@ func run() int {
 	// accept loop that dies for good would spoil every line after it.
 	for _, a := range attacks {
 		for _, t := range targets {
+			if a.ports != nil && !slices.Contains(a.ports, t.Name) {
+				logf("%s: not run on %s (%s only)", a.Name, t.Name, strings.Join(a.ports, ", "))
+				continue
+			}
+			if a.setup != nil {
+				if err := a.setup(t); err != nil {
+					logf("%s on %s: setup: %v", a.Name, t.Name, err)
+				}
+			}
 			r := runAttack(a, t, res.Baselines[t.Name])
 			res.Runs = append(res.Runs, r)
 			fmt.Println(r.line())
@@ -279,7 +319,38 @@ func attackerSrc(i int) net.IP {
 
 func dial(src net.IP, addr string, timeout time.Duration) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: src}}
+	if src.To4() == nil {
+		// An address of a prefix routed to lo ("local" route) is this host's, but Linux lets a
+		// socket bind to it only with IPV6_FREEBIND: no address of it is configured.
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IPV6, ipv6Freebind, 1)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
 	return d.Dial("tcp", addr)
+}
+
+// ipv6Freebind is IPV6_FREEBIND of linux/in6.h (not in package syscall).
+const ipv6Freebind = 78
+
+// netSrc is the i-th address of the /64 p: interface ids spread over the 64 bits, as the
+// addresses one host picks for itself (RFC 8981) are.
+func netSrc(p netip.Prefix, i int) net.IP {
+	b := p.Addr().As16()
+	binary.BigEndian.PutUint64(b[8:], uint64(i+1)*0x9e3779b97f4a7c15)
+	return net.IP(b[:])
+}
+
+func slowBodyNetText() string {
+	if set.nginx6 == "" {
+		return "none (IPv4 addresses)"
+	}
+	return set.slowBodyNet.String() + " to " + set.nginx6
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -568,19 +639,24 @@ type attack struct {
 	What  string
 	run   func(ctx context.Context, t target) map[string]int64
 	extra time.Duration // on top of --duration: time to set the attack up (opening connections)
+	// setup, if set, readies the attack before its baseline (the junk commands buy the orders
+	// they pay); ports, if set, are the only ports it runs on.
+	setup func(t target) error
+	ports []string
 }
 
 func allAttacks() []attack {
 	return []attack{
-		{"none", "no attack: the probes alone, the yardstick of how far the p99 ratio moves by itself on this machine", none, 0},
-		{"slowloris", "connections sending a request's headers one line every 2 s, never ending them", slowloris, 0},
-		{"silent", "connections that send no byte", silent, 0},
-		{"slow_body", "purchases whose body arrives one byte at a time", slowBody, 0},
-		{"pipelining", "50 GETs written at once on each connection, 10 times a second", pipelining, 0},
-		{"churn", "new connection, one GET, close (RST), as fast as the rate allows", churn, 0},
-		{"smuggling", "CL+TE, TE with a space before the colon, obs-folded TE, two TE, two CL: does the appended request run?", smuggling, 0},
-		{"oversize", "Go net/http client POSTing a 64 KiB body: a 413 or a broken connection?", oversize, 0},
-		{"fd_exhaustion", "idle keep-alive connections, as many as the file limits allow", fdExhaustion, 8 * time.Second},
+		{"none", "no attack: the probes alone, the yardstick of how far the p99 ratio moves by itself on this machine", none, 0, nil, nil},
+		{"slowloris", "connections sending a request's headers one line every 2 s, never ending them", slowloris, 0, nil, nil},
+		{"silent", "connections that send no byte", silent, 0, nil, nil},
+		{"slow_body", "purchases whose body arrives one byte at a time", slowBody, 0, nil, nil},
+		{"pipelining", "50 GETs written at once on each connection, 10 times a second", pipelining, 0, nil, nil},
+		{"churn", "new connection, one GET, close (RST), as fast as the rate allows", churn, 0, nil, nil},
+		{"smuggling", "CL+TE, TE with a space before the colon, obs-folded TE, two TE, two CL: does the appended request run?", smuggling, 0, nil, nil},
+		{"oversize", "Go net/http client POSTing a 64 KiB body: a 413 or a broken connection?", oversize, 0, nil, nil},
+		{"junk_commands", "2,000 cancels/s of made-up order ids from 500 buyer accounts, beside 50 real payments/s: do the payments hold?", junkCommands, 0, junkSetup, []string{"gateway"}},
+		{"fd_exhaustion", "idle keep-alive connections, as many as the file limits allow", fdExhaustion, 8 * time.Second, nil, nil},
 	}
 }
 
@@ -754,6 +830,11 @@ func statusOf(b []byte) string {
 // `every` its next bytes, and when the server closes it, notes how (the status it sent, if any)
 // and connects again after a pause. ctx ending closes them all.
 func holder(ctx context.Context, t target, n, addrs int, opening []byte, every time.Duration, next func(i int) []byte, tl *tally) {
+	holderFrom(ctx, t.Addr, n, func(i int) net.IP { return attackerSrc(i % addrs) }, opening, every, next, tl)
+}
+
+// holderFrom is holder with the i-th connection from src(i) to addr.
+func holderFrom(ctx context.Context, addr string, n int, src func(int) net.IP, opening []byte, every time.Duration, next func(i int) []byte, tl *tally) {
 	var open atomic.Int64
 	var wg sync.WaitGroup
 	// Dialled at a bounded pace, so that the attack is connections held, not a connect flood.
@@ -770,10 +851,10 @@ func holder(ctx context.Context, t target, n, addrs int, opening []byte, every t
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			src := attackerSrc(i % addrs)
+			src := src(i)
 			buf := make([]byte, 512)
 			for ctx.Err() == nil {
-				c, err := dial(src, t.Addr, 2*time.Second)
+				c, err := dial(src, addr, 2*time.Second)
 				if err != nil {
 					tl.add("dial_failed", 1)
 					sleepCtx(ctx, 200*time.Millisecond)
@@ -863,8 +944,14 @@ func slowBody(ctx context.Context, t target) map[string]int64 {
 	tl := newTally()
 	opening := []byte("POST /v1/sales/" + set.sale + "/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
 		"Authorization: Bearer hostile\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
-	holder(ctx, t, set.slowBodies, set.slowBodyAddrs, opening, set.slowBodyEvery,
-		func(int) []byte { return []byte(" ") }, tl)
+	next := func(int) []byte { return []byte(" ") }
+	if t.Name == "nginx" && set.nginx6 != "" {
+		// One host with a /64 of its own: every slow body from another address of it.
+		holderFrom(ctx, set.nginx6, set.slowBodies, func(i int) net.IP { return netSrc(set.slowBodyNet, i) },
+			opening, set.slowBodyEvery, next, tl)
+		return tl.snapshot()
+	}
+	holder(ctx, t, set.slowBodies, set.slowBodyAddrs, opening, set.slowBodyEvery, next, tl)
 	return tl.snapshot()
 }
 

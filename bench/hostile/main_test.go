@@ -223,3 +223,30 @@ func TestProbes(t *testing.T) {
 		t.Fatalf("probes against a closed port: %+v", s)
 	}
 }
+
+// TestJunkGoals: the junk attack's targets are met only when every payment was paid and their
+// p99 is under the goal; a run with no payment meets neither.
+func TestJunkGoals(t *testing.T) {
+	run := func(seen map[string]int64) map[string]bool {
+		m := map[string]bool{}
+		for _, g := range junkGoals(&results{Runs: []runResult{{Attack: "junk_commands", Port: "gateway", Seen: seen}}}) {
+			m[g.Name] = g.Met
+		}
+		return m
+	}
+	good := run(map[string]int64{"pay_sent": 600, "pay_ok": 600, "pay_p99_ms": 31, "pay_p50_ms": 4, "pay_max_ms": 51})
+	if !good["junk_pay_success_gateway"] || !good["junk_pay_p99_gateway"] {
+		t.Fatalf("all paid in 31 ms: %v", good)
+	}
+	bad := run(map[string]int64{"pay_sent": 445, "pay_ok": 19, "pay_failed_timeout": 298, "pay_429": 128, "pay_p99_ms": 6499})
+	if bad["junk_pay_success_gateway"] || bad["junk_pay_p99_gateway"] {
+		t.Fatalf("19 of 445 paid, p99 6499 ms: %v", bad)
+	}
+	slow := run(map[string]int64{"pay_sent": 10, "pay_ok": 10, "pay_p99_ms": 500})
+	if !slow["junk_pay_success_gateway"] || slow["junk_pay_p99_gateway"] {
+		t.Fatalf("all paid, p99 at the goal: %v", slow)
+	}
+	if none := run(map[string]int64{"setup_failed": 1}); none["junk_pay_success_gateway"] || none["junk_pay_p99_gateway"] {
+		t.Fatalf("no payment: %v", none)
+	}
+}

@@ -109,7 +109,7 @@ func targetsOf(r *results) []goal {
 		}
 		gs = append(gs, goal{"recovery_" + port, fig, fmt.Sprintf("<= %v after every attack", set.recoveryWithin), len(failed) == 0})
 	}
-	return gs
+	return append(gs, junkGoals(r)...)
 }
 
 func (r *results) markdown(jsonPath string) string {

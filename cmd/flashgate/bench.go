@@ -147,7 +147,7 @@ func runBench(cfg config.Config, o benchOptions, stdout, stderr io.Writer) error
 		loadgen.AwaitActive(ctx, o.target, o.sale, 15*time.Second, stderr)
 	}
 	// Tokens are minted before the clock starts; they outlive the run.
-	tokens, err := loadgen.MintTokens(secret, kid, o.users, max(time.Hour, o.duration+10*time.Minute))
+	tokens, err := loadgen.MintTokens(secret, kid, auth.IssuerOf(cfg.Auth, kid), o.users, max(time.Hour, o.duration+10*time.Minute))
 	if err != nil {
 		return err
 	}

@@ -49,6 +49,8 @@ tools
   audit-log [--sale S]       who changed what through the admin API, before and after
   dlq list [--sale S]        the dead-letter stream's orders and why they failed
   dlq redrive SEQ            republish a dead-lettered order once its cause is fixed
+  deny add --user U | --jti J  revoke a buyer's tokens or one token on every gateway within a second
+  deny remove | list         lift a denylist entry | the entries in force
   migrate up | status        apply the pending schema migrations | list them, applied or pending
   roles render KIND --secrets F  each role's Redis ACL, NATS users or MySQL grants (docs/credentials.md)
   bench --sale ID ...        fire purchase requests, then audit the invariants
@@ -97,6 +99,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return saleCmd(args, stdout, stderr)
 	case "dlq":
 		return dlqCmd(args, stdout, stderr)
+	case "deny":
+		return denyCmd(args, stdout, stderr)
 	case "order":
 		return orderCmd(args, stdout, stderr)
 	case "audit-log":

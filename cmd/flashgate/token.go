@@ -9,13 +9,14 @@ import (
 )
 
 // tokenCmd prints an HS256 token for one user, signed with auth.signing_kid's
-// key (jwt_secret when none is set).
+// key (jwt_secret when none is set) and naming that key's issuer.
 func tokenCmd(args []string, stdout, stderr io.Writer) error {
-	c := newCommand("token", "--user ID [--ttl 1h] [--phone P] [--device D]", stderr)
+	c := newCommand("token", "--user ID [--ttl 1h] [--phone P] [--device D] [--jti J]", stderr)
 	user := c.String("user", "", "user `id` (the sub claim): 1-64 characters of [A-Za-z0-9_-]")
 	ttl := c.Duration("ttl", time.Hour, "lifetime")
 	phone := c.String("phone", "", "phone claim")
 	device := c.String("device", "", "device claim")
+	jti := c.String("jti", "", "token `id` (the jti claim), which `flashgate deny add --jti` can revoke alone")
 	pos, err := c.parse(args)
 	if err != nil {
 		return err
@@ -40,7 +41,8 @@ func tokenCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	tok, err := auth.MintHS256(secret, *user, auth.MintOptions{Phone: *phone, Device: *device, TTL: *ttl, Kid: kid})
+	tok, err := auth.MintHS256(secret, *user, auth.MintOptions{Phone: *phone, Device: *device, TTL: *ttl, Kid: kid,
+		Issuer: auth.IssuerOf(cfg.Auth, kid), ID: *jti})
 	if err != nil {
 		return err
 	}
