@@ -29,6 +29,7 @@ var rooms = map[string]int{
 	"audit":         3, // reads MySQL and Redis through the store and the scripts
 	"history":       3, // checks a client history against the state at rest (no I/O)
 	"internal/dial": 3, // dials MySQL, Redis, NATS and the leader lock as the processes want them
+	"roles":         3, // each role's Redis ACL, NATS permissions and MySQL grants, rendered
 
 	"gateway": 4, "backend": 4, // the two processes; neither imports the other
 	// the clients the CLI wraps: the admin API's, and the load tool behind
@@ -38,7 +39,7 @@ var rooms = map[string]int{
 	"cmd/flashgate": 5, "internal/wire": 5, // wiring and the CLI
 
 	// tools and tests: load, benchmarks, harnesses
-	"internal/testenv": 6, "internal/eventcheck": 6, "chaos": 6, "e2e": 6, "nginx": 6,
+	"internal/testenv": 6, "internal/authstack": 6, "internal/eventcheck": 6, "chaos": 6, "e2e": 6, "nginx": 6,
 	"bench/conns": 6, "bench/hostile": 6, "bench/ingest": 6, "bench/internal/cli": 6,
 	"bench/report": 6, "bench/seedsync": 6,
 }

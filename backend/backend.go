@@ -148,6 +148,12 @@ func Start(ctx context.Context, deps Deps, opts config.BackendOptions) (*Backend
 // the clients and options it uses.
 func (b *Backend) build(ctx context.Context) error {
 	opts := b.opts
+	// The gateways call flashgate's functions and may not load them: the
+	// backend does (docs/credentials.md), now and whenever Redis lost them
+	// (startConsuming). A Redis away now is retried there.
+	if err := lua.EnsureLibrary(ctx, b.rc); err != nil {
+		b.log.Warn("redis function library not loaded; retrying", "err", err)
+	}
 	if _, err := bus.EnsureStream(ctx, b.js, opts.NATS); err != nil {
 		return err
 	}
@@ -211,6 +217,11 @@ func (b *Backend) serveAdmin() error {
 	return nil
 }
 
+// libraryEvery is how often the backend checks that every Redis master has
+// the function library: the longest the gateways answer 503 after a Redis
+// lost it while no backend call needed a function there.
+const libraryEvery = time.Second
+
 // startConsuming starts the consumer loop and its lag poller.
 func (b *Backend) startConsuming() {
 	fetchCtx, stop := context.WithCancel(context.Background())
@@ -222,6 +233,11 @@ func (b *Backend) startConsuming() {
 	// This process's clock against Redis's, for the gauge and its alert
 	// (no decision of the backend reads its own clock against another's).
 	b.wg.Go(func() { lua.WatchSkew(lagCtx, b.rc, time.Now, b.metrics.SetRedisSkew) })
+	b.wg.Go(func() {
+		lua.KeepLibrary(lagCtx, b.rc, libraryEvery, func(err error) {
+			b.log.Warn("redis function library check failed", "err", err)
+		})
+	})
 }
 
 // abandon stops what a failed Start had started.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -60,7 +59,8 @@ func redisUnavailable(err error) bool {
 		}
 		low := strings.ToLower(msg)
 		return strings.Contains(low, "user executing the script") || strings.Contains(low, "no permissions") ||
-			strings.Contains(low, "max number of clients")
+			strings.Contains(low, "max number of clients") ||
+			strings.Contains(low, "function not found")
 	}
 	return errors.Is(err, rueidis.ErrClosing) || errors.Is(err, io.EOF) || errors.Is(err, rueidis.ErrNoSlot)
 }
@@ -75,10 +75,6 @@ func unavailable(err error) bool {
 // errSaleCold: an order's tag in Redis is not warm (claim.lua's 'cold'): it
 // waits for the rebuild, which the gateways and the leader ask for.
 var errSaleCold = errors.New("the sale is not warm in Redis")
-
-// probeScript writes a short-lived key in one hash tag: it fails as the
-// orders' scripts would on a Redis that refuses scripts or writes.
-var probeScript = rueidis.NewLuaScript(`redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1`)
 
 // writable probes every dependency of sale's orders for writes: NATS
 // connected, MySQL's tables answering, and a script's write on each of the
@@ -98,9 +94,8 @@ func (ig *ingest) writable(sale string) error {
 	}
 	tags := []*lua.Keys{k}
 	tags = append(tags, k.Buckets()...)
-	ttl := strconv.FormatInt(probeKeyTTL.Milliseconds(), 10)
 	for _, t := range tags {
-		if err := probeScript.Exec(ctx, ig.rc, []string{t.Meta + ":probe"}, []string{"1", ttl}).Error(); err != nil {
+		if err := lua.ProbeWrite(ctx, ig.rc, t.Meta+":probe", probeKeyTTL); err != nil {
 			return err
 		}
 	}

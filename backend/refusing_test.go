@@ -40,7 +40,7 @@ func TestRedisRefusalsAreOutages(t *testing.T) {
 	}
 	defer c.Close()
 	key := []string{"fg:{s:x}:meta:probe"}
-	probe := func() error { return probeScript.Exec(ctx(t), c, key, []string{"1", "1000"}).Error() }
+	probe := func() error { return lua.ProbeWrite(ctx(t), c, key[0], time.Second) }
 	if err := probe(); err != nil {
 		t.Fatalf("probe on a Redis that writes: %v", err)
 	}

@@ -27,9 +27,6 @@ const (
 	warmLockTTL = 15 * time.Second
 )
 
-// unlockSrc deletes a lock only if it is still ours.
-const unlockSrc = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`
-
 // warmer makes sales known to Redis from MySQL: at start, on sale create and
 // close, and when a gateway reports a sale not warmed (bus.EventWarm). It owns
 // the goroutines of the event-driven warms.
@@ -38,7 +35,6 @@ type warmer struct {
 	rc      rueidis.Client
 	scripts *lua.Scripts
 	log     *slog.Logger
-	unlock  *rueidis.Lua
 	// grace, if set, is how long to wait before reading a sale that Redis
 	// lost (reconciler.lossGrace).
 	grace func(ctx context.Context, sale string) (time.Duration, error)
@@ -60,7 +56,7 @@ type warmer struct {
 
 func newWarmer(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *slog.Logger) *warmer {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &warmer{db: db, rc: rc, scripts: scripts, log: log, unlock: rueidis.NewLuaScript(unlockSrc),
+	return &warmer{db: db, rc: rc, scripts: scripts, log: log,
 		ctx: ctx, cancel: cancel, last: map[string]time.Time{}}
 }
 
@@ -114,7 +110,7 @@ func (w *warmer) lock(ctx context.Context, sale string) (unlock func(), ok bool,
 	return func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
-		_ = w.unlock.Exec(uctx, w.rc, []string{key}, []string{token}).Error()
+		_ = lua.Unlock(uctx, w.rc, key, token)
 	}, true, nil
 }
 

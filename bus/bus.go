@@ -34,6 +34,9 @@ func Connect(cfg config.NATS, name string) (*nats.Conn, error) {
 	if cfg.User != "" {
 		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
 	}
+	if cfg.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(cfg.InboxPrefix))
+	}
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("nats %s: %w", cfg.URL, err)
@@ -54,12 +57,21 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg config.NATS) 
 		Duplicates:  cfg.DedupWindow,
 		Replicas:    cfg.Replicas,
 		MaxMsgs:     orNone(cfg.MaxStreamMsgs),
+		MaxMsgSize:  orNone32(cfg.MaxMsgSize),
+		MaxBytes:    orNone(cfg.MaxBytes),
 		Discard:     jetstream.DiscardNew,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", cfg.Stream, err)
 	}
 	return s, nil
+}
+
+func orNone32(n int64) int32 {
+	if n <= 0 || n > 1<<31-1 {
+		return -1
+	}
+	return int32(n)
 }
 
 func orNone(n int64) int64 {

@@ -80,6 +80,8 @@ func EnsureDeadLetterStream(ctx context.Context, js jetstream.JetStream, cfg con
 		MaxAge:      deadLetterMaxAge,
 		Duplicates:  cfg.DedupWindow,
 		Replicas:    cfg.Replicas,
+		MaxMsgSize:  orNone32(cfg.MaxMsgSize),
+		MaxBytes:    orNone(cfg.MaxBytes),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", name, err)

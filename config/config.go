@@ -74,6 +74,10 @@ type Gateway struct {
 	SaleRefresh time.Duration `yaml:"sale_refresh"`
 	// NodeLeaseTTL is the lifetime of the order-id node a gateway leases from Redis (renewed while it runs).
 	NodeLeaseTTL time.Duration `yaml:"node_lease_ttl"`
+	// NodeIDs is the range "from-to" of order-id nodes this gateway leases
+	// from ("": all, 0-1007). Its Redis user may write only those lease keys
+	// when the roles give each gateway its own (docs/credentials.md).
+	NodeIDs string `yaml:"node_ids"`
 	// ReusePort lets several gateway processes listen on one port (SO_REUSEPORT),
 	// the kernel spreading connections over them: one process per core.
 	ReusePort bool `yaml:"reuseport"`
@@ -310,6 +314,16 @@ type NATS struct {
 	DedupWindow time.Duration `yaml:"dedup_window"`
 	// MaxStreamMsgs bounds the stream's messages (0: no bound).
 	MaxStreamMsgs int64 `yaml:"max_stream_msgs"`
+	// MaxMsgSize is the largest message the orders stream and its dead
+	// letters take (an order is a few hundred bytes); MaxBytes bounds each
+	// stream's size. A full stream refuses new orders (503), never drops one.
+	MaxMsgSize int64 `yaml:"max_msg_size"`
+	MaxBytes   int64 `yaml:"max_bytes"`
+	// InboxPrefix is where this process's replies arrive (its requests'
+	// answers, JetStream acks and deliveries): the NATS permissions let each
+	// role subscribe to its own prefix only (docs/credentials.md). "" is the
+	// default, _INBOX.
+	InboxPrefix string `yaml:"inbox_prefix"`
 	// User and Password log in to NATS; the server's permissions for that
 	// user decide what this process may publish and subscribe to.
 	User     string `yaml:"user"`
@@ -459,6 +473,7 @@ func Default() Config {
 			URL: "nats://127.0.0.1:14222", Stream: "FLASHGATE_ORDERS",
 			OrderSubject: "flashgate.orders", EventSubject: "flashgate.events.sale", CommandSubject: "flashgate.cmd.orders",
 			Consumer: "flashgate-backend", Replicas: 1, DedupWindow: 2 * time.Minute,
+			MaxMsgSize: 64 << 10, MaxBytes: 1 << 30,
 		},
 		Auth:   Auth{Keys: []Key{}, MaxTokenTTL: 24 * time.Hour, Issuer: "flashgate"},
 		MySQL:  MySQL{DSN: "root@tcp(127.0.0.1:13306)/flashgate", MaxOpenConns: 32},
@@ -549,6 +564,15 @@ func (c *Config) Validate() error {
 	}
 	if c.NATS.DedupWindow < 2*time.Minute {
 		errs = append(errs, errors.New("nats.dedup_window must be at least 2m (docs/design.md §7)"))
+	}
+	if _, _, _, err := c.Gateway.NodeRange(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.NATS.MaxMsgSize < 4<<10 || c.NATS.MaxMsgSize > 64<<20 || c.NATS.MaxBytes < 1<<20 {
+		errs = append(errs, errors.New("nats.max_msg_size must be 4KiB..64MiB and nats.max_bytes at least 1MiB"))
+	}
+	if p := c.NATS.InboxPrefix; strings.ContainsAny(p, "*> \t") || strings.HasSuffix(p, ".") {
+		errs = append(errs, errors.New("nats.inbox_prefix: a subject without wildcards, not ending in '.'"))
 	}
 	if c.Orders.PaymentTimeout <= 0 {
 		errs = append(errs, errors.New("orders.payment_timeout must be positive"))
@@ -941,3 +965,17 @@ func (e *Events) validate(n NATS) []error {
 // MinWebhookSecretBytes is the shortest webhook secret: the shop verifies
 // every event with it.
 const MinWebhookSecretBytes = 32
+
+// NodeRange is NodeIDs as numbers: ok is false for "" (every node).
+func (g Gateway) NodeRange() (from, to int, ok bool, err error) {
+	if g.NodeIDs == "" {
+		return 0, 0, false, nil
+	}
+	a, b, found := strings.Cut(g.NodeIDs, "-")
+	from, err1 := strconv.Atoi(a)
+	to, err2 := strconv.Atoi(b)
+	if !found || err1 != nil || err2 != nil || from < 0 || from > to {
+		return 0, 0, false, fmt.Errorf("gateway.node_ids %q: want from-to, 0 <= from <= to", g.NodeIDs)
+	}
+	return from, to, true, nil
+}

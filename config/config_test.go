@@ -460,7 +460,7 @@ func TestEnvironRoundTrip(t *testing.T) {
 	want.Redis.Username, want.Redis.Password = "flashgate_gateway", "r-pass"
 	want.NATS.User, want.NATS.Password = "gateway", "n-pass"
 	want.MySQL.DSN = "flashgate_app:m-pass@tcp(127.0.0.1:13306)/flashgate"
-	want.MySQL.AutoMigrate = true // what the stack hands its backend (FLASHGATE_MYSQL_AUTO_MIGRATE)
+	want.MySQL.AutoMigrate = true // FLASHGATE_MYSQL_AUTO_MIGRATE (the tests' backends)
 	want.Auth.Keys = []Key{{Kid: "k2", Secret: "s2: with, [yaml] chars"}, {Kid: "ed", PublicKeyFile: "/a b.pem"}}
 	want.Auth.SigningKid = "k2"
 	want.Auth.MaxTokenTTL = time.Hour

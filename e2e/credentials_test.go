@@ -17,9 +17,13 @@ import (
 
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/authstack"
 	"github.com/flashgate/flashgate/internal/eventcheck"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
+	"github.com/flashgate/flashgate/orderid"
+	"github.com/flashgate/flashgate/roles"
 )
 
 // The servers here authenticate their clients with the users and permissions
@@ -27,17 +31,23 @@ import (
 
 // TestRolesRunASale: a backend and a gateway, each with its own role's logins
 // only, run a sale from creation to a paid order and a sold-out answer: the
-// permissions are enough for everything they do.
+// permissions are enough for everything they do. The schema is the
+// migrator's work; the backend's MySQL login has rows only, and the gateway
+// has none.
 func TestRolesRunASale(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	base := e2eConfig(t)
+	migrate(t, authstack.MySQLAs(t, base.MySQL.DSN, st.Migrator))
 	// The webhook too: the backend's role reads the events stream for it.
 	var hooked atomic.Int64
 	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hooked.Add(1) }))
 	t.Cleanup(shop.Close)
 	base.Events.Webhook.URL, base.Events.Webhook.Secret = shop.URL, testenv.Secret("e2e-webhook-secret-0123456789-")
-	be := startBackend(t, st.Config(base, st.Backend))
+	bcfg := st.Config(base, st.Backend)
+	bcfg.MySQL.DSN, bcfg.MySQL.AutoMigrate = authstack.MySQLAs(t, base.MySQL.DSN, st.Backend), false
+	be := startBackend(t, bcfg)
 	gcfg := st.Config(base, st.Gateway)
+	gcfg.MySQL.DSN = "tcp(127.0.0.1:1)/no-login" // a gateway has no MySQL login
 	gw := startGateway(t, gcfg)
 	s := newSale(1, 1)
 	createSale(t, base, be.AdminAddr(), s)
@@ -97,6 +107,22 @@ func TestRolesRunASale(t *testing.T) {
 	}
 }
 
+// migrate brings the schema of dsn up to date (as the migrator does before a
+// deploy).
+func migrate(t *testing.T, dsn string) {
+	t.Helper()
+	db, err := mysql.OpenDB(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := mysql.Migrate(ctx, db); err != nil {
+		t.Fatalf("migrate as the migrator: %v", err)
+	}
+}
+
 // collector gathers the sale events a connection hears through
 // bus.SubscribeEvents, as a gateway does.
 type collector struct {
@@ -117,14 +143,18 @@ func (c *collector) has(typ, sale string) bool {
 	return false
 }
 
-func connectAs(t *testing.T, url string, r testenv.Role, errs chan<- error) *nats.Conn {
+func connectAs(t *testing.T, url string, r authstack.Role, errs chan<- error) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.UserInfo(r.NATSUser, r.NATSPassword), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	opts := []nats.Option{nats.UserInfo(r.NATSUser, r.NATSPassword)}
+	if r.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(r.InboxPrefix))
+	}
+	nc, err := nats.Connect(url, append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
 		case errs <- err:
 		default:
 		}
-	}))
+	}))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +167,7 @@ func connectAs(t *testing.T, url string, r testenv.Role, errs chan<- error) *nat
 // cannot publish a sale event (the server refuses, no gateway hears it), and
 // what a gateway may publish, hints, cannot carry a closed sale.
 func TestForgedSaleEventsRefused(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	cfg := st.Config(config.Default(), st.Gateway).NATS
 	sale := testenv.ID("forged")
 	closed, _ := json.Marshal(bus.SaleEvent{Type: bus.EventClosed, SaleID: sale})
@@ -218,10 +248,13 @@ func TestForgedSaleEventsRefused(t *testing.T) {
 	}
 }
 
-// TestRedisRoles: Redis answers no one who has not logged in, and a gateway's
-// or backend's user runs only what flashgate needs, on flashgate's keys.
+// TestRedisRoles: Redis answers no one who has not logged in; the gateway's
+// user runs flashgate's functions and no Lua of its own, cannot load or
+// delete functions, and writes no key that decides a sale (its meta: state,
+// window, limits; its epoch; the index of sales), not even through a
+// function of the library; neither role may run the server's administration.
 func TestRedisRoles(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -235,42 +268,302 @@ func TestRedisRoles(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "NOAUTH") {
 		t.Fatalf("anonymous PING: %v, want NOAUTH", err)
 	}
+	client := func(r authstack.Role) rueidis.Client {
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{st.Redis.Addr}, Username: r.RedisUser, Password: r.RedisPassword, DisableCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	admin, gw, be := client(st.Admin), client(st.Gateway), client(st.Backend)
 
-	for _, r := range []struct {
-		name string
-		role testenv.Role
-	}{{"gateway", st.Gateway}, {"backend", st.Backend}} {
-		t.Run(r.name, func(t *testing.T) {
-			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{st.Redis.Addr}, Username: r.role.RedisUser, Password: r.role.RedisPassword, DisableCache: true})
-			if err != nil {
-				t.Fatal(err)
+	// The gateway may not load the library; the backend may.
+	code, _ := lua.Library()
+	if err := gw.Do(ctx, gw.B().FunctionLoad().Replace().FunctionCode(code).Build()).Error(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("FUNCTION LOAD as the gateway: %v, want NOPERM", err)
+	}
+	if err := lua.LoadLibrary(ctx, be); err != nil {
+		t.Fatalf("FUNCTION LOAD as the backend: %v", err)
+	}
+
+	spec := newSale(10, 2)
+	k := lua.KeysFor(spec.ID, nil)
+	if ok, err := lua.Load().Warm(ctx, be, spec, map[string]int64{"": 10}); !ok || err != nil {
+		t.Fatalf("warm as the backend: %v, %v", ok, err)
+	}
+	// What a gateway does: admit through the function.
+	a := lua.AdmitArgs{User: "alice", Quantity: 1, OrderID: 1<<40 + 1, Now: time.Now()}
+	a.PayBy = a.Now.Add(time.Minute)
+	if adm, err := lua.Load().Admit(ctx, gw, k, a); err != nil || adm.Outcome != lua.Admitted {
+		t.Fatalf("admit as the gateway: %+v, %v", adm, err)
+	}
+
+	// Its own nodes it leases (and the second gateway its own).
+	for _, c := range []struct {
+		role authstack.Role
+		node string
+	}{{st.Gateway, lua.NodeLease(0)}, {st.Gateway, lua.NodeLease(503)}, {st.Gateway2, lua.NodeLease(504)}, {st.Gateway2, lua.NodeLease(1007)}} {
+		v, err := admin.Do(ctx, admin.B().Arbitrary("ACL").Args("DRYRUN", c.role.RedisUser, "SET", c.node, "x", "NX", "PX", "15000").Build()).ToString()
+		if err != nil || v != "OK" {
+			t.Errorf("ACL DRYRUN %s SET %s: %q, %v; want OK", c.role.RedisUser, c.node, v, err)
+		}
+	}
+	l, err := orderid.AcquireIn(ctx, gw, 15*time.Second, 0, 503)
+	if err != nil {
+		t.Fatalf("the gateway leasing a node of its range: %v", err)
+	}
+	if n := l.Node(); n < 0 || n > 503 {
+		t.Errorf("leased node %d, outside 0-503", n)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Errorf("the gateway freeing its node: %v", err)
+	}
+
+	// A function of the library that writes a sale's meta runs with its
+	// caller's rights: closing a sale is the backend's.
+	if err := lua.Close(ctx, gw, k); err == nil {
+		t.Error("the gateway closed a sale through the library's function")
+	} else if !strings.Contains(err.Error(), "can't run this command") && !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("the gateway closing a sale through the library: %v, want a refusal", err)
+	}
+	if err := lua.Close(ctx, be, k); err != nil {
+		t.Errorf("the backend closing the sale: %v", err)
+	}
+
+	// Each refusal as ACL DRYRUN words it, and as the real command gets it.
+	deny := [][]string{
+		{"EVAL", "return redis.call('HSET', KEYS[1], 'state', 'closed')", "1", k.Meta},
+		{"EVALSHA", "0000000000000000000000000000000000000000", "0"},
+		{"SCRIPT", "LOAD", "return 1"},
+		{"FUNCTION", "LOAD", "REPLACE", code},
+		{"FUNCTION", "DELETE", "x"},
+		{"FUNCTION", "FLUSH"},
+		{"HSET", k.Meta, "state", "closed"},
+		{"HSET", k.Meta, "total", "1000000"},
+		{"DEL", k.Meta},
+		{"SET", k.Epoch, "9"},
+		{"DEL", k.Epoch},
+		{"SET", k.Warming, "x"},
+		{"SADD", lua.SalesIndex, "x"},
+		{"HDEL", lua.Denylist, "sub:bot"}, // the operator's revocations
+		{"ZADD", lua.LiveIndex, "1", "x"},
+		{"SET", "other:key", "1"},
+		// Another gateway's order-id nodes (this one leases 0-503).
+		{"SET", lua.NodeLease(504), "x", "NX", "PX", "15000"},
+		{"SET", lua.NodeLease(1007), "x", "NX", "PX", "15000"},
+		{"DEL", lua.NodeLease(600)},
+		{"FLUSHALL"}, {"FLUSHDB"}, {"KEYS", "*"}, {"CONFIG", "GET", "*"}, {"ACL", "LIST"}, {"SHUTDOWN"}, {"MONITOR"}, {"DEBUG", "SLEEP", "1"},
+		// Last: where it is allowed, it blocks this Redis for good.
+		{"EVAL", "while true do end", "0"},
+	}
+	for _, cmd := range deny {
+		args := append([]string{"DRYRUN", st.Gateway.RedisUser}, cmd...)
+		v, err := admin.Do(ctx, admin.B().Arbitrary("ACL").Args(args...).Build()).ToString()
+		if err != nil || v == "OK" {
+			t.Errorf("ACL DRYRUN gateway %.60q: %q, %v; want a refusal", cmd, v, err)
+		}
+		if cmd[0] == "SHUTDOWN" || cmd[0] == "MONITOR" || cmd[0] == "DEBUG" {
+			continue // DRYRUN says it; not worth sending
+		}
+		err = gw.Do(ctx, gw.B().Arbitrary(cmd[0]).Args(cmd[1:]...).Build()).Error()
+		if err == nil || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("%.60q as the gateway: %v, want NOPERM", cmd, err)
+		}
+	}
+	// The backend runs no administration either.
+	for _, cmd := range deny[len(deny)-9 : len(deny)-1] {
+		if cmd[0] == "SHUTDOWN" || cmd[0] == "MONITOR" || cmd[0] == "DEBUG" {
+			continue
+		}
+		err := be.Do(ctx, be.B().Arbitrary(cmd[0]).Args(cmd[1:]...).Build()).Error()
+		if err == nil || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("%.60q as the backend: %v, want NOPERM", cmd, err)
+		}
+	}
+}
+
+// TestRedisLostLibrary: a Redis that lost the function library (restarted
+// without it, a fresh node) answers the gateway "Function not found", which
+// it turns into a 503-class error, until the backend's check loads it again.
+func TestRedisLostLibrary(t *testing.T) {
+	st := authstack.Start(t)
+	base := e2eConfig(t)
+	bcfg := st.Config(base, st.Backend)
+	be := startBackend(t, bcfg)
+	_ = be
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{st.Redis.Addr}, Username: st.Admin.RedisUser, Password: st.Admin.RedisPassword, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	gw, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{st.Redis.Addr}, Username: st.Gateway.RedisUser, Password: st.Gateway.RedisPassword, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	key := lua.KeysFor(testenv.ID("lost"), nil).Meta
+	if _, err := lua.ServerTime(ctx, gw, key); err != nil {
+		t.Fatalf("a function as the gateway, the library loaded by the backend: %v", err)
+	}
+	if err := admin.Do(ctx, admin.B().FunctionFlush().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = lua.ServerTime(ctx, gw, key)
+	if !lua.IsNoLibrary(err) {
+		t.Fatalf("a function as the gateway on a Redis without the library: %v, want Function not found", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err = lua.ServerTime(ctx, gw, key); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the backend never loaded the library again: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestNATSInboxes: each role's replies arrive under its own inbox prefix, and
+// no other role may subscribe there: a gateway's login cannot read the
+// orders JetStream delivers to the backends (buyers' data), nor anyone's
+// replies on the default _INBOX; a backend's cannot read a gateway's.
+func TestNATSInboxes(t *testing.T) {
+	st := authstack.Start(t)
+	for _, c := range []struct {
+		role    authstack.Role
+		subject string
+	}{
+		{st.Gateway, "_INBOX.>"},
+		{st.Gateway, "_INBOX.x"},
+		{st.Gateway, roles.BackendInbox + ".>"},
+		{st.Gateway, ">"},
+		{st.Backend, "_INBOX.>"},
+		{st.Backend, roles.GatewayInbox + ".>"},
+		{st.Consumer, roles.BackendInbox + ".>"},
+		{st.Consumer, roles.GatewayInbox + ".>"},
+	} {
+		errs := make(chan error, 4)
+		nc := connectAs(t, st.NATS.URL(), c.role, errs)
+		if _, err := nc.SubscribeSync(c.subject); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-errs:
+			if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Errorf("%s subscribing to %s: %v, want a permissions violation", c.role.NATSUser, c.subject, err)
 			}
-			defer c.Close()
-			key := "fg:{s:" + testenv.ID("acl") + "}:stock"
-			if err := c.Do(ctx, c.B().Set().Key(key).Value("1").Build()).Error(); err != nil {
-				t.Fatalf("SET %s: %v", key, err)
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s may subscribe to %s", c.role.NATSUser, c.subject)
+		}
+	}
+}
+
+// TestOrdersStreamCapped: the orders stream and its dead letters have a
+// largest message and a most bytes (nats.max_msg_size, nats.max_bytes): an
+// order bigger than the cap is refused by JetStream.
+func TestOrdersStreamCapped(t *testing.T) {
+	st := authstack.Start(t)
+	base := e2eConfig(t)
+	base.NATS.MaxMsgSize, base.NATS.MaxBytes = 8<<10, 64<<20
+	bcfg := st.Config(base, st.Backend)
+	startBackend(t, bcfg)
+	nc := connectAs(t, st.NATS.URL(), st.Gateway, make(chan error, 1))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, name := range []string{bcfg.NATS.Stream} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := s.CachedInfo().Config; c.MaxMsgSize != 8<<10 || c.MaxBytes != 64<<20 {
+			t.Errorf("stream %s: max_msg_size %d, max_bytes %d; want 8 KiB and 64 MiB", name, c.MaxMsgSize, c.MaxBytes)
+		}
+	}
+	_, err = js.Publish(ctx, bus.OrderSubject(bcfg.NATS, "capped"), make([]byte, 9<<10))
+	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "maximum") {
+		t.Errorf("a 9 KiB order: %v, want refused by the stream's max_msg_size", err)
+	}
+}
+
+// TestMySQLRoles: the backend's login changes rows, not the schema (SHOW
+// GRANTS lists no CREATE, ALTER, DROP, and a CREATE TABLE is refused), and
+// the gateway has no login at all (the local stack's MariaDB, whose accounts
+// scripts/stack.sh made from package roles).
+func TestMySQLRoles(t *testing.T) {
+	st := authstack.Start(t)
+	base := e2eConfig(t)
+	migrate(t, authstack.MySQLAs(t, base.MySQL.DSN, st.Migrator))
+	db, err := mysql.OpenDB(authstack.MySQLAs(t, base.MySQL.DSN, st.Backend))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, err := db.QueryContext(ctx, "SHOW GRANTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var grants []string
+	for rows.Next() {
+		var g string
+		if err := rows.Scan(&g); err != nil {
+			t.Fatal(err)
+		}
+		grants = append(grants, g)
+	}
+	rows.Close()
+	if len(grants) < 2 {
+		t.Fatalf("the backend's grants: %q", grants)
+	}
+	for _, g := range grants {
+		for _, p := range []string{"CREATE", "ALTER", "DROP", "INDEX", "ALL PRIVILEGES", "GRANT OPTION", "SUPER", "PROCESS", "FILE"} {
+			if strings.Contains(strings.ToUpper(g), p) {
+				t.Errorf("the backend's login holds %s: %s", p, g)
 			}
-			if err := c.Do(ctx, c.B().Eval().Script("return redis.call('INCRBY', KEYS[1], 1)").Numkeys(1).Key(key).Build()).Error(); err != nil {
-				t.Fatalf("EVAL on its keys: %v", err)
-			}
-			for _, cmd := range []rueidis.Completed{
-				c.B().Flushall().Build(),
-				c.B().Flushdb().Build(),
-				c.B().ConfigGet().Parameter("*").Build(),
-				c.B().ConfigSet().ParameterValue().ParameterValue("appendonly", "no").Build(),
-				c.B().Keys().Pattern("*").Build(),
-				c.B().AclList().Build(),
-				c.B().Shutdown().Build(),
-				c.B().Set().Key("other:key").Value("1").Build(),
-				c.B().Eval().Script("return redis.call('FLUSHALL')").Numkeys(0).Build(),
-			} {
-				err := c.Do(ctx, cmd).Error()
-				// A refusal inside a script is worded differently.
-				if err == nil || !strings.Contains(err.Error(), "NOPERM") && !strings.Contains(err.Error(), "can't run this command") {
-					t.Errorf("%v as %s: %v, want NOPERM", cmd.Commands(), r.name, err)
-				}
-			}
-		})
+		}
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE evil (id INT)"); err == nil || !strings.Contains(err.Error(), "1142") {
+		t.Errorf("CREATE TABLE as the backend: %v, want error 1142 (command denied)", err)
+	}
+	if _, err := db.ExecContext(ctx, "ALTER TABLE orders ADD COLUMN evil INT"); err == nil || !strings.Contains(err.Error(), "1142") {
+		t.Errorf("ALTER TABLE as the backend: %v, want error 1142", err)
+	}
+	if _, err := db.ExecContext(ctx, "DROP TABLE orders"); err == nil || !strings.Contains(err.Error(), "1142") {
+		t.Errorf("DROP TABLE as the backend: %v, want error 1142", err)
+	}
+	// Its rows it may change (the positive control of the refusals above).
+	if _, err := db.ExecContext(ctx, "SELECT COUNT(*) FROM orders"); err != nil {
+		t.Errorf("SELECT as the backend: %v", err)
+	}
+
+	// No gateway account: root (the stack's own login) lists none.
+	root := authstack.MySQLAs(t, base.MySQL.DSN, authstack.Role{MySQLUser: "root", MySQLPassword: authstack.StackSecret(t, "S_MYSQL_ROOT")})
+	rdb, err := mysql.OpenDB(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	var n int
+	if err := rdb.QueryRowContext(ctx, "SELECT COUNT(*) FROM mysql.user WHERE user = ?", roles.Gateway).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("MariaDB has %d %s accounts, want none", n, roles.Gateway)
+	}
+	if err := rdb.QueryRowContext(ctx, "SELECT COUNT(*) FROM mysql.user WHERE user IN (?, ?)", roles.Backend, roles.Migrator).Scan(&n); err != nil || n != 2 {
+		t.Errorf("MariaDB's backend and migrator accounts: %d, %v; want 2", n, err)
 	}
 }
 
@@ -278,7 +571,7 @@ func TestRedisRoles(t *testing.T) {
 // (the purchase's confirmation and its payment) to a stream it created; the
 // consumer role reads them, and may do nothing else: not publish an event,
 // not read the orders stream.
-func consumerReadsEvents(t *testing.T, st *testenv.AuthStack, base config.Config, sale string) {
+func consumerReadsEvents(t *testing.T, st *authstack.AuthStack, base config.Config, sale string) {
 	t.Helper()
 	db, err := mysql.OpenDB(base.MySQL.DSN)
 	if err != nil {

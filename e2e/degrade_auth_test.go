@@ -9,6 +9,7 @@ import (
 	"github.com/flashgate/flashgate"
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
+	"github.com/flashgate/flashgate/internal/authstack"
 	"github.com/flashgate/flashgate/internal/testenv"
 )
 
@@ -18,7 +19,7 @@ import (
 // under bus.ReplyPrefix. A backend cannot publish on a gateway's _INBOX, where
 // the JetStream publish acks arrive (it has no allow_responses, docs/credentials.md).
 func TestLanePermissions(t *testing.T) {
-	st := testenv.StartAuthStack(t)
+	st := authstack.Start(t)
 	cfg := st.Config(config.Default(), st.Backend).NATS
 	errs := make(chan error, 10)
 	backend := connectAs(t, st.NATS.URL(), st.Backend, errs)

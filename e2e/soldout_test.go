@@ -200,9 +200,9 @@ func scriptStats(t *testing.T, rc rueidis.Client) map[string]int64 {
 	return out
 }
 
-// admissionsDuring counts the admission scripts Redis at addr runs while fn
-// runs, by watching MONITOR for the admit script's SHA (or its source, for the
-// EVAL fallback). Lease renewals and other scripts do not count.
+// admissionsDuring counts the admission calls Redis at addr runs while fn
+// runs, by watching MONITOR for the admit function's name. Lease renewals and
+// other functions do not count.
 func admissionsDuring(t *testing.T, addr string, fn func()) int {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
@@ -217,7 +217,7 @@ func admissionsDuring(t *testing.T, addr string, fn func()) int {
 	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
 		t.Fatalf("MONITOR: %q %v", line, err)
 	}
-	sha := lua.AdmitSHA()
+	admit := lua.AdmitFunction()
 	marker := testenv.ID("monitor-end-")
 	counted := make(chan int, 1)
 	go func() {
@@ -232,7 +232,7 @@ func admissionsDuring(t *testing.T, addr string, fn func()) int {
 			case strings.Contains(line, marker):
 				counted <- n
 				return
-			case strings.Contains(line, sha), strings.Contains(line, `"EVAL"`) && strings.Contains(line, "-- admit:"):
+			case strings.Contains(line, `"`+admit+`"`):
 				n++
 			}
 		}

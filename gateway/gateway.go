@@ -172,7 +172,7 @@ func (g *Gateway) connect(ctx context.Context) error {
 	if err := awaitStream(ctx, g.js, g.cfg.NATS); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
-	lease, err := orderid.Acquire(ctx, g.rc, g.cfg.Gateway.NodeLeaseTTL)
+	lease, err := g.acquireNode(ctx)
 	if err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
@@ -318,7 +318,7 @@ func (g *Gateway) leaseLoop(ctx context.Context) {
 		}
 		for {
 			c, cancel := context.WithTimeout(ctx, 2*time.Second)
-			nl, err := orderid.Acquire(c, g.rc, g.cfg.Gateway.NodeLeaseTTL)
+			nl, err := g.acquireNode(c)
 			cancel()
 			if err == nil {
 				_ = l.Close(ctx)
@@ -420,4 +420,16 @@ func awaitStream(ctx context.Context, js jetstream.JetStream, cfg config.NATS) e
 		return fmt.Errorf("stream %s: %w", cfg.Stream, err)
 	}
 	return nil
+}
+
+// acquireNode leases an order-id node in gateway.node_ids (all when unset).
+func (g *Gateway) acquireNode(ctx context.Context) (*orderid.Lease, error) {
+	from, to, ok, err := g.cfg.Gateway.NodeRange()
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return orderid.Acquire(ctx, g.rc, g.cfg.Gateway.NodeLeaseTTL)
+	}
+	return orderid.AcquireIn(ctx, g.rc, g.cfg.Gateway.NodeLeaseTTL, from, to)
 }

@@ -2,9 +2,7 @@ package lua
 
 import (
 	"context"
-	"crypto/sha1"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -34,16 +32,11 @@ var (
 	//go:embed view.lua
 	viewSrc string
 
-	takeScript = rueidis.NewLuaScript(takeSrc)
-	giveScript = rueidis.NewLuaScript(giveSrc)
-	viewScript = rueidis.NewLuaScript(viewSrc)
-	viewSHA    = shaOf(viewSrc)
-	takeSHA    = shaOf(takeSrc)
-	giveSHA    = shaOf(giveSrc)
-	touchSHA   = shaOf(touchSrc)
+	takeScript  = newScript("take", takeSrc).reading(3)
+	giveScript  = newScript("give", giveSrc).reading(3)
+	viewScript  = newReadScript("view", viewSrc)
+	touchScript = newScript("touch", touchSrc)
 )
-
-func shaOf(src string) string { sum := sha1.Sum([]byte(src)); return hex.EncodeToString(sum[:]) }
 
 // touchSrc writes a giver's ledger entry again, unchanged, when it is still
 // there (1) and answers 0 when it is gone: a write of the giver's master that
@@ -64,26 +57,18 @@ type replication struct {
 	timeout  time.Duration
 }
 
-// execWait runs a script (src, its sha) on keys and args and, when
-// w.replicas > 0, WAIT on the same connection in the same round trip; acked
-// is whether that many replicas had the script's writes within the timeout
-// (always true without a wait). A master that does not know the script yet
-// gets it with EVAL.
-func execWait(ctx context.Context, c rueidis.Client, src, sha string, keys, args []string, w replication) (rueidis.RedisResult, bool, error) {
+// execWait runs a script on keys and args and, when w.replicas > 0, WAIT on
+// the same connection in the same round trip; acked is whether that many
+// replicas had the script's writes within the timeout (always true without a
+// wait). A master that lost the library gets it again (Script.Exec).
+func execWait(ctx context.Context, c rueidis.Client, s *Script, keys, args []string, w replication) (rueidis.RedisResult, bool, error) {
 	if w.replicas <= 0 {
-		r := c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-		if re, ok := rueidis.IsRedisErr(r.Error()); ok && re.IsNoScript() {
-			r = c.Do(ctx, c.B().Eval().Script(src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-		}
-		return r, true, nil
+		return s.Exec(ctx, c, keys, args), true, nil
 	}
 	wait := func() rueidis.Completed {
 		return c.B().Wait().Numreplicas(int64(w.replicas)).Timeout(w.timeout.Milliseconds()).Build()
 	}
-	rs := c.DoMulti(ctx, c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
-	if re, ok := rueidis.IsRedisErr(rs[0].Error()); ok && re.IsNoScript() {
-		rs = c.DoMulti(ctx, c.B().Eval().Script(src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
-	}
+	rs := s.execMulti(ctx, c, keys, args, wait)
 	if rs[0].Error() != nil {
 		return rs[0], false, nil
 	}
@@ -295,7 +280,7 @@ func take(ctx context.Context, c rueidis.Client, from *Keys, to int, id, region 
 	if !ok {
 		return 0, "", false, ErrUnknownRegion
 	}
-	r, acked, err := execWait(ctx, c, takeSrc, takeSHA, []string{stock, from.xout, from.Epoch},
+	r, acked, err := execWait(ctx, c, takeScript, []string{stock, from.xout, from.Epoch},
 		[]string{id, strconv.FormatInt(want, 10), strconv.Itoa(to), region, strconv.FormatInt(nowMS, 10)}, w)
 	if err != nil {
 		return 0, "", false, fmt.Errorf("take %s bucket %d: %w", from.Sale, from.index, err)
@@ -331,7 +316,7 @@ func land(ctx context.Context, c rueidis.Client, k *Keys, t Transfer, nowMS int6
 	if !ok {
 		return false, false, ErrUnknownRegion
 	}
-	r, acked, err := execWait(ctx, c, giveSrc, giveSHA, []string{stock, to.xin, to.Epoch},
+	r, acked, err := execWait(ctx, c, giveScript, []string{stock, to.xin, to.Epoch},
 		[]string{t.ID, strconv.FormatInt(t.Units, 10), strconv.FormatInt(nowMS, 10), t.Epoch}, w)
 	if err != nil {
 		return false, false, fmt.Errorf("give %s bucket %d: %w", k.Sale, t.To, err)
@@ -354,7 +339,7 @@ func confirmTaken(ctx context.Context, c rueidis.Client, k *Keys, t Transfer, w 
 	if w.replicas <= 0 {
 		return true, nil
 	}
-	r, acked, err := execWait(ctx, c, touchSrc, touchSHA, []string{k.buckets[t.From].xout}, []string{t.ID}, w)
+	r, acked, err := execWait(ctx, c, touchScript, []string{k.buckets[t.From].xout}, []string{t.ID}, w)
 	if err != nil {
 		return false, fmt.Errorf("transfer %s of %s: %w", t.ID, k.Sale, err)
 	}
@@ -637,14 +622,14 @@ func remainingBucketed(ctx context.Context, c rueidis.Client, k *Keys) (map[stri
 	cmds := make(rueidis.Commands, len(k.buckets))
 	regions := make([][]string, len(k.buckets))
 	// keys[i] are bucket i's keys for view.lua, in the order of regions[i]:
-	// a retry after NOSCRIPT sends these same keys, so each value read is
-	// added to its own region.
+	// a retry on a master that lost the library sends these same keys, so
+	// each value read is added to its own region.
 	keys := make([][]string, len(k.buckets))
 	for i, b := range k.buckets {
 		var stock []string
 		regions[i], stock = b.StockKeys()
 		keys[i] = append([]string{b.xout, b.xin}, stock...)
-		cmds[i] = c.B().Evalsha().Sha1(viewSHA).Numkeys(int64(len(keys[i]))).Key(keys[i]...).Build()
+		cmds[i] = viewScript.cmd(c, keys[i], nil)
 	}
 	res := c.DoMulti(ctx, cmds...)
 	out := make(map[string]int64)
@@ -652,8 +637,8 @@ func remainingBucketed(ctx context.Context, c rueidis.Client, k *Keys) (map[stri
 	var moving []Transfer
 	for i, r := range res {
 		v, err := r.ToArray()
-		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			// A master that has not seen view.lua (restarted, new, failed over).
+		if notFound(err) {
+			// A master that lost the library (restarted, new, failed over).
 			v, err = viewScript.Exec(ctx, c, keys[i], nil).ToArray()
 		}
 		if err != nil || len(v) != 3 {

@@ -19,7 +19,7 @@ import (
 
 // timeScript answers TIME on the master of its key's slot (a keyless TIME
 // would reach any node of a Cluster). It reads the key not.
-var timeScript = rueidis.NewLuaScript(`local t = redis.call('TIME')
+var timeScript = newReadScript("time", `local t = redis.call('TIME')
 return {t[1], t[2]}`)
 
 // ServerTime is the clock of the Redis master that holds key.

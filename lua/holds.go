@@ -39,9 +39,9 @@ var (
 	//go:embed holdcheck.lua
 	holdCheckSrc string
 
-	holdSHA         = shaOf(holdSrc)
-	unholdScript    = rueidis.NewLuaScript(unholdSrc)
-	holdCheckScript = rueidis.NewLuaScript(holdCheckSrc)
+	holdScript      = newScript("hold", holdSrc).reading(1)
+	unholdScript    = newScript("unhold", unholdSrc)
+	holdCheckScript = newScript("holdcheck", holdCheckSrc)
 )
 
 // HoldGrace is how long a hold may stay undecided before reconcile decides
@@ -252,7 +252,7 @@ func (s *Scripts) hold(ctx context.Context, c rueidis.Client, b *Keys, a AdmitAr
 		keys = append(keys, b.Limit(ch.Window))
 		args = append(args, ch.Field(), strconv.FormatInt(ch.Inc, 10), strconv.FormatInt(ch.ExpiresAtMillis(), 10))
 	}
-	r, acked, err := execWait(ctx, c, holdSrc, holdSHA, keys, args, w)
+	r, acked, err := execWait(ctx, c, holdScript, keys, args, w)
 	if err != nil {
 		return Admission{}, false, fmt.Errorf("hold %s bucket %d: %w", b.Sale, b.index, err)
 	}
@@ -323,7 +323,7 @@ for j = 2, #KEYS do
 end
 return 1`
 
-var recountScript = rueidis.NewLuaScript(recountSrc)
+var recountScript = newScript("recount", recountSrc)
 
 // recount runs recountSrc for order a's charges cs in bucket b.
 func recount(ctx context.Context, c rueidis.Client, b *Keys, a AdmitArgs, cs []flashgate.Charge) error {

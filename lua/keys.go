@@ -341,3 +341,28 @@ func (k *Keys) HomeFor(user, region string) *Keys {
 	c.region[region] = h.stock + ":" + region
 	return &c
 }
+
+// ACL key patterns (package roles): which keys a role may read or write,
+// spelled from the layout above.
+
+// AllKeysPattern matches every key of flashgate but the leader lock.
+const AllKeysPattern = keyPrefix + "*"
+
+// LeaderLockPattern matches the backend's leader lock.
+const LeaderLockPattern = LeaderLockPrefix + "*"
+
+// GatewayWritePatterns match the keys the functions a gateway calls write
+// (admit, release, claim, the purchase-limit holds and the transfers of a
+// split sale, the rate limits): a sale's or bucket's stock, buyers' counts,
+// reservations, order records, idempotency keys, purchase-limit counters,
+// holds, give-backs and transfer ledgers. Not meta, epoch, the warm lock, the
+// restock set or the indexes of sales. The node leases are apart
+// (NodeLeasePrefix): each gateway's range is its own.
+func GatewayWritePatterns() []string {
+	tag := keyPrefix + tagOpen + "*" + tagClose + ":"
+	var out []string
+	for _, name := range []string{"stock", "stock:*", "users", "resv", "orders", "idem", "lim:*", "lhold", "lheld", "lback", "xout", "xin"} {
+		out = append(out, tag+name)
+	}
+	return append(out, rateLimitPrefix+"*")
+}

@@ -19,9 +19,9 @@ import (
 //go:embed restock.lua
 var restockSrc string
 
-// restockScript is loaded like the others (EVALSHA, EVAL on NOSCRIPT); it lives
+// restockScript is a function of the library like the others; it lives
 // beside its binding rather than in Scripts.
-var restockScript = rueidis.NewLuaScript(restockSrc)
+var restockScript = newScript("restock", restockSrc)
 
 // RestockOutcome is what restock did for one order.
 type RestockOutcome uint8

@@ -7,9 +7,7 @@ package lua
 
 import (
 	"context"
-	"crypto/sha1"
 	_ "embed"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,12 +32,21 @@ var (
 	confirmSrc string
 	//go:embed warm.lua
 	warmSrc string
+
+	// The positions a script only reads (meta, epoch) travel outside KEYS
+	// (Script.read): the gateway may not write them.
+	admitScript   = newScript("admit", admitSrc).reading(1)
+	releaseScript = newScript("release", releaseSrc).reading(7)
+	claimScript   = newScript("claim", claimSrc).reading(2)
+	confirmScript = newScript("confirm", confirmSrc).reading(3)
+	warmScript    = newScript("warm", warmSrc)
 )
 
-// Scripts holds the loaded scripts. rueidis runs each with EVALSHA and falls
-// back to EVAL on NOSCRIPT (a restarted or new shard).
+// Scripts holds the scripts, functions of the library (library.go): each is
+// called with FCALL, and loaded again where Redis lost it, by a caller that
+// may (a restarted or new shard).
 type Scripts struct {
-	admit, release, claim, confirm, warm *rueidis.Lua
+	admit, release, claim, confirm, warm *Script
 	// wait is redis.wait_replicas for the repairs that land transfers
 	// between buckets (resetBucketed): none for Load.
 	wait replication
@@ -57,20 +64,17 @@ func LoadWait(replicas int, timeout time.Duration) *Scripts {
 // Load prepares the scripts; it does no I/O.
 func Load() *Scripts {
 	return &Scripts{
-		admit:   rueidis.NewLuaScript(admitSrc),
-		release: rueidis.NewLuaScript(releaseSrc),
-		claim:   rueidis.NewLuaScript(claimSrc),
-		confirm: rueidis.NewLuaScript(confirmSrc),
-		warm:    rueidis.NewLuaScript(warmSrc),
+		admit:   admitScript,
+		release: releaseScript,
+		claim:   claimScript,
+		confirm: confirmScript,
+		warm:    warmScript,
 	}
 }
 
-// AdmitSHA is the SHA1 EVALSHA names the admission script by (for operators
-// and tests that watch Redis: MONITOR, SLOWLOG, LATENCY).
-func AdmitSHA() string {
-	sum := sha1.Sum([]byte(admitSrc))
-	return hex.EncodeToString(sum[:])
-}
+// AdmitFunction is the name Redis knows the admission function by (for
+// operators and tests that watch Redis: MONITOR, SLOWLOG, LATENCY).
+func AdmitFunction() string { return FunctionName("admit") }
 
 // Outcome is what the admit script decided.
 type Outcome uint8
@@ -196,11 +200,7 @@ func (s *Scripts) AdmitWait(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 	wait := func() rueidis.Completed {
 		return c.B().Wait().Numreplicas(int64(replicas)).Timeout(timeout.Milliseconds()).Build()
 	}
-	rs := c.DoMulti(ctx, c.B().Evalsha().Sha1(admitSHA).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
-	if re, ok := rueidis.IsRedisErr(rs[0].Error()); ok && re.IsNoScript() {
-		// A shard that has not seen the script yet (restarted, new, failed over).
-		rs = c.DoMulti(ctx, c.B().Eval().Script(admitSrc).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
-	}
+	rs := s.admit.execMulti(ctx, c, keys, args, wait)
 	adm, err := admitted(k, a, rs[0])
 	if err != nil || adm.Outcome != Admitted {
 		return adm, err
@@ -213,18 +213,6 @@ func (s *Scripts) AdmitWait(ctx context.Context, c rueidis.Client, k *Keys, a Ad
 		return adm, fmt.Errorf("admit %s: %w: %d of %d replicas within %v", k.Sale, ErrNotReplicated, n, replicas, timeout)
 	}
 	return adm, nil
-}
-
-var (
-	admitSHA   = AdmitSHA()
-	claimSHA   = scriptSHA(claimSrc)
-	releaseSHA = scriptSHA(releaseSrc)
-)
-
-// scriptSHA is the SHA1 EVALSHA names src by.
-func scriptSHA(src string) string {
-	sum := sha1.Sum([]byte(src))
-	return hex.EncodeToString(sum[:])
 }
 
 // WaitRecord tells whether replicas replicas of the master holding order id's
@@ -243,7 +231,7 @@ func WaitRecord(ctx context.Context, c rueidis.Client, h *Keys, id uint64, repli
 	if replicas <= 0 {
 		return true, nil
 	}
-	r, acked, err := execWait(ctx, c, touchSrc, touchSHA, []string{h.Orders}, []string{strconv.FormatUint(id, 10)},
+	r, acked, err := execWait(ctx, c, touchScript, []string{h.Orders}, []string{strconv.FormatUint(id, 10)},
 		replication{replicas: replicas, timeout: timeout})
 	if err != nil {
 		return false, fmt.Errorf("wait for order %s/%d: %w", h.Sale, id, err)
@@ -417,7 +405,7 @@ func (s *Scripts) Release(ctx context.Context, c rueidis.Client, k *Keys, orderI
 	if mode == ReleaseGateway {
 		w = s.wait
 	}
-	raw, acked, err := execWait(ctx, c, releaseSrc, releaseSHA,
+	raw, acked, err := execWait(ctx, c, s.release,
 		append([]string{stock, k.Users, k.Resv, k.Orders, k.Idem, k.giveBack(), k.Epoch}, wkeys...),
 		append([]string{sid, mode, reason, region, away, k.callerEpoch()}, windows...), w)
 	if err != nil {
@@ -484,7 +472,7 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 	// Under redis.wait_replicas the claim is decided on only once the
 	// replicas have it: a failover that lost it would let a gateway whose
 	// publish timed out release the order (503) that MySQL then confirms.
-	r, acked, err := execWait(ctx, c, claimSrc, claimSHA, []string{k.Orders, k.Meta}, args, s.wait)
+	r, acked, err := execWait(ctx, c, s.claim, []string{k.Orders, k.Meta}, args, s.wait)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", k.Sale, err)
 	}
@@ -710,7 +698,7 @@ func LoadSale(ctx context.Context, c rueidis.Client, sale string) (*flashgate.Sa
 //
 // It answers {closed (0|1), TIME}: the moment, by this master's clock, from
 // which its admissions answer ended.
-var closeScript = rueidis.NewLuaScript(`local t = redis.call('TIME')
+var closeScript = newScript("close", `local t = redis.call('TIME')
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0, t[1], t[2]} end
 redis.call('HSET', KEYS[1], 'state', 'closed')
 return {1, t[1], t[2]}`)
@@ -878,7 +866,7 @@ func Reservations(ctx context.Context, c rueidis.Client, k *Keys) (map[uint64]fl
 // pauseScript sets a warm sale's meta 'paused' ('1' or '0'); like
 // closeScript it leaves a sale Redis does not know alone (a warm from MySQL
 // carries the pause). It answers 1 if the meta was there.
-var pauseScript = rueidis.NewLuaScript(`if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+var pauseScript = newScript("pause", `if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'paused', ARGV[1])
 return 1`)
 

@@ -13,7 +13,7 @@ import (
 //go:embed gcra.lua
 var gcraSrc string
 
-var gcraScript = rueidis.NewLuaScript(gcraSrc)
+var gcraScript = newScript("gcra", gcraSrc)
 
 // gcraReply is the first word of gcra.lua's answer.
 type gcraReply string

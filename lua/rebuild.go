@@ -34,8 +34,8 @@ var (
 	//go:embed install.lua
 	installSrc string
 
-	fenceScript   = rueidis.NewLuaScript(fenceSrc)
-	installScript = rueidis.NewLuaScript(installSrc)
+	fenceScript   = newScript("fence", fenceSrc)
+	installScript = newScript("install", installSrc)
 )
 
 // stagedTTL is how long staged keys live if their install never comes (the

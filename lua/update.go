@@ -28,7 +28,7 @@ import (
 // Answers {"not_warm"}, {"over_limit", most units one buyer holds},
 // {"stock", stock key index (1-based), units left}, {"over_max", limit index,
 // most one subject has used} or {"ok"}.
-var updateScript = rueidis.NewLuaScript(`if redis.call('EXISTS', KEYS[1]) == 0 then return {'not_warm'} end
+var updateScript = newScript("update", `if redis.call('EXISTS', KEYS[1]) == 0 then return {'not_warm'} end
 local limit = tonumber(ARGV[1])
 if limit < tonumber(redis.call('HGET', KEYS[1], 'limit') or '0') then
   local most = 0
@@ -186,7 +186,7 @@ func inRegion(region string) string {
 // Answers {"not_warm"} (the bucket's meta is gone: a master lost it; its
 // refill and the stock repair give it its share from MySQL) or {"ok", units
 // moved (unsigned)}.
-var shiftScript = rueidis.NewLuaScript(`if redis.call('EXISTS', KEYS[1]) == 0 then return {'not_warm'} end
+var shiftScript = newScript("shift", `if redis.call('EXISTS', KEYS[1]) == 0 then return {'not_warm'} end
 local d = tonumber(ARGV[1])
 if d < 0 then
   local have = tonumber(redis.call('GET', KEYS[2]) or '0')

@@ -14,7 +14,8 @@ import (
 // asking for more replicas than the master has, or for one on the standalone
 // Redis (none), admits in Redis but answers ErrNotReplicated after the
 // timeout, the admission still there for the caller to undo. The script runs
-// on a shard that never saw it (EVAL after NOSCRIPT) as on one that did.
+// on a shard that lost the library (loaded again by the caller) as on one that
+// did not.
 func TestAdmitWait(t *testing.T) {
 	cluster := testenv.Redis(t, testenv.ClusterAddrs())
 	s := newSale(t, cluster, nil)
@@ -44,8 +45,9 @@ func TestAdmitWait(t *testing.T) {
 
 	standalone := testenv.Redis(t, testenv.RedisAddrs())
 	s = newSale(t, standalone, nil)
-	// The script is unknown there now: AdmitWait falls back to EVAL.
-	if err := standalone.Do(ctx(t), standalone.B().ScriptFlush().Build()).Error(); err != nil {
+	// The function is unknown there now: AdmitWait loads the library again.
+	_, library := lua.Library()
+	if err := standalone.Do(ctx(t), standalone.B().FunctionDelete().LibraryName(library).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	a = lua.AdmitArgs{User: "dave", Quantity: 1, OrderID: nextID(), Now: time.Now()}

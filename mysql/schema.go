@@ -260,13 +260,22 @@ func dirtyVersions(ctx context.Context, conn *sql.Conn, done map[int64]bool) ([]
 // schema_migrations) is adopted: goose's table starts with those versions,
 // so its schema is neither re-applied nor refused.
 func prepare(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+dirtyTable+` (
+	// Looked up first: a CREATE, even IF NOT EXISTS, needs the right to create,
+	// which the backend's login does not have (docs/credentials.md); it only
+	// checks a schema the migrator made.
+	has, err := tableExists(ctx, conn, dirtyTable)
+	if err != nil {
+		return err
+	}
+	if !has {
+		if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+dirtyTable+` (
 		version    BIGINT      NOT NULL PRIMARY KEY,
 		started_at DATETIME(3) NOT NULL
 	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`); err != nil {
-		return fmt.Errorf("schema: %w", err)
+			return fmt.Errorf("schema: %w", err)
+		}
 	}
-	has, err := tableExists(ctx, conn, versionTable)
+	has, err = tableExists(ctx, conn, versionTable)
 	if err != nil || has {
 		return err
 	}

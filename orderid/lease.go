@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -29,12 +28,6 @@ const (
 // ErrNoNode means every node id is leased by someone else.
 var ErrNoNode = errors.New("orderid: no free node id")
 
-// renew extends a lease only while we still own it.
-var renew = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0`)
-
-// unlock deletes a lease only while we still own it.
-var unlock = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
-
 // Lease is a node id held in Redis with SET NX and a TTL, renewed at a third
 // of the TTL. If a renewal finds the key gone or taken, or Redis stays
 // unreachable until the key is about to expire, the lease is lost: Lost is
@@ -53,6 +46,16 @@ type Lease struct {
 
 // Acquire leases the first free node id and keeps renewing it until Close.
 func Acquire(ctx context.Context, c rueidis.Client, ttl time.Duration) (*Lease, error) {
+	return AcquireIn(ctx, c, ttl, 0, LeasedNodes-1)
+}
+
+// AcquireIn is Acquire among node ids from..to (inclusive): a gateway's own
+// range, the only lease keys its Redis user may write (roles.GatewayUser), so
+// that a gateway's login cannot take another gateway's ids.
+func AcquireIn(ctx context.Context, c rueidis.Client, ttl time.Duration, from, to int) (*Lease, error) {
+	if from < 0 || to >= LeasedNodes || from > to {
+		return nil, fmt.Errorf("orderid: node range %d-%d outside 0-%d", from, to, LeasedNodes-1)
+	}
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
@@ -60,8 +63,9 @@ func Acquire(ctx context.Context, c rueidis.Client, ttl time.Duration) (*Lease, 
 	token := hex.EncodeToString(b[:])
 	// Start at a random node so that gateways starting together rarely collide.
 	start := int(b[0])<<8 | int(b[1])
-	for i := 0; i < LeasedNodes; i++ {
-		n := (start + i) % LeasedNodes
+	span := to - from + 1
+	for i := 0; i < span; i++ {
+		n := from + (start+i)%span
 		key := lua.NodeLease(n)
 		sent := time.Now()
 		err := c.Do(ctx, c.B().Set().Key(key).Value(token).Nx().PxMilliseconds(ttl.Milliseconds()).Build()).Error()
@@ -108,10 +112,10 @@ func (l *Lease) keep(ctx context.Context, deadline time.Time) {
 			end = last
 		}
 		rctx, cancel := context.WithDeadline(ctx, end)
-		n, err := renew.Exec(rctx, l.client, []string{l.key}, []string{l.token, strconv.FormatInt(l.ttl.Milliseconds(), 10)}).AsInt64()
+		ok, err := lua.RenewLock(rctx, l.client, l.key, l.token, l.ttl)
 		cancel()
 		switch {
-		case err == nil && n == 1:
+		case err == nil && ok:
 			deadline = sent.Add(l.ttl)
 		case err == nil:
 			slog.Error("order id lease taken by another node", "key", l.key)
@@ -148,5 +152,5 @@ func (l *Lease) Valid() bool {
 func (l *Lease) Close(ctx context.Context) error {
 	l.stop()
 	<-l.done
-	return unlock.Exec(ctx, l.client, []string{l.key}, []string{l.token}).Error()
+	return lua.Unlock(ctx, l.client, l.key, l.token)
 }

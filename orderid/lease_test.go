@@ -13,6 +13,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/lua"
 )
 
 func tctx(t testing.TB) context.Context {
@@ -145,7 +146,7 @@ func TestLeaseLostBeforeExpiry(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = l.Close(ctx)
-		_ = unlock.Exec(context.Background(), direct, []string{l.key}, []string{l.token}).Error()
+		_ = lua.Unlock(context.Background(), direct, l.key, l.token)
 	})
 	// Let a renewal or two happen, then cut at an arbitrary point of the cycle.
 	time.Sleep(ttl/2 + 37*time.Millisecond)

@@ -52,6 +52,7 @@ tools
   deny add --user U | --jti J  revoke a buyer's tokens or one token on every gateway within a second
   deny remove | list         lift a denylist entry | the entries in force
   migrate up | status        apply the pending schema migrations | list them, applied or pending
+  roles render KIND --secrets F  each role's Redis ACL, NATS users or MySQL grants (docs/credentials.md)
   bench --sale ID ...        fire purchase requests, then audit the invariants
   demo                       create a sale and bench it (what 'make demo' runs)
   version                    the module version, commit and Go version of this binary
@@ -106,6 +107,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return auditLogCmd(args, stdout, stderr)
 	case "migrate":
 		return runMigrate(context.Background(), args, stdout, stderr)
+	case "roles":
+		return rolesCmd(args, stdout, stderr)
 	case "bench":
 		return benchCmd(args, stdout, stderr)
 	case "demo":

@@ -110,3 +110,7 @@ func NATSOptions(extra ...nats.Option) []nats.Option {
 	}
 	return append(opts, extra...)
 }
+
+// ReadSecrets is readSecrets for the tests' other helpers: the NAME=VALUE
+// lines of a secrets file of the stack (empty when it cannot be read).
+func ReadSecrets(path string) map[string]string { return readSecrets(path) }

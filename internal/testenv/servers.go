@@ -216,3 +216,9 @@ func (s *Server) Resume() {
 		s.t.Fatalf("resume %s: %v", s.bin, err)
 	}
 }
+
+// NewServer is a server of bin listening on addr, started with args (Start);
+// the test kills it at its end if it runs.
+func NewServer(t testing.TB, bin, addr string, args ...string) *Server {
+	return &Server{t: t, bin: bin, Addr: addr, args: args}
+}

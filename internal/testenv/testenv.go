@@ -151,6 +151,9 @@ func Config(t testing.TB) config.Config {
 	c.NATS.Consumer = id + "-backend"
 	c.Events.Stream = "T_" + strings.ToUpper(id) + "_EVENTS"
 	c.Events.Subject = id + ".order_events"
+	// JetStream reserves each stream's max_bytes of its store: tests by the
+	// dozen at once would exhaust it with the default's.
+	c.NATS.MaxBytes = 64 << 20
 	c.MySQL.DSN = MySQL(t)
 	// Each test's database starts empty: its backend builds the schema.
 	c.MySQL.AutoMigrate = true
