@@ -156,6 +156,7 @@ func (b *Backend) build(ctx context.Context) error {
 		return fmt.Errorf("consumer %s: %w", opts.NATS.Consumer, err)
 	}
 	b.writer = newOrderWriter(b.db, b.rc, b.scripts, b.log, b.metrics)
+	b.writer.trust = b.writer.trust.with(opts.Backend.ClockSkew, opts.PublishTimeout, opts.PaymentTimeout)
 	// Units MySQL refused go back on sale: gateways clear their sold-out marks.
 	b.writer.restocked = func(sale, region string) {
 		ev := bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: region}

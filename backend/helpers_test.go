@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"io"
 	"log/slog"
-	"sync/atomic"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -18,6 +18,7 @@ import (
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/mysql"
+	"github.com/flashgate/flashgate/orderid"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -110,9 +111,16 @@ func (e *env) warmWith(s *flashgate.Sale, remaining map[string]int64) *lua.Keys 
 	return lua.KeysFor(s.ID, s.RegionNames())
 }
 
-var nextID atomic.Uint64
+// nextID makes the tests' order ids as a gateway does (orderid): the writer
+// checks an order's created time against its id's (distrust.go). Its node is
+// drawn at random, so that test runs sharing a database do not meet.
+var nextID = testIDs{orderid.New(rand.IntN(orderid.MaxNode + 1))}
 
-func init() { nextID.Store(uint64(time.Now().UnixNano()) >> 1) }
+// testIDs hands out order ids; Add ignores its argument (the tests' ids were
+// once a counter) and answers the next id.
+type testIDs struct{ g *orderid.Generator }
+
+func (t testIDs) Add(uint64) uint64 { return t.g.Next() }
 
 // admit runs the admission script like a gateway and returns the message the
 // gateway would publish.
