@@ -122,6 +122,8 @@ func Start(ctx context.Context, deps Deps, opts config.BackendOptions) (*Backend
 		return nil, err
 	}
 	b.warmOpenSales(ctx)
+	b.warmer.begin()
+	b.live.known = b.warmer.isKnown
 	var err error
 	if b.sub, err = bus.SubscribeEvents(b.nc, opts.NATS, b.onEvent); err != nil {
 		return nil, fmt.Errorf("sale events: %w", err)
@@ -165,6 +167,9 @@ func (b *Backend) build(ctx context.Context) error {
 		}
 	}
 	b.warmer = newWarmer(b.db, b.rc, b.scripts, b.log)
+	if opts.Retention > 0 {
+		b.warmer.retention = opts.Retention
+	}
 	b.events = &saleEvents{nc: b.nc, cfg: opts.NATS, log: b.log}
 	b.life = &lifecycle{db: b.db, rc: b.rc, nc: b.nc, nats: opts.NATS, scripts: b.scripts, log: b.log, events: b.events, procCtx: b.procCtx, metrics: b.metrics}
 	if err := b.prepareOps(ctx, b.js); err != nil {
