@@ -110,7 +110,8 @@ func TestForgedChargesRefused(t *testing.T) {
 func TestForgedOrdersUnadmitted(t *testing.T) {
 	t.Parallel()
 	s := start(t, testenv.RedisAddrs(), nil)
-	sale := spec(20, 3, nil) // per_user_limit = per_order_max = 3; opened an hour ago
+	sale := spec(20, 3, nil) // opened an hour ago; per_user_limit 3
+	sale.PerOrderMax = 2
 	k := s.createSale(sale)
 	payBy := s.cfg.Orders.PaymentTimeout
 
@@ -138,7 +139,8 @@ func TestForgedOrdersUnadmitted(t *testing.T) {
 		// A region the sale does not have.
 		"unknown region": func() flashgate.Order { m := made("f5", 1, now); m.Region = "zz"; return m }(),
 	}
-	// Admitted by Redis for 1 unit, published as 3 + 1 units: over per_order_max.
+	// Admitted by Redis for 1 unit, published for 3: over per_order_max,
+	// within per_user_limit.
 	over := admit(t, s.rc, k, "f6", 1, "")
 	over.Quantity = sale.PerOrderMax + 1
 	forged["over per_order_max"] = over
@@ -245,8 +247,8 @@ func TestUnknownOrderAndTheRebuild(t *testing.T) {
 	// The unadmitted order's record in Redis says failed: its id is spent
 	// (an admission reusing it meets the record, duplicate_id).
 	eventually(t, 10*time.Second, "failed in Redis", func() bool {
-		st, why := redisStatus(t, s.rc, k, forged.ID)
-		return st == "failed" && why == flashgate.ReasonUnadmitted
+		rec, ok, err := lua.Order(ctx(t), s.rc, k, forged.ID)
+		return err == nil && ok && rec.Status == flashgate.OrderFailed && rec.Reason == flashgate.ReasonUnadmitted
 	})
 }
 

@@ -6,6 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -253,3 +256,59 @@ func eventually(t testing.TB, within time.Duration, what string, cond func() boo
 
 // ms is a time as the orders stream carries it: Unix milliseconds, in UTC.
 func ms(v int64) time.Time { return time.UnixMilli(v).UTC() }
+
+// setPayBy sets the payment deadline of orders, written already, to payBy in
+// MySQL (the writer sets it from orders.payment_timeout).
+func (e *env) setPayBy(orders []flashgate.Order, payBy time.Time) {
+	e.t.Helper()
+	for part := range slices.Chunk(orders, 1000) {
+		args := []any{ms(payBy.UnixMilli())}
+		q := `UPDATE orders SET expires_at = ? WHERE id IN (?` + strings.Repeat(",?", len(part)-1) + `)`
+		for _, o := range part {
+			args = append(args, o.ID)
+		}
+		if _, err := e.db.ExecContext(ctx(e.t), q, args...); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// poisonInserts makes MySQL refuse, every time, any orders row of user but a
+// dead-lettered one (a trigger in the test's database): a poison order, which
+// no message can be by its own content since the writer checks every field
+// it would store (distrust.go).
+func (e *env) poisonInserts(user string) {
+	e.t.Helper()
+	name := "poison_" + strconv.FormatUint(nextID.Add(1), 36)
+	q := `CREATE TRIGGER ` + name + ` BEFORE INSERT ON orders FOR EACH ROW
+		IF NEW.user_id = '` + user + `' AND NEW.reason <> '` + ReasonDeadLetter + `' THEN
+			SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'poison order (test trigger)';
+		END IF`
+	if _, err := e.db.ExecContext(ctx(e.t), q); err != nil {
+		e.t.Fatalf("poison trigger: %v", err)
+	}
+	e.t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _ = e.db.ExecContext(c, `DROP TRIGGER IF EXISTS `+name)
+	})
+}
+
+// idAt is an order id a gateway whose clock read at would make.
+func idAt(at time.Time) uint64 {
+	return orderid.NewClock(rand.IntN(orderid.MaxNode+1), func() time.Time { return at }).Next()
+}
+
+// plant writes o's reservation and record into Redis as if an admission had
+// made them (under limits Redis no longer has, or on a Redis that failed
+// over): Redis knows the order, whatever its stock and counters say.
+func plant(t testing.TB, rc rueidis.Client, k *lua.Keys, o flashgate.Order) {
+	t.Helper()
+	o.Status = flashgate.OrderPending
+	sid := strconv.FormatUint(o.ID, 10)
+	for key, v := range map[string]string{k.Resv: lua.EncodeResv(&o), k.Orders: lua.EncodeRecord(&o)} {
+		if err := rc.Do(ctx(t), rc.B().Hset().Key(key).FieldValue().FieldValue(sid, v).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
