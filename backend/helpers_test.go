@@ -274,25 +274,8 @@ func (e *env) setPayBy(orders []flashgate.Order, payBy time.Time) {
 }
 
 // poisonInserts makes MySQL refuse, every time, any orders row of user but a
-// dead-lettered one (a trigger in the test's database): a poison order, which
-// no message can be by its own content since the writer checks every field
-// it would store (distrust.go).
-func (e *env) poisonInserts(user string) {
-	e.t.Helper()
-	name := "poison_" + strconv.FormatUint(nextID.Add(1), 36)
-	q := `CREATE TRIGGER ` + name + ` BEFORE INSERT ON orders FOR EACH ROW
-		IF NEW.user_id = '` + user + `' AND NEW.reason <> '` + ReasonDeadLetter + `' THEN
-			SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'poison order (test trigger)';
-		END IF`
-	if _, err := e.db.ExecContext(ctx(e.t), q); err != nil {
-		e.t.Fatalf("poison trigger: %v", err)
-	}
-	e.t.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_, _ = e.db.ExecContext(c, `DROP TRIGGER IF EXISTS `+name)
-	})
-}
+// dead-lettered one (testenv.PoisonOrders: users whose id starts with user).
+func (e *env) poisonInserts(user string) { testenv.PoisonOrders(e.t, e.db, user) }
 
 // idAt is an order id a gateway whose clock read at would make.
 func idAt(at time.Time) uint64 {
