@@ -250,6 +250,12 @@ func TestUnknownOrderAndTheRebuild(t *testing.T) {
 		rec, ok, err := lua.Order(ctx(t), s.rc, k, forged.ID)
 		return err == nil && ok && rec.Status == flashgate.OrderFailed && rec.Reason == flashgate.ReasonUnadmitted
 	})
+	// Redis sold the lost order's unit again (its stock was rebuilt without
+	// it): reconcile repairs the books, and every invariant holds.
+	rep := reconcileNow(t, s.b, sale.ID, ReconcileOptions{})
+	if r := check(t, s.env, sale.ID, []uint64{before.ID, after.ID}); !r.OK() || r.Sold != 2 {
+		t.Errorf("invariants after reconcile (%+v): %s", rep.After, r)
+	}
 }
 
 // heldUnits is what MySQL counts user holding of sale: 0 without a row.

@@ -44,9 +44,9 @@ const (
 	// at most maxStatsCodes codes and maxLatencyBuckets latency buckets, and
 	// limits of at most maxLimitsBytes; a gateway silent gatewayForget is
 	// dropped on the next message.
-	maxGateways       = 128
-	maxStatsSales     = 32
-	maxStatsCodes     = 32
+	maxGateways       = 64
+	maxStatsSales     = 256
+	maxStatsCodes     = 128
 	maxLatencyBuckets = 64
 	maxLimitsBytes    = 8 << 10
 )
@@ -79,8 +79,8 @@ func newLive(rec *reconciler, gauges *metrics.Sales, log *slog.Logger) *live {
 // answered since its previous report into the series.
 func (l *live) onStats(st bus.GatewayStats) {
 	now := time.Now()
-	if st.At.Before(now.Add(-gatewayForget)) || st.At.After(now.Add(gatewayForget)) {
-		return // too old to make a rate of, or from a clock far ahead
+	if st.At.After(now.Add(gatewayForget)) {
+		return // from a clock far ahead: it would hold the name's place
 	}
 	l.bound(&st)
 	l.mu.Lock()
@@ -108,8 +108,15 @@ func (l *live) onStats(st bus.GatewayStats) {
 func (l *live) bound(st *bus.GatewayStats) {
 	for sale, codes := range st.Sales {
 		switch {
-		case l.known != nil && !l.known(sale), len(codes) > maxStatsCodes:
+		case l.known != nil && !l.known(sale):
 			delete(st.Sales, sale)
+		case len(codes) > maxStatsCodes:
+			for code := range codes {
+				if len(codes) <= maxStatsCodes {
+					break
+				}
+				delete(codes, code)
+			}
 		}
 	}
 	for len(st.Sales) > maxStatsSales {
