@@ -15,7 +15,7 @@ import (
 // sale here and buyers are admitted, and the flood starts no goroutines. A
 // true hint, once Redis has no stock, marks the sale.
 func TestFalseSoldOutHintsMarkNothing(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it counts the process's goroutines.
 	e := start(t)
 	s := e.sale(nil)
 	cached := e.g.sales.get([]byte(s.ID))
