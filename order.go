@@ -187,4 +187,10 @@ const (
 	// ReasonDuplicate: another order of the same sale, user and Idempotency-Key
 	// reached MySQL first (a retry admitted again after Redis lost its data).
 	ReasonDuplicate = "duplicate_idempotency_key"
+	// ReasonUnadmitted: no admission can have made the message's order (its
+	// quantity, times or window do not fit the sale, or Redis has no trace of
+	// an order newer than the sale's last rebuild): a forged or broken
+	// publisher. It takes nothing (docs/ingest.md, "The backend trusts no
+	// message").
+	ReasonUnadmitted = "unadmitted"
 )

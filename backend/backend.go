@@ -122,6 +122,8 @@ func Start(ctx context.Context, deps Deps, opts config.BackendOptions) (*Backend
 		return nil, err
 	}
 	b.warmOpenSales(ctx)
+	b.warmer.begin()
+	b.live.known = b.warmer.isKnown
 	var err error
 	if b.sub, err = bus.SubscribeEvents(b.nc, opts.NATS, b.onEvent); err != nil {
 		return nil, fmt.Errorf("sale events: %w", err)
@@ -162,6 +164,7 @@ func (b *Backend) build(ctx context.Context) error {
 		return fmt.Errorf("consumer %s: %w", opts.NATS.Consumer, err)
 	}
 	b.writer = newOrderWriter(b.db, b.rc, b.scripts, b.log, b.metrics)
+	b.writer.trust = b.writer.trust.with(opts.Backend.ClockSkew, opts.PublishTimeout, opts.PaymentTimeout)
 	// Units MySQL refused go back on sale: gateways clear their sold-out marks.
 	b.writer.restocked = func(sale, region string) {
 		ev := bus.SaleEvent{Type: bus.EventRestocked, SaleID: sale, Region: region}
@@ -170,6 +173,9 @@ func (b *Backend) build(ctx context.Context) error {
 		}
 	}
 	b.warmer = newWarmer(b.db, b.rc, b.scripts, b.log)
+	if opts.Retention > 0 {
+		b.warmer.retention = opts.Retention
+	}
 	b.events = &saleEvents{nc: b.nc, cfg: opts.NATS, log: b.log}
 	b.life = &lifecycle{db: b.db, rc: b.rc, nc: b.nc, nats: opts.NATS, scripts: b.scripts, log: b.log, events: b.events, procCtx: b.procCtx, metrics: b.metrics}
 	if err := b.prepareOps(ctx, b.js); err != nil {

@@ -347,10 +347,16 @@ func (ig *ingest) handleSale(sale string, es []entry) (done, stalledErr bool) {
 	defer cancel()
 	began := time.Now()
 	orders := make([]flashgate.Order, len(es))
+	stored := make([]time.Time, len(es))
 	for i, e := range es {
 		orders[i] = e.order
+		// JetStream's own time of the message: the writer checks the
+		// order's created time against it (distrust.go).
+		if md, err := e.msg.Metadata(); err == nil {
+			stored[i] = md.Timestamp
+		}
 	}
-	outs, err := ig.writer.process(ctx, sale, orders)
+	outs, err := ig.writer.processStored(ctx, sale, orders, stored)
 	if err != nil {
 		ig.metrics.BatchFailed()
 		// A write MySQL could not make for now (a lock held elsewhere, a

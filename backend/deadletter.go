@@ -138,6 +138,9 @@ func (ig *ingest) deadLetter(ctx context.Context, e entry, cause error) error {
 	if _, err := ig.js.PublishMsg(ctx, copyMsg, jetstream.WithMsgID("dlq-"+id)); err != nil {
 		return fmt.Errorf("dead-letter %s/%d: publish: %w", o.SaleID, o.ID, err)
 	}
+	// The pay-by time is the backend's, as the writer's (distrust.go): a
+	// message's own (year 12000) could keep its failed row out of MySQL.
+	o.ExpiresAt = o.CreatedAt.Add(ig.writer.trust.payBy)
 	st, inserted, err := failOrderRow(ctx, ig.db, o, ReasonDeadLetter, time.Now().UTC())
 	if err != nil {
 		return fmt.Errorf("dead-letter %s/%d: %w", o.SaleID, o.ID, err)

@@ -5,7 +5,10 @@ import (
 	"database/sql"
 	"io"
 	"log/slog"
-	"sync/atomic"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/mysql"
+	"github.com/flashgate/flashgate/orderid"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -110,9 +114,16 @@ func (e *env) warmWith(s *flashgate.Sale, remaining map[string]int64) *lua.Keys 
 	return lua.KeysFor(s.ID, s.RegionNames())
 }
 
-var nextID atomic.Uint64
+// nextID makes the tests' order ids as a gateway does (orderid): the writer
+// checks an order's created time against its id's (distrust.go). Its node is
+// drawn at random, so that test runs sharing a database do not meet.
+var nextID = testIDs{orderid.New(rand.IntN(orderid.MaxNode + 1))}
 
-func init() { nextID.Store(uint64(time.Now().UnixNano()) >> 1) }
+// testIDs hands out order ids; Add ignores its argument (the tests' ids were
+// once a counter) and answers the next id.
+type testIDs struct{ g *orderid.Generator }
+
+func (t testIDs) Add(uint64) uint64 { return t.g.Next() }
 
 // admit runs the admission script like a gateway and returns the message the
 // gateway would publish.
@@ -245,3 +256,42 @@ func eventually(t testing.TB, within time.Duration, what string, cond func() boo
 
 // ms is a time as the orders stream carries it: Unix milliseconds, in UTC.
 func ms(v int64) time.Time { return time.UnixMilli(v).UTC() }
+
+// setPayBy sets the payment deadline of orders, written already, to payBy in
+// MySQL (the writer sets it from orders.payment_timeout).
+func (e *env) setPayBy(orders []flashgate.Order, payBy time.Time) {
+	e.t.Helper()
+	for part := range slices.Chunk(orders, 1000) {
+		args := []any{ms(payBy.UnixMilli())}
+		q := `UPDATE orders SET expires_at = ? WHERE id IN (?` + strings.Repeat(",?", len(part)-1) + `)`
+		for _, o := range part {
+			args = append(args, o.ID)
+		}
+		if _, err := e.db.ExecContext(ctx(e.t), q, args...); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// poisonInserts makes MySQL refuse, every time, any orders row of user but a
+// dead-lettered one (testenv.PoisonOrders: users whose id starts with user).
+func (e *env) poisonInserts(user string) { testenv.PoisonOrders(e.t, e.db, user) }
+
+// idAt is an order id a gateway whose clock read at would make.
+func idAt(at time.Time) uint64 {
+	return orderid.NewClock(rand.IntN(orderid.MaxNode+1), func() time.Time { return at }).Next()
+}
+
+// plant writes o's reservation and record into Redis as if an admission had
+// made them (under limits Redis no longer has, or on a Redis that failed
+// over): Redis knows the order, whatever its stock and counters say.
+func plant(t testing.TB, rc rueidis.Client, k *lua.Keys, o flashgate.Order) {
+	t.Helper()
+	o.Status = flashgate.OrderPending
+	sid := strconv.FormatUint(o.ID, 10)
+	for key, v := range map[string]string{k.Resv: lua.EncodeResv(&o), k.Orders: lua.EncodeRecord(&o)} {
+		if err := rc.Do(ctx(t), rc.B().Hset().Key(key).FieldValue().FieldValue(sid, v).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -44,6 +44,9 @@ func (e *env) confirmedOrders(k *lua.Keys, n int, qty int64, region string, payB
 			}
 		}
 	}
+	// The writer sets the deadline from orders.payment_timeout, whatever the
+	// message says (distrust.go): the test's is set in MySQL.
+	e.setPayBy(msgs, payBy)
 	return msgs
 }
 

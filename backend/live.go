@@ -37,6 +37,18 @@ const (
 	gaugeEvery = time.Second
 	// gatewayForget: a gateway silent this long is left out of the rates.
 	gatewayForget = 5 * time.Second
+	// Whoever holds a gateway's NATS credential can send stats under any
+	// gateway name (bus.SubscribeStats takes at most bus.MaxStatsBytes a
+	// message): at most maxGateways gateways are kept, each message with at
+	// most maxStatsSales sales of the known set (warmer.isKnown), each with
+	// at most maxStatsCodes codes and maxLatencyBuckets latency buckets, and
+	// limits of at most maxLimitsBytes; a gateway silent gatewayForget is
+	// dropped on the next message.
+	maxGateways       = 64
+	maxStatsSales     = 256
+	maxStatsCodes     = 128
+	maxLatencyBuckets = 64
+	maxLimitsBytes    = 8 << 10
 )
 
 // live holds the gateways' latest stats and reads a sale's books.
@@ -44,6 +56,9 @@ type live struct {
 	rec    *reconciler
 	gauges *metrics.Sales
 	log    *slog.Logger
+
+	// known reports whether a sale id is one MySQL has (nil: any).
+	known func(string) bool
 
 	mu   sync.Mutex
 	gws  map[string]*gatewaySamples
@@ -64,10 +79,18 @@ func newLive(rec *reconciler, gauges *metrics.Sales, log *slog.Logger) *live {
 // answered since its previous report into the series.
 func (l *live) onStats(st bus.GatewayStats) {
 	now := time.Now()
+	if st.At.After(now.Add(gatewayForget)) {
+		return // from a clock far ahead: it would hold the name's place
+	}
+	l.bound(&st)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	g := l.gws[st.Gateway]
 	if g == nil {
+		l.pruneGateways(now)
+		if len(l.gws) >= maxGateways {
+			return
+		}
 		g = &gatewaySamples{}
 		l.gws[st.Gateway] = g
 	}
@@ -77,6 +100,55 @@ func (l *live) onStats(st bus.GatewayStats) {
 	g.prev, g.cur, g.heard = g.cur, st, now
 	l.pruneHistory(now)
 	l.recordTraffic(&g.prev, &g.cur, now)
+}
+
+// bound trims a stats message to what the live view keeps: sales of the
+// known set, maxStatsSales of them, maxStatsCodes codes and
+// maxLatencyBuckets buckets each, and limits of at most maxLimitsBytes.
+func (l *live) bound(st *bus.GatewayStats) {
+	for sale, codes := range st.Sales {
+		switch {
+		case l.known != nil && !l.known(sale):
+			delete(st.Sales, sale)
+		case len(codes) > maxStatsCodes:
+			for code := range codes {
+				if len(codes) <= maxStatsCodes {
+					break
+				}
+				delete(codes, code)
+			}
+		}
+	}
+	for len(st.Sales) > maxStatsSales {
+		for sale := range st.Sales {
+			delete(st.Sales, sale)
+			break
+		}
+	}
+	for sale, b := range st.AcceptedLatency {
+		if _, ok := st.Sales[sale]; !ok || len(b) > maxLatencyBuckets {
+			delete(st.AcceptedLatency, sale)
+		}
+	}
+	if len(st.Limits) > maxLimitsBytes {
+		st.Limits = nil
+	}
+}
+
+// pruneGateways forgets the gateways silent gatewayForget. l.mu is held.
+func (l *live) pruneGateways(now time.Time) {
+	for id, g := range l.gws {
+		if now.Sub(g.heard) > gatewayForget {
+			delete(l.gws, id)
+		}
+	}
+}
+
+// gatewayCount is how many gateways' stats are kept (tests).
+func (l *live) gatewayCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.gws)
 }
 
 // Funnel is one sale's traffic over the gateways heard from lately: answers

@@ -63,9 +63,9 @@ func TestPatchedLimitsReachEveryWriter(t *testing.T) {
 		return st == string(flashgate.OrderConfirmed)
 	})
 
-	// Lower: per_user_limit from 20 to 3 (u1 holds 2). An order Redis did not
-	// decide (it lost its data, or a publisher got past it) for 2 more units
-	// of u1 is MySQL's alone to judge: past the new limit, it fails.
+	// Lower: per_user_limit from 20 to 3 (u1 holds 2). An order Redis
+	// admitted under the old limit (planted: the PATCH raced it) for 2 more
+	// units of u1 is MySQL's to judge: past the new limit, it fails.
 	if status, b := s.call("PATCH", path, tok, `{"per_user_limit":3}`); status != 200 {
 		t.Fatalf("lower per_user_limit: %d %v", status, b)
 	}
@@ -79,6 +79,7 @@ func TestPatchedLimitsReachEveryWriter(t *testing.T) {
 	m3 := flashgate.Order{ID: nextID.Add(1), SaleID: sale.ID, UserID: "u1", Quantity: 2, Status: flashgate.OrderPending,
 		CreatedAt: ms(now.UnixMilli()), ExpiresAt: ms(now.Add(15 * time.Minute).UnixMilli()),
 		Charges: flashgate.EncodeCharges(cs), Phone: sub.Phone, Address: sub.Address}
+	plant(t, s.rc, k, m3)
 	out = s.process(sale.ID, []flashgate.Order{m3})
 	if out[0].Status != flashgate.OrderFailed || out[0].Reason != flashgate.ReasonLimitReached {
 		t.Fatalf("an order past the lowered per_user_limit: %s %s, want failed %s", out[0].Status, out[0].Reason,
@@ -92,6 +93,7 @@ func TestPatchedLimitsReachEveryWriter(t *testing.T) {
 	m4.ID, m4.Quantity = nextID.Add(1), 1
 	cs, _ = sale.Charges(sub, 1, now, loc)
 	m4.Charges = flashgate.EncodeCharges(cs)
+	plant(t, s.rc, k, m4)
 	if out := s.process(sale.ID, []flashgate.Order{m4}); out[0].Status != flashgate.OrderConfirmed {
 		t.Fatalf("an order within the lowered limit: %s %s", out[0].Status, out[0].Reason)
 	}

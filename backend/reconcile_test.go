@@ -174,7 +174,7 @@ func TestReconcileStaleReservations(t *testing.T) {
 	// reservation with Redis's TIME (the clock its age is judged by), so an
 	// old one is the reservation with its created time set back.
 	admitAt := func(user string, at time.Time) flashgate.Order {
-		a := lua.AdmitArgs{User: user, Quantity: 1, OrderID: nextID.Add(1), Now: at, PayBy: at.Add(15 * time.Minute)}
+		a := lua.AdmitArgs{User: user, Quantity: 1, OrderID: idAt(at), Now: at, PayBy: at.Add(15 * time.Minute)}
 		if got, err := s.scripts.Admit(ctx(t), s.rc, k, a); err != nil || got.Outcome != lua.Admitted {
 			t.Fatalf("admit: %v %v", got, err)
 		}

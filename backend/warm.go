@@ -14,6 +14,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate/bus"
+	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/mysql"
 )
@@ -25,6 +26,18 @@ const (
 	warmTimeout = 10 * time.Second
 	// warmLockTTL bounds how long a crashed warmer blocks the others.
 	warmLockTTL = 15 * time.Second
+	// warmWorkers warm the sales gateways ask for; warmQueue bounds the
+	// sales waiting for one (a request finding it full is dropped: the
+	// gateway asks again a second later).
+	warmWorkers = 4
+	warmQueue   = 64
+	// knownEvery is how often the set of sales a request may warm is read
+	// from MySQL; knownMiss the least time between two reads on a request
+	// for a sale not in it, and maxMissed the requests of such sales kept
+	// for that read (the rest are dropped).
+	knownEvery = 30 * time.Second
+	knownMiss  = time.Second
+	maxMissed  = 64
 )
 
 // warmer makes sales known to Redis from MySQL: at start, on sale create and
@@ -52,12 +65,27 @@ type warmer struct {
 	mu      sync.Mutex
 	stopped bool
 	last    map[string]time.Time // when each sale was last warmed on request
+
+	// Requests come from gateways, and whoever holds a gateway's NATS
+	// credential can ask for any id: a request acts only for a sale of the
+	// known set (the sales MySQL has that retention has not removed), read
+	// by one loop, and is warmed by warmWorkers workers from a bounded queue.
+	// Started by the first request.
+	retention time.Duration
+	started   bool
+	jobs      chan string
+	kick      chan struct{}
+	quit      chan struct{} // closed by stop
+	known     map[string]bool
+	missed    map[string]bool // requested, not known: checked at the next read
 }
 
 func newWarmer(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *slog.Logger) *warmer {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &warmer{db: db, rc: rc, scripts: scripts, log: log,
-		ctx: ctx, cancel: cancel, last: map[string]time.Time{}}
+		ctx: ctx, cancel: cancel, last: map[string]time.Time{},
+		retention: config.Default().Sales.Retention, jobs: make(chan string, warmQueue), kick: make(chan struct{}, 1), quit: make(chan struct{}),
+		missed: map[string]bool{}}
 }
 
 // warmLockKey carries the sale's hash tag, so it lives on the sale's shard.
@@ -177,44 +205,164 @@ func (re *reconciler) lossGrace(ctx context.Context, sale string) (time.Duration
 }
 
 // request warms sale in the background, at most once per warmEvery: every
-// gateway that meets the cold sale asks, and every backend hears it.
+// gateway that meets the cold sale asks, and every backend hears it. A sale
+// not in the known set is only noted (up to maxMissed of them) for the next
+// read of the set, which comes within knownMiss: a made-up id costs no
+// goroutine and no query of its own.
 func (w *warmer) request(sale string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	now := time.Now()
-	if w.stopped || now.Sub(w.last[sale]) < warmEvery {
+	if w.stopped {
 		return
 	}
-	if len(w.last) >= 1024 {
-		for id, at := range w.last {
-			if now.Sub(at) >= warmEvery {
-				delete(w.last, id)
+	w.startLocked()
+	if !w.known[sale] {
+		if len(w.missed) < maxMissed {
+			w.missed[sale] = true
+		}
+		select {
+		case w.kick <- struct{}{}:
+		default:
+		}
+		return
+	}
+	w.queueLocked(sale, time.Now())
+}
+
+// queueLocked hands a known sale to the workers, at most once per warmEvery.
+// w.mu is held.
+func (w *warmer) queueLocked(sale string, now time.Time) {
+	if now.Sub(w.last[sale]) < warmEvery {
+		return
+	}
+	select {
+	case w.jobs <- sale:
+		w.last[sale] = now
+	default: // the workers are behind: the gateway asks again
+	}
+}
+
+// startLocked starts the known-set loop and the workers, once. w.mu is held.
+func (w *warmer) startLocked() {
+	if w.started {
+		return
+	}
+	w.started = true
+	w.wg.Go(w.knownLoop)
+	for range warmWorkers {
+		w.wg.Go(w.worker)
+	}
+}
+
+// worker warms the sales of the queue until the warmer stops.
+func (w *warmer) worker() {
+	for {
+		select {
+		case <-w.quit:
+			return
+		case sale := <-w.jobs:
+			ctx, cancel := context.WithTimeout(w.ctx, warmTimeout)
+			did, err := w.warm(ctx, sale)
+			cancel()
+			switch {
+			case errors.Is(err, errSaleNotFound):
+				w.log.Warn("warm requested for a sale MySQL does not know", "sale", sale)
+			case err != nil:
+				w.log.Error("warm failed", "sale", sale, "err", err)
+			case did:
+				w.log.Info("sale warmed on request", "sale", sale)
 			}
 		}
 	}
-	w.last[sale] = now
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		ctx, cancel := context.WithTimeout(w.ctx, warmTimeout)
-		defer cancel()
-		did, err := w.warm(ctx, sale)
-		switch {
-		case errors.Is(err, errSaleNotFound):
-			w.log.Warn("warm requested for a sale MySQL does not know", "sale", sale)
-		case err != nil:
-			w.log.Error("warm failed", "sale", sale, "err", err)
-		case did:
-			w.log.Info("sale warmed on request", "sale", sale)
+}
+
+// knownLoop reads the known set every knownEvery, and on a request for a
+// sale not in it (at most once per knownMiss), until the warmer stops.
+func (w *warmer) knownLoop() {
+	t := time.NewTicker(knownEvery)
+	defer t.Stop()
+	for {
+		w.readKnown()
+		select {
+		case <-w.quit:
+			return
+		case <-t.C:
+		case <-w.kick:
 		}
-	}()
+		select {
+		case <-w.quit:
+			return
+		case <-time.After(knownMiss):
+		}
+	}
+}
+
+// readKnown reads the known set, forgets what is no longer in it, and
+// queues the noted requests of sales it now has.
+func (w *warmer) readKnown() {
+	ctx, cancel := context.WithTimeout(w.ctx, warmTimeout)
+	defer cancel()
+	ids, err := mysql.RecentSaleIDs(ctx, w.db, time.Now().UTC().Add(-w.retention))
+	if err != nil {
+		if w.ctx.Err() == nil {
+			w.log.Warn("warm: reading the sales a gateway may ask for", "err", err)
+		}
+		return
+	}
+	known := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		known[id] = true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.known = known
+	for id := range w.last {
+		if !known[id] {
+			delete(w.last, id)
+		}
+	}
+	now := time.Now()
+	for id := range w.missed {
+		if known[id] {
+			w.queueLocked(id, now)
+		}
+	}
+	clear(w.missed)
+}
+
+// begin starts the known-set loop and the workers (Backend.Start), so that
+// the set is read before the first request.
+func (w *warmer) begin() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped {
+		w.startLocked()
+	}
+}
+
+// isKnown reports whether sale is in the known set; before the set was first
+// read, any sale is.
+func (w *warmer) isKnown(sale string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.known == nil || w.known[sale]
+}
+
+// knownCount is the size of the known set and of the noted requests (tests).
+func (w *warmer) knownCount() (known, missed, last int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.known), len(w.missed), len(w.last)
 }
 
 // stop refuses new requests and waits for the running warms; when ctx ends
 // first it cancels them and waits for them to return.
 func (w *warmer) stop(ctx context.Context) {
 	w.mu.Lock()
-	w.stopped = true
+	if !w.stopped {
+		w.stopped = true
+		close(w.quit) // the workers end after the warm in hand
+	}
 	w.mu.Unlock()
 	done := make(chan struct{})
 	go func() { w.wg.Wait(); close(done) }()

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/flashgate/flashgate"
+	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/lua"
 	"github.com/flashgate/flashgate/metrics"
 	"github.com/flashgate/flashgate/mysql"
@@ -65,6 +66,9 @@ type orderWriter struct {
 	metrics *metrics.Backend
 	now     func() time.Time
 
+	// trust bounds what a message may say (distrust.go).
+	trust trust
+
 	mu     sync.Mutex
 	shapes map[string]*saleShape
 
@@ -73,7 +77,9 @@ type orderWriter struct {
 }
 
 func newOrderWriter(db *sql.DB, rc rueidis.Client, scripts *lua.Scripts, log *slog.Logger, m *metrics.Backend) *orderWriter {
-	return &orderWriter{db: db, rc: rc, scripts: scripts, log: log, metrics: m, now: time.Now, shapes: map[string]*saleShape{}}
+	d := config.Default()
+	return &orderWriter{db: db, rc: rc, scripts: scripts, log: log, metrics: m, now: time.Now, shapes: map[string]*saleShape{},
+		trust: trust{skew: d.Backend.ClockSkew, publish: d.Gateway.PublishTimeout, payBy: d.Orders.PaymentTimeout}}
 }
 
 // saleShape is what the writer's guards need of a sale, cached so the fast
@@ -183,8 +189,17 @@ type settlement struct {
 // write each outcome back to Redis. It answers one outcome per message, in
 // order. An error means nothing may be acked: some of the batch may be
 // committed, and a redelivery finds those rows and only writes them back.
+// Every message counts as stored in the stream now (processStored).
 func (w *orderWriter) process(ctx context.Context, sale string, msgs []flashgate.Order) ([]outcome, error) {
+	return w.processStored(ctx, sale, msgs, nil)
+}
+
+// processStored is process with JetStream's time of each message (stored[i]
+// of msgs[i]; nil or a zero time: now), which the writer checks an order's
+// created time against (distrust.go).
+func (w *orderWriter) processStored(ctx context.Context, sale string, msgs []flashgate.Order, stored []time.Time) ([]outcome, error) {
 	out := make([]outcome, len(msgs))
+	in := &inflow{stored: make(map[uint64]time.Time, len(msgs))}
 	// A message can repeat within a batch (a republish outside the dedup window):
 	// the first copy is processed, the others share its outcome.
 	first := make(map[uint64]int, len(msgs))
@@ -195,7 +210,12 @@ func (w *orderWriter) process(ctx context.Context, sale string, msgs []flashgate
 		}
 		if _, dup := first[m.ID]; !dup {
 			first[m.ID] = i
+			// The pay-by time is the backend's, whatever the message says.
+			m.ExpiresAt = m.CreatedAt.Add(w.trust.payBy)
 			uniq = append(uniq, m)
+			if i < len(stored) {
+				in.stored[m.ID] = stored[i]
+			}
 		}
 	}
 
@@ -237,12 +257,19 @@ func (w *orderWriter) process(ctx context.Context, sale string, msgs []flashgate
 			out[first[m.ID]] = outcome{ID: m.ID, Dropped: true}
 			continue
 		}
-		// ClaimOK, or ClaimUnknown (Redis lost the order): MySQL's guard decides.
+		// ClaimOK, or ClaimUnknown (Redis has no trace of it: written only
+		// when it was admitted before the sale's last rebuild, distrust.go).
+		if claims[i] == lua.ClaimUnknown {
+			if in.unknown == nil {
+				in.unknown = map[uint64]bool{}
+			}
+			in.unknown[m.ID] = true
+		}
 		todo = append(todo, m)
 	}
 
 	if len(todo) > 0 {
-		res, err := w.writeRetrying(ctx, sale, todo)
+		res, err := w.writeIn(ctx, sale, todo, in)
 		if err != nil {
 			return nil, err
 		}
@@ -271,8 +298,14 @@ func retryable(err error) bool {
 }
 
 func (w *orderWriter) writeRetrying(ctx context.Context, sale string, orders []flashgate.Order) (map[uint64]settlement, error) {
+	return w.writeIn(ctx, sale, orders, nil)
+}
+
+// writeIn is writeRetrying with what the stream said of the orders (nil:
+// stored now, each known to Redis).
+func (w *orderWriter) writeIn(ctx context.Context, sale string, orders []flashgate.Order, in *inflow) (map[uint64]settlement, error) {
 	for attempt := 1; ; attempt++ {
-		res, err := w.write(ctx, sale, orders)
+		res, err := w.write(ctx, sale, orders, in)
 		if err == nil {
 			return res, nil
 		}
@@ -290,17 +323,17 @@ func (w *orderWriter) writeRetrying(ctx context.Context, sale string, orders []f
 }
 
 // write runs the fast path and, when a guard refuses the batch, the fallback.
-func (w *orderWriter) write(ctx context.Context, sale string, orders []flashgate.Order) (map[uint64]settlement, error) {
+func (w *orderWriter) write(ctx context.Context, sale string, orders []flashgate.Order, in *inflow) (map[uint64]settlement, error) {
 	shape, err := w.shape(ctx, w.db, sale)
 	if err != nil {
 		return nil, err
 	}
 	for again := true; ; again = false {
-		res, ok, err := w.fastPath(ctx, sale, shape, orders)
+		res, ok, err := w.fastPath(ctx, sale, shape, orders, in)
 		if err != nil || ok {
 			return res, err
 		}
-		res, err = w.fallback(ctx, sale, shape, orders, again)
+		res, err = w.fallback(ctx, sale, shape, orders, in, again)
 		if !errors.Is(err, errShapeMoved) {
 			return res, err
 		}
@@ -440,7 +473,11 @@ func totals(shape *saleShape, orders []flashgate.Order, res map[uint64]settlemen
 // fastPath admits the whole batch with one guard per counter: the sale row, each
 // region row, each user row. ok is false (and nothing is committed) when any
 // guard refuses: the fallback then decides order by order.
-func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order) (map[uint64]settlement, bool, error) {
+//
+// An order the message checks doubt (distrust.go), or one Redis does not
+// know, sends the batch to the fallback too: it decides them under the row
+// lock, with the sale as MySQL holds it then.
+func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order, in *inflow) (map[uint64]settlement, bool, error) {
 	tx, err := beginRC(ctx, w.db)
 	if err != nil {
 		return nil, false, fmt.Errorf("batch of %s: %w", sale, err)
@@ -457,8 +494,14 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	if len(todo) == 0 {
 		return res, true, tx.Commit()
 	}
-	if shape == nil {
+	if shape == nil || in.anyUnknown(todo) {
 		return nil, false, nil
+	}
+	now := w.now().UTC()
+	for _, o := range todo {
+		if reason, _ := w.trust.doubt(shape, o, in, now, time.Time{}); reason != "" {
+			return nil, false, nil
+		}
 	}
 	if err := duplicates(ctx, tx, sale, todo, res); err != nil {
 		return nil, false, err
@@ -467,7 +510,6 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	if !ok {
 		return nil, false, nil
 	}
-	now := w.now().UTC()
 	if ok, err := w.guardBatch(ctx, tx, sale, shape, t, now); !ok || err != nil {
 		return nil, false, err
 	}
@@ -555,7 +597,7 @@ func (w *orderWriter) chargeBatch(ctx context.Context, tx *sql.Tx, sale string, 
 //
 // retry: a shape found out of date is answered with errShapeMoved (once
 // rebuilt and cached), so that the caller tries the fast path again with it.
-func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order, retry bool) (map[uint64]settlement, error) {
+func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShape, orders []flashgate.Order, in *inflow, retry bool) (map[uint64]settlement, error) {
 	tx, err := beginRC(ctx, w.db)
 	if err != nil {
 		return nil, fmt.Errorf("batch of %s: %w", sale, err)
@@ -566,6 +608,7 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		return nil, fmt.Errorf("batch of %s: lock sale: %w", sale, err)
 	}
 	limit, closedAt := lim.PerUser, lim.ClosedAt
+	reloaded := false
 	if known && (shape == nil || !shape.current(lim)) {
 		// Created since the fast path looked, or its limits changed since
 		// the shape was read.
@@ -576,16 +619,24 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		if moved && retry {
 			return nil, errShapeMoved
 		}
+		reloaded = true
 	}
 	res, err := existing(ctx, tx, sale, orders)
 	if err != nil {
 		return nil, err
 	}
 	todo := fresh(orders, res)
-	if err := duplicates(ctx, tx, sale, todo, res); err != nil {
+	now := w.now().UTC()
+	if known && shape != nil {
+		// The message checks first: an order no admission made takes no
+		// Idempotency-Key from an honest one (duplicates below skips it).
+		if reloaded, err = w.distrust(ctx, tx, sale, &shape, reloaded, todo, in, now, lim.RebuiltAt, res); err != nil {
+			return nil, err
+		}
+	}
+	if err := duplicates(ctx, tx, sale, unsettled(todo, res), res); err != nil {
 		return nil, err
 	}
-	now := w.now().UTC()
 	for _, o := range todo {
 		if _, dup := res[o.ID]; dup {
 			continue
@@ -609,6 +660,47 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 		return nil, fmt.Errorf("batch of %s: commit: %w", sale, err)
 	}
 	return res, nil
+}
+
+// distrust settles in res, failed, every order of todo that no admission can
+// have made (trust.doubt), and logs each. A doubt met with a shape cached
+// before this transaction is checked again with the sale as MySQL holds it
+// under the row lock (a PATCH may have moved its window or per_order_max):
+// *shape is then replaced, and reloaded answers so.
+func (w *orderWriter) distrust(ctx context.Context, tx *sql.Tx, sale string, shape **saleShape, reloaded bool,
+	todo []flashgate.Order, in *inflow, now, rebuiltAt time.Time, res map[uint64]settlement) (bool, error) {
+	for _, o := range todo {
+		reason, check := w.trust.doubt(*shape, o, in, now, rebuiltAt)
+		if reason != "" && !reloaded {
+			s, err := w.loadShape(ctx, tx, sale)
+			if err != nil {
+				return reloaded, err
+			}
+			if s != nil {
+				*shape, reloaded = s, true
+				reason, check = w.trust.doubt(*shape, o, in, now, rebuiltAt)
+			}
+		}
+		if reason != flashgate.ReasonUnadmitted {
+			continue // "" or a region the sale lacks: refusal's word, as before
+		}
+		w.log.Warn("order refused: no admission can have made its message", "sale", sale, "order", o.ID,
+			"user", o.UserID, "check", check, "quantity", o.Quantity, "created", o.CreatedAt,
+			"stored", in.storedAt(o.ID, now), "unknown_to_redis", in.isUnknown(o.ID), "rebuilt_at", rebuiltAt)
+		res[o.ID] = settlement{status: flashgate.OrderFailed, reason: reason}
+	}
+	return reloaded, nil
+}
+
+// unsettled lists the orders of todo res has no word on yet.
+func unsettled(todo []flashgate.Order, res map[uint64]settlement) []flashgate.Order {
+	out := todo[:0:0]
+	for _, o := range todo {
+		if _, ok := res[o.ID]; !ok {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // closeGrace is how much later than the sale's close an order may have been
@@ -713,8 +805,10 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []flashgate.Order, res
 		o := &orders[i]
 		s := res[o.ID]
 		o.Status, o.Reason = s.status, s.reason
-		if s.reason == flashgate.ReasonDuplicate {
-			o.IdemKey = "" // a duplicate's row leaves the key to the order that holds it
+		if s.reason == flashgate.ReasonDuplicate || s.reason == flashgate.ReasonUnadmitted {
+			// A duplicate's row leaves the key to the order that holds it;
+			// an unadmitted one's holds no key a buyer's retry could meet.
+			o.IdemKey = ""
 		}
 	}
 	return mysql.InsertOrders(ctx, tx, orders, now)

@@ -382,14 +382,27 @@ func TestUnknownAndClosed(t *testing.T) {
 
 	t.Run("Redis lost the order", func(t *testing.T) {
 		s := spec(10, 2, nil)
+		// Admitted a second before the sale's last rebuild (createSale's warm),
+		// by a Redis that lost it: written, MySQL's guards decide.
+		at := time.Now().Add(-time.Second)
+		m := flashgate.Order{ID: idAt(at), SaleID: s.ID, UserID: "u9", Quantity: 1, CreatedAt: ms(at.UnixMilli()), ExpiresAt: ms(2)}
 		k := e.createSale(s)
-		m := flashgate.Order{ID: nextID.Add(1), SaleID: s.ID, UserID: "u9", Quantity: 1, CreatedAt: ms(1), ExpiresAt: ms(2)}
 		out := e.process(s.ID, []flashgate.Order{m})
 		if out[0].Status != flashgate.OrderConfirmed {
 			t.Errorf("outcome: %+v", out[0])
 		}
 		if st, _ := redisStatus(t, e.rc, k, m.ID); st != "confirmed" {
 			t.Errorf("redis status = %q, want confirmed (rewritten)", st)
+		}
+		// One made after the rebuild was never admitted.
+		now := time.Now()
+		late := flashgate.Order{ID: idAt(now), SaleID: s.ID, UserID: "u8", Quantity: 1, CreatedAt: ms(now.UnixMilli())}
+		out = e.process(s.ID, []flashgate.Order{late})
+		if out[0].Status != flashgate.OrderFailed || out[0].Reason != flashgate.ReasonUnadmitted {
+			t.Errorf("an order Redis never admitted: %+v", out[0])
+		}
+		if e.sold(s.ID) != 1 {
+			t.Errorf("sold = %d, want 1", e.sold(s.ID))
 		}
 	})
 

@@ -41,11 +41,19 @@ func PublishStats(nc *nats.Conn, cfg config.NATS, st GatewayStats) error {
 	return nc.Publish(StatsSubject(cfg, st.Gateway), b)
 }
 
-// SubscribeStats calls fn with every gateway's stats; a message that does not
-// decode, or whose gateway is not the one its subject names, is dropped.
+// MaxStatsBytes bounds one stats message: a larger one is dropped unread
+// (a gateway's is a few hundred bytes a sale).
+const MaxStatsBytes = 64 << 10
+
+// SubscribeStats calls fn with every gateway's stats; a message over
+// MaxStatsBytes, one that does not decode, or one whose gateway is not the
+// one its subject names, is dropped.
 func SubscribeStats(nc *nats.Conn, cfg config.NATS, fn func(GatewayStats)) (*nats.Subscription, error) {
 	prefix := cfg.EventSubject + ".stats."
 	return nc.Subscribe(prefix+"*", func(m *nats.Msg) {
+		if len(m.Data) > MaxStatsBytes {
+			return
+		}
 		var st GatewayStats
 		if err := json.Unmarshal(m.Data, &st); err != nil || m.Subject != prefix+st.Gateway {
 			return

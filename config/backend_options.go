@@ -35,6 +35,9 @@ type BackendOptions struct {
 	// AllowedHosts is admin.allowed_hosts: the Host headers the admin port
 	// answers (empty: its listen address and localhost's).
 	AllowedHosts []string
+	// PaymentTimeout is orders.payment_timeout: the writer sets every
+	// order's pay-by time from it, whatever the message says.
+	PaymentTimeout time.Duration
 }
 
 // BackendOptions picks the backend's options out of the configuration.
@@ -50,5 +53,6 @@ func (c Config) BackendOptions() BackendOptions {
 		Events:         c.Events,
 		MaxTokenTTL:    c.Auth.MaxTokenTTL,
 		AllowedHosts:   c.Admin.AllowedHosts,
+		PaymentTimeout: c.Orders.PaymentTimeout,
 	}
 }

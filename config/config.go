@@ -187,6 +187,8 @@ type Backend struct {
 	AckWait time.Duration `yaml:"ack_wait"`
 	// ShutdownTimeout bounds a graceful stop: the batch in hand commits, then the process exits.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// ClockSkew is how far apart the clocks of Redis, the gateways, NATS and MySQL may be when the backend checks an order's times: its created time against its id's time and JetStream's own time of the message (docs/ingest.md, "The backend trusts no message"); an order outside it ends failed, unadmitted. It must cover the servers' skew plus gateway.admit_timeout.
+	ClockSkew time.Duration `yaml:"clock_skew"`
 }
 
 // Auth verifies buyers' JWTs. At most one of JWTSecret (HS256) and
@@ -466,6 +468,7 @@ func Default() Config {
 		Backend: Backend{
 			AdminListen: "127.0.0.1:8082", BatchSize: 500, BatchWait: 50 * time.Millisecond,
 			MaxAckPending: 20000, MaxDeliver: 10, AckWait: 30 * time.Second, ShutdownTimeout: 15 * time.Second,
+			ClockSkew: 5 * time.Second,
 		},
 		Admin: Admin{URL: "http://127.0.0.1:8082", Keys: []AdminKey{}, AllowedHosts: []string{}},
 		Redis: Redis{Addrs: []string{"127.0.0.1:16379"}, MaxFlushDelay: 0, WaitTimeout: 250 * time.Millisecond},
@@ -561,6 +564,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Backend.BatchSize < 1 || c.Backend.BatchSize > 5000 {
 		errs = append(errs, errors.New("backend.batch_size must be 1..5000"))
+	}
+	if c.Backend.ClockSkew < 100*time.Millisecond || c.Backend.ClockSkew > time.Minute {
+		errs = append(errs, errors.New("backend.clock_skew must be 100ms..1m"))
 	}
 	if c.NATS.DedupWindow < 2*time.Minute {
 		errs = append(errs, errors.New("nats.dedup_window must be at least 2m (docs/design.md §7)"))

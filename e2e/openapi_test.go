@@ -29,6 +29,7 @@ import (
 	"github.com/flashgate/flashgate/bus"
 	"github.com/flashgate/flashgate/config"
 	"github.com/flashgate/flashgate/internal/testenv"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // contract drives a running gateway and backend and validates every answer
@@ -520,7 +521,13 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(409, "order_closed", "POST", aord+"/"+paidID+"/cancel", adm, `{"reason":"contract"}`)
 
 	// The dead-letter stream: an unparseable message and two poison orders
-	// (a payment deadline no DATETIME holds), published as a gateway would.
+	// (MySQL refuses their rows: a test trigger), published as a gateway would.
+	pdb, err := mysql.OpenDB(cfg.MySQL.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pdb.Close() })
+	testenv.PoisonOrders(t, pdb, "poison")
 	nc := testenv.NATS(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -533,7 +540,7 @@ func TestOpenAPIContract(t *testing.T) {
 	poisons := map[string]bool{}
 	for i := range 2 {
 		p := flashgate.Order{ID: uint64(now.UnixNano()) + uint64(i), SaleID: live, UserID: fmt.Sprintf("poison%d", i), Quantity: 1,
-			Status: flashgate.OrderPending, CreatedAt: now.Truncate(time.Millisecond), ExpiresAt: time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC)}
+			Status: flashgate.OrderPending, CreatedAt: now.Truncate(time.Millisecond), ExpiresAt: now.Add(time.Hour).Truncate(time.Millisecond)}
 		if _, err := js.Publish(t.Context(), subj, bus.AppendOrder(nil, &p), jetstream.WithMsgID(strconv.FormatUint(p.ID, 10))); err != nil {
 			t.Fatal(err)
 		}

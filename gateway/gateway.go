@@ -95,6 +95,9 @@ type Gateway struct {
 	// admission and its publish, as a kill -9 there would.
 	crashAfter atomic.Int64
 
+	// hints are the sales a sold-out hint asks to read (hints.go).
+	hints chan *sale
+
 	stop     context.CancelFunc
 	bg       sync.WaitGroup
 	shutdown sync.Once
@@ -143,6 +146,7 @@ func newGateway(deps Deps, opts config.GatewayOptions) (*Gateway, error) {
 		scripts: lua.LoadWait(opts.WaitReplicas, opts.WaitTimeout), sales: newSales(opts.LiveGrace), now: deps.Now, metrics: metrics.NewGateway(),
 		releases: newReleases(opts.Gateway.ReleaseQueue), marks: newEdgeMarks(opts.Gateway.EdgeMarksDir),
 		id: newRequestID()[:16], accessSample: opts.Gateway.AccessLogSample,
+		hints: make(chan *sale, hintQueue),
 	}
 	if g.now == nil {
 		g.now = time.Now
@@ -219,6 +223,7 @@ func (g *Gateway) runBackground() {
 	g.goBG(func() { g.watchConfig(bgctx) })
 	g.goBG(func() { g.statsLoop(bgctx) })
 	g.goBG(func() { g.denylistLoop(bgctx, &g.deny) })
+	g.goBG(func() { g.hintWorker(bgctx) })
 	g.goBG(func() {
 		lua.WatchSkew(bgctx, g.rc, g.now, func(d time.Duration) {
 			g.skew.Store(int64(d))
@@ -352,12 +357,17 @@ func (g *Gateway) onEvent(ev bus.SaleEvent) {
 		g.sales.retire(ev.SaleID, g.now())
 	case bus.EventStale, bus.EventFresh:
 		g.onLaneEvent(ev)
-	case bus.EventSoldOut, bus.EventRestocked:
+	case bus.EventSoldOut:
+		// Another gateway's word: Redis's decides (hints.go).
+		if s := g.sales.get([]byte(ev.SaleID)); s != nil {
+			g.onSoldOutHint(s)
+		}
+	case bus.EventRestocked:
 		if s := g.sales.get([]byte(ev.SaleID)); s != nil {
 			if f := s.soldOutFlag(ev.Region); f != nil {
-				f.Store(ev.Type == bus.EventSoldOut)
+				f.Store(false)
 			}
-			if ev.Type == bus.EventRestocked && g.marks != nil {
+			if g.marks != nil {
 				g.marks.clear(s.spec.ID, g.now())
 			}
 		}

@@ -36,6 +36,10 @@ type sale struct {
 	byRegion  atomic.Pointer[map[string]int64]
 	info      atomic.Pointer[[]byte] // the public JSON, rebuilt on refresh
 	warmAsked atomic.Int64           // unix ms of our last warm request
+	// hintChecked (unix ms) and hintQueued: the last read of the stock on
+	// a sold-out hint, and whether one waits (hints.go).
+	hintChecked atomic.Int64
+	hintQueued  atomic.Bool
 
 	// soldOut marks the sale ("" key) or each region sold out: a purchase
 	// then answers 409 from memory. Set by an admission that found no stock,

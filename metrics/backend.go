@@ -42,6 +42,7 @@ var reasons = []string{
 	flashgate.ReasonBadCharges,
 	flashgate.ReasonDuplicate,
 	flashgate.ReasonIDTaken,
+	flashgate.ReasonUnadmitted,
 }
 
 type outcomeKey struct {

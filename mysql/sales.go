@@ -204,7 +204,9 @@ func SaleEpoch(ctx context.Context, q Querier, id string) (int64, error) {
 // BumpEpoch raises the sale's epoch and answers the new one. The caller holds
 // the sale row lock (LockSale) and rebuilds Redis before it commits.
 func BumpEpoch(ctx context.Context, tx Querier, id string) (int64, error) {
-	if _, err := tx.ExecContext(ctx, `UPDATE sales SET epoch = epoch + 1 WHERE id = ?`, id); err != nil {
+	// rebuilt_at is MySQL's time of the rebuild (migration 0013): an order
+	// Redis has no trace of is written only when its id is older.
+	if _, err := tx.ExecContext(ctx, `UPDATE sales SET epoch = epoch + 1, rebuilt_at = UTC_TIMESTAMP(3) WHERE id = ?`, id); err != nil {
 		return 0, fmt.Errorf("epoch of %s: %w", id, err)
 	}
 	var epoch int64
@@ -243,6 +245,9 @@ type SaleLimits struct {
 	Text    string
 	// ClosedAt is when a closed sale closed (as LockSaleLimit).
 	ClosedAt time.Time
+	// RebuiltAt is when the sale's books in Redis were last rebuilt
+	// (BumpEpoch), on MySQL's clock; zero when never since migration 0013.
+	RebuiltAt time.Time
 }
 
 // LockSaleLimits takes the sale row lock and reads the limits every guard
@@ -251,14 +256,17 @@ type SaleLimits struct {
 func LockSaleLimits(ctx context.Context, tx Querier, id string) (SaleLimits, bool, error) {
 	var l SaleLimits
 	var closed bool
-	var at sql.NullTime
-	err := tx.QueryRowContext(ctx, `SELECT per_user_limit, COALESCE(limits, ''), closed, closed_at FROM sales
-		WHERE id = ? FOR UPDATE`, id).Scan(&l.PerUser, &l.Text, &closed, &at)
+	var at, rebuilt sql.NullTime
+	err := tx.QueryRowContext(ctx, `SELECT per_user_limit, COALESCE(limits, ''), closed, closed_at, rebuilt_at FROM sales
+		WHERE id = ? FOR UPDATE`, id).Scan(&l.PerUser, &l.Text, &closed, &at, &rebuilt)
 	if errors.Is(err, sql.ErrNoRows) {
 		return SaleLimits{}, false, nil
 	}
 	if err != nil {
 		return SaleLimits{}, false, err
+	}
+	if rebuilt.Valid {
+		l.RebuiltAt = rebuilt.Time
 	}
 	switch {
 	case !closed:

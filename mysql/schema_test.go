@@ -64,10 +64,10 @@ func TestMigrationsParse(t *testing.T) {
 	for _, s := range p.ListSources() {
 		vs = append(vs, s.Version)
 	}
-	if len(vs) != 11 || vs[0] != 1 || vs[10] != 12 {
-		t.Fatalf("versions %v, want 1…12 (no 5)", vs)
+	if len(vs) != 12 || vs[0] != 1 || vs[11] != 13 {
+		t.Fatalf("versions %v, want 1…13 (no 5)", vs)
 	}
-	if v, err := LatestVersion(); err != nil || v != 12 {
+	if v, err := LatestVersion(); err != nil || v != 13 {
 		t.Fatalf("LatestVersion = %d, %v", v, err)
 	}
 }
@@ -87,8 +87,8 @@ func TestMigrateUpThenStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms) != 11 {
-		t.Fatalf("status lists %d migrations, want 11", len(ms))
+	if len(ms) != 12 {
+		t.Fatalf("status lists %d migrations, want 12", len(ms))
 	}
 	for _, m := range ms {
 		if !m.Applied || m.AppliedAt.IsZero() || !strings.HasSuffix(m.Name, ".sql") {
@@ -131,8 +131,8 @@ func TestMigrateConcurrent(t *testing.T) {
 	}
 	defer db.Close()
 	var n int
-	if err := db.QueryRow(`SELECT COUNT(*) FROM goose_db_version WHERE version_id > 0`).Scan(&n); err != nil || n != 11 {
-		t.Errorf("goose_db_version has %d versions (%v), want 11", n, err)
+	if err := db.QueryRow(`SELECT COUNT(*) FROM goose_db_version WHERE version_id > 0`).Scan(&n); err != nil || n != 12 {
+		t.Errorf("goose_db_version has %d versions (%v), want 12", n, err)
 	}
 	// The CHECK constraint is there: sold can never pass total.
 	now := time.Now().UTC()
@@ -149,10 +149,10 @@ func TestOldSchemaRefused(t *testing.T) {
 	upTo(t, db, 2)
 	err := CheckSchema(ctx(t), db)
 	se := schemaError(t, err)
-	if se.Version != 2 || se.Want != 12 || len(se.Pending) != 9 {
+	if se.Version != 2 || se.Want != 13 || len(se.Pending) != 10 {
 		t.Errorf("%+v", se)
 	}
-	if want := "schema at version 2, this binary needs 12: run `flashgate migrate up`"; err.Error() != want {
+	if want := "schema at version 2, this binary needs 13: run `flashgate migrate up`"; err.Error() != want {
 		t.Errorf("message %q, want %q", err, want)
 	}
 	if err := Migrate(ctx(t), db); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/flashgate/flashgate/internal/testenv"
 	"github.com/flashgate/flashgate/internal/wire"
 	"github.com/flashgate/flashgate/lua"
+	"github.com/flashgate/flashgate/mysql"
 )
 
 // TestSaleDayCommands runs sale pause, resume and audit and audit-log
@@ -136,9 +137,16 @@ func TestDLQCommands(t *testing.T) {
 	if _, err := js.Publish(ctx, subj, []byte("garbage")); err != nil {
 		t.Fatal(err)
 	}
+	// MySQL refuses mallory's rows (a test trigger): her order is poison.
+	db, err := mysql.OpenDB(cfg.MySQL.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	testenv.PoisonOrders(t, db, "mallory")
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	p := flashgate.Order{ID: uint64(now.UnixNano()), SaleID: id, UserID: "mallory", Quantity: 1, Status: flashgate.OrderPending,
-		CreatedAt: now, ExpiresAt: time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC)}
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
 	pid := strconv.FormatUint(p.ID, 10)
 	if _, err := js.Publish(ctx, subj, bus.AppendOrder(nil, &p), jetstream.WithMsgID(pid)); err != nil {
 		t.Fatal(err)
