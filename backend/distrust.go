@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/flashgate/flashgate"
@@ -22,6 +23,22 @@ type inflow struct {
 	stored map[uint64]time.Time
 	// unknown are the orders Redis has no trace of (claim.lua's 'unknown').
 	unknown map[uint64]bool
+	// epoch is the epoch of the sale's books the claims were read in ("":
+	// unchecked, books warmed before epochs); split is set when the tags
+	// answered different epochs (a master failed over to a replica from
+	// before the last rebuild).
+	epoch string
+	split bool
+}
+
+// stale reports whether the claims were read in another epoch than mysql's,
+// the sale's epoch now (read under the sale row lock): their answers may
+// not be what the rebuild since installed, so nothing may be decided on them.
+func (in *inflow) stale(mysql int64) bool {
+	if in == nil || (in.epoch == "" && !in.split) {
+		return false
+	}
+	return in.split || in.epoch != strconv.FormatInt(mysql, 10)
 }
 
 // storedAt is when the stream stored order id's message.

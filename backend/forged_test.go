@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -310,5 +311,47 @@ func TestDoubtEachCheck(t *testing.T) {
 	o := order(now.Add(-time.Hour), now.Add(-time.Hour))
 	if _, check := tr.doubt(shape, o, stored(o, now.Add(-time.Hour), true), now, time.Time{}); check == "" {
 		t.Error("an unknown order of a sale without a rebuild time passed")
+	}
+}
+
+// TestClaimsDecidedInTheirEpoch: a batch's claims hold in the epoch they were
+// read in. A rebuild that commits between the claims and the decision (it
+// may have installed what they did not see: an order 'unknown' then is in
+// flight now, one 'released' then may be pending again after a failover)
+// makes the decision refuse with errClaimStale, deciding nothing, which the
+// consumer treats as an outage (the batch is claimed again); claimed again,
+// in the new epoch, the order is decided. The model's BUG_NO_CLAIM_EPOCH.
+func TestClaimsDecidedInTheirEpoch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.RedisAddrs())
+	sale := spec(10, 2, nil)
+	k := e.createSale(sale)
+	o := admit(t, e.rc, k, "u1", 1, "")
+	st, epoch, err := e.scripts.ClaimEpoch(ctx(t), e.rc, k, []uint64{o.ID})
+	if err != nil || st[0] != lua.ClaimOK || epoch == "" {
+		t.Fatalf("claim: %v %q %v", st, epoch, err)
+	}
+	if _, err := e.warmer.rebuild(ctx(t), sale.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.w.writeIn(ctx(t), sale.ID, []flashgate.Order{o}, &inflow{epoch: epoch})
+	if !errors.Is(err, errClaimStale) || !unavailable(err) {
+		t.Fatalf("a decision on claims of epoch %s after a rebuild: %v, want errClaimStale (an outage)", epoch, err)
+	}
+	if n := e.rows(sale.ID, "confirmed") + e.rows(sale.ID, "failed"); n != 0 {
+		t.Fatalf("%d orders decided on stale claims", n)
+	}
+	st, now, err := e.scripts.ClaimEpoch(ctx(t), e.rc, k, []uint64{o.ID})
+	if err != nil || st[0] != lua.ClaimOK || now == epoch {
+		t.Fatalf("claim again: %v %q (was %q) %v", st, now, epoch, err)
+	}
+	res, err := e.w.writeIn(ctx(t), sale.ID, []flashgate.Order{o}, &inflow{epoch: now})
+	if err != nil || res[o.ID].status != flashgate.OrderConfirmed {
+		t.Fatalf("the decision in the claims' epoch: %+v %v", res, err)
+	}
+	// Tags that answered different epochs (one master failed over to a
+	// replica from before the rebuild) decide nothing either.
+	if _, err := e.w.writeIn(ctx(t), sale.ID, []flashgate.Order{admit(t, e.rc, k, "u2", 1, "")}, &inflow{epoch: now, split: true}); !errors.Is(err, errClaimStale) {
+		t.Fatalf("claims of two epochs: %v, want errClaimStale", err)
 	}
 }

@@ -69,7 +69,8 @@ func redisUnavailable(err error) bool {
 // or Redis, or Redis's replicas under redis.wait_replicas): the batch waits
 // instead of being taken for poison.
 func unavailable(err error) bool {
-	return mysql.Stalled(err) || redisUnavailable(err) || errors.Is(err, errSaleCold) || errors.Is(err, lua.ErrNotReplicated)
+	return mysql.Stalled(err) || redisUnavailable(err) || errors.Is(err, errSaleCold) || errors.Is(err, lua.ErrNotReplicated) ||
+		errors.Is(err, errClaimStale)
 }
 
 // errSaleCold: an order's tag in Redis is not warm (claim.lua's 'cold'): it

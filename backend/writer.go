@@ -22,6 +22,13 @@ import (
 	"github.com/flashgate/flashgate/mysql"
 )
 
+// errClaimStale: a rebuild committed between a batch's claims and its
+// decision, so the claims' answers were read in an older epoch (an order
+// 'unknown' then may be installed now, a 'released' one pending). Nothing is
+// decided; the batch waits as in an outage and is claimed again
+// (spec/admission.pml: BUG_NO_CLAIM_EPOCH).
+var errClaimStale = errors.New("claimed before the sale's last rebuild")
+
 // reasonUnknownRegion fails an order whose region the sale does not have (or a
 // regionless order of a sale with regions). The gateway checks regions against
 // Redis meta, so it only happens when Redis and MySQL disagree about the sale.
@@ -234,11 +241,17 @@ func (w *orderWriter) processStored(ctx context.Context, sale string, msgs []fla
 		for j, i := range at {
 			part[j] = ids[i]
 		}
-		st, err := w.scripts.Claim(ctx, w.rc, b, part)
+		st, epoch, err := w.scripts.ClaimEpoch(ctx, w.rc, b, part)
 		for j, i := range at {
 			if j < len(st) {
 				claims[i] = st[j]
 			}
+		}
+		if err == nil {
+			if in.epoch != "" && epoch != in.epoch {
+				in.split = true
+			}
+			in.epoch = epoch
 		}
 		return err
 	})
@@ -513,6 +526,16 @@ func (w *orderWriter) fastPath(ctx context.Context, sale string, shape *saleShap
 	if ok, err := w.guardBatch(ctx, tx, sale, shape, t, now); !ok || err != nil {
 		return nil, false, err
 	}
+	// The sale row is locked now: no rebuild commits until this does.
+	if in != nil && in.epoch != "" {
+		epoch, err := mysql.SaleEpoch(ctx, tx, sale)
+		if err != nil {
+			return nil, false, fmt.Errorf("batch of %s: %w", sale, err)
+		}
+		if in.stale(epoch) {
+			return nil, false, fmt.Errorf("batch of %s: claimed in epoch %s, the sale is in %d: %w", sale, in.epoch, epoch, errClaimStale)
+		}
+	}
 	for _, o := range todo {
 		if _, dup := res[o.ID]; !dup {
 			res[o.ID] = settlement{status: flashgate.OrderConfirmed}
@@ -606,6 +629,9 @@ func (w *orderWriter) fallback(ctx context.Context, sale string, shape *saleShap
 	lim, known, err := mysql.LockSaleLimits(ctx, tx, sale)
 	if err != nil {
 		return nil, fmt.Errorf("batch of %s: lock sale: %w", sale, err)
+	}
+	if known && in.stale(lim.Epoch) {
+		return nil, fmt.Errorf("batch of %s: claimed in epoch %s, the sale is in %d: %w", sale, in.epoch, lim.Epoch, errClaimStale)
 	}
 	limit, closedAt := lim.PerUser, lim.ClosedAt
 	reloaded := false

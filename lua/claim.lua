@@ -1,8 +1,8 @@
 -- claim: the backend takes orders it is about to write to MySQL, so that a gateway
 -- whose publish "failed" (but got through) can no longer release them.
--- KEYS: 1 orders, 2 meta (of the same tag)
+-- KEYS: 1 orders, 2 meta, 3 epoch (of the same tag; meta and epoch only read)
 -- ARGV: order ids
--- Returns one status per id:
+-- Returns one status per id, then the tag's epoch as the claim read it:
 --   'ok'        claimed now or before
 --   'released'  the gateway released it: drop the message
 --   'unknown'   Redis has no record, in a warm tag (it lost its data, and the
@@ -11,11 +11,16 @@
 --               way): nothing is decided until the rebuild has read the stream;
 --               a gateway releasing the order meanwhile leaves a tombstone the
 --               rebuild keeps, and the order is then 'released', not written
+-- The epoch (empty when the tag has none) is why the backend decides on these
+-- answers only while the sale is still in that epoch: a rebuild since may have
+-- installed what they did not see.
 local out = {}
+local epoch = redis.call('GET', KEYS[3]) or ''
 if redis.call('EXISTS', KEYS[2]) == 0 then
   for i = 1, #ARGV do
     out[i] = 'cold'
   end
+  out[#ARGV + 1] = epoch
   return out
 end
 for i, id in ipairs(ARGV) do
@@ -34,4 +39,5 @@ for i, id in ipairs(ARGV) do
     end
   end
 end
+out[#ARGV + 1] = epoch
 return out

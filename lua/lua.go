@@ -37,7 +37,7 @@ var (
 	// (Script.read): the gateway may not write them.
 	admitScript   = newScript("admit", admitSrc).reading(1)
 	releaseScript = newScript("release", releaseSrc).reading(7)
-	claimScript   = newScript("claim", claimSrc).reading(2)
+	claimScript   = newScript("claim", claimSrc).reading(2, 3)
 	confirmScript = newScript("confirm", confirmSrc).reading(3)
 	warmScript    = newScript("warm", warmSrc)
 )
@@ -465,6 +465,15 @@ const (
 
 // Claim marks orders as taken by the backend; it answers one claim status per id.
 func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []uint64) ([]ClaimStatus, error) {
+	st, _, err := s.ClaimEpoch(ctx, c, k, ids)
+	return st, err
+}
+
+// ClaimEpoch is Claim that also answers the epoch of k's tag as the claim
+// read it ("" when the tag has none): the answers hold in that epoch only, so
+// the backend decides on them only while MySQL's sales.epoch is still that
+// (a rebuild in between may have installed what they did not see).
+func (s *Scripts) ClaimEpoch(ctx context.Context, c rueidis.Client, k *Keys, ids []uint64) ([]ClaimStatus, string, error) {
 	args := make([]string, len(ids))
 	for i, id := range ids {
 		args[i] = strconv.FormatUint(id, 10)
@@ -472,29 +481,29 @@ func (s *Scripts) Claim(ctx context.Context, c rueidis.Client, k *Keys, ids []ui
 	// Under redis.wait_replicas the claim is decided on only once the
 	// replicas have it: a failover that lost it would let a gateway whose
 	// publish timed out release the order (503) that MySQL then confirms.
-	r, acked, err := execWait(ctx, c, s.claim, []string{k.Orders, k.Meta}, args, s.wait)
+	r, acked, err := execWait(ctx, c, s.claim, []string{k.Orders, k.Meta, k.Epoch}, args, s.wait)
 	if err != nil {
-		return nil, fmt.Errorf("claim %s: %w", k.Sale, err)
+		return nil, "", fmt.Errorf("claim %s: %w", k.Sale, err)
 	}
 	out, err := r.AsStrSlice()
 	if err != nil {
-		return nil, fmt.Errorf("claim %s: %w", k.Sale, err)
+		return nil, "", fmt.Errorf("claim %s: %w", k.Sale, err)
 	}
 	if !acked {
-		return nil, fmt.Errorf("claim %s: %w: fewer than %d replicas within %v", k.Sale, ErrNotReplicated, s.wait.replicas, s.wait.timeout)
+		return nil, "", fmt.Errorf("claim %s: %w: fewer than %d replicas within %v", k.Sale, ErrNotReplicated, s.wait.replicas, s.wait.timeout)
 	}
-	if len(out) != len(ids) {
-		return nil, fmt.Errorf("claim %s: %d answers for %d orders", k.Sale, len(out), len(ids))
+	if len(out) != len(ids)+1 {
+		return nil, "", fmt.Errorf("claim %s: %d answers for %d orders", k.Sale, len(out)-1, len(ids))
 	}
-	st := make([]ClaimStatus, len(out))
-	for i, w := range out {
+	st := make([]ClaimStatus, len(ids))
+	for i, w := range out[:len(ids)] {
 		switch st[i] = ClaimStatus(w); st[i] {
 		case ClaimOK, ClaimReleased, ClaimUnknown, ClaimCold:
 		default:
-			return nil, fmt.Errorf("claim %s: unexpected reply %q", k.Sale, w)
+			return nil, "", fmt.Errorf("claim %s: unexpected reply %q", k.Sale, w)
 		}
 	}
-	return st, nil
+	return st, out[len(ids)], nil
 }
 
 // Confirm ends the reservations of settled orders and writes their status

@@ -248,6 +248,8 @@ type SaleLimits struct {
 	// RebuiltAt is when the sale's books in Redis were last rebuilt
 	// (BumpEpoch), on MySQL's clock; zero when never since migration 0013.
 	RebuiltAt time.Time
+	// Epoch is the epoch of the sale's books in Redis (sales.epoch).
+	Epoch int64
 }
 
 // LockSaleLimits takes the sale row lock and reads the limits every guard
@@ -257,8 +259,8 @@ func LockSaleLimits(ctx context.Context, tx Querier, id string) (SaleLimits, boo
 	var l SaleLimits
 	var closed bool
 	var at, rebuilt sql.NullTime
-	err := tx.QueryRowContext(ctx, `SELECT per_user_limit, COALESCE(limits, ''), closed, closed_at, rebuilt_at FROM sales
-		WHERE id = ? FOR UPDATE`, id).Scan(&l.PerUser, &l.Text, &closed, &at, &rebuilt)
+	err := tx.QueryRowContext(ctx, `SELECT per_user_limit, COALESCE(limits, ''), closed, closed_at, rebuilt_at, epoch FROM sales
+		WHERE id = ? FOR UPDATE`, id).Scan(&l.PerUser, &l.Text, &closed, &at, &rebuilt, &l.Epoch)
 	if errors.Is(err, sql.ErrNoRows) {
 		return SaleLimits{}, false, nil
 	}
