@@ -558,6 +558,10 @@ func (re *reconciler) reconcileLoop(ctx context.Context) {
 		since time.Time
 	}
 	marks := map[string]mark{}
+	// Who serves Redis, and the sales still to rebuild because it changed
+	// (failover.go).
+	var servers map[string]redisNode
+	rebuild := map[string]bool{}
 	tick.Every(ctx, reconcileEvery, func(time.Time) {
 		ids, err := mysql.RecentSaleIDs(ctx, re.db, time.Now().UTC().Add(-reconcileRecent))
 		if err != nil {
@@ -566,12 +570,42 @@ func (re *reconciler) reconcileLoop(ctx context.Context) {
 			}
 			return
 		}
+		if now, err := redisNodes(ctx, re.rc); err != nil {
+			if ctx.Err() == nil {
+				re.log.Warn("reconcile: who serves Redis", "err", err)
+			}
+		} else {
+			if moved := serversMoved(servers, now); len(moved) > 0 {
+				re.log.Warn("Redis failed over or restarted: rebuilding every recent sale", "nodes", moved, "sales", len(ids))
+				for _, id := range ids {
+					rebuild[id] = true
+				}
+				// The publish grace, once: an admission made before the
+				// change has landed in the stream (or failed) by then.
+				if err := sleep(ctx, re.cfg.PublishTimeout); err != nil {
+					return
+				}
+			}
+			servers = now
+		}
 		seen := make(map[string]bool, len(ids))
 		for _, id := range ids {
 			if ctx.Err() != nil {
 				return
 			}
 			seen[id] = true
+			if rebuild[id] {
+				sctx, cancel := context.WithTimeout(ctx, reconcileSaleTimeout)
+				_, err := re.warmer.rebuild(sctx, id, nil)
+				cancel()
+				switch {
+				case err == nil:
+					delete(rebuild, id)
+					re.log.Info("sale rebuilt after Redis changed hands", "sale", id)
+				case ctx.Err() == nil:
+					re.log.Warn("rebuild after Redis changed hands (again next pass)", "sale", id, "err", err)
+				}
+			}
 			opt := ReconcileOptions{restockSince: time.Now().Add(-restockWindow), quiet: func(fp string) bool {
 				m, ok := marks[id]
 				if !ok || m.fp != fp {
@@ -595,6 +629,11 @@ func (re *reconciler) reconcileLoop(ctx context.Context) {
 		for id := range marks {
 			if !seen[id] {
 				delete(marks, id)
+			}
+		}
+		for id := range rebuild {
+			if !seen[id] {
+				delete(rebuild, id)
 			}
 		}
 	})

@@ -65,6 +65,9 @@ var (
 		"+zrange", "+zrangebyscore", "+zscore", "+zmscore", "+zcard"}
 	// redisInstall: a rebuild installs its staged keys (backend only).
 	redisInstall = []string{"+rename", "+persist"}
+	// redisWatch: the leader reads who serves each node (run id, role) to
+	// rebuild the sales after a failover (backend only).
+	redisWatch = []string{"+info"}
 )
 
 // GatewayWrites are the key patterns the gateway may write
@@ -136,7 +139,7 @@ func RedisUsers(o RedisOptions) []RedisUser {
 		users = append(users, RedisUser{g.Name, cat(keys, []string{"resetchannels", "-@all"}, conn, redisCall, redisData)})
 	}
 	return append(users, []RedisUser{
-		{Backend, cat([]string{"resetkeys", "~" + lua.AllKeysPattern, "~" + lua.LeaderLockPattern, "resetchannels", "-@all"}, conn, redisCall, redisLoad, redisEval, redisData, redisInstall)},
+		{Backend, cat([]string{"resetkeys", "~" + lua.AllKeysPattern, "~" + lua.LeaderLockPattern, "resetchannels", "-@all"}, conn, redisCall, redisLoad, redisEval, redisData, redisInstall, redisWatch)},
 		{Replica, []string{"resetkeys", "resetchannels", "-@all", "+ping", "+psync", "+sync", "+replconf", "+auth", "+hello"}},
 	}...)
 }
