@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"context"
 	"net/http"
 	"slices"
 	"strings"
@@ -37,6 +38,7 @@ func validDenyKind(k string) bool { return k == auth.DenySubject || k == auth.De
 // listDenylist is GET /admin/v1/denylist: the entries in force, soonest to
 // lapse first. Lapsed entries are removed on the way.
 func (a *adminAPI) listDenylist(w http.ResponseWriter, r *http.Request) {
+	r = withDenyTimeout(r)
 	all, _, err := lua.LoadDenylist(r.Context(), a.rc)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, flashgate.CodeUnavailable, "Redis: "+err.Error())
@@ -65,6 +67,7 @@ func (a *adminAPI) listDenylist(w http.ResponseWriter, r *http.Request) {
 // addDenylist is POST /admin/v1/denylist {"kind","id","until"|"for"}:
 // revoke now. Answers the entry, 200.
 func (a *adminAPI) addDenylist(w http.ResponseWriter, r *http.Request) {
+	r = withDenyTimeout(r)
 	var e denyEntry
 	if err := decodeStrict(w, r, &e); err != nil {
 		writeError(w, http.StatusBadRequest, flashgate.CodeInvalidRequest, err.Error())
@@ -107,6 +110,7 @@ func (a *adminAPI) addDenylist(w http.ResponseWriter, r *http.Request) {
 // removeDenylist is DELETE /admin/v1/denylist/{kind}/{id}: 200 with the
 // entry removed, 404 when there was none.
 func (a *adminAPI) removeDenylist(w http.ResponseWriter, r *http.Request) {
+	r = withDenyTimeout(r)
 	kind, id := r.PathValue("kind"), r.PathValue("id")
 	if !validDenyKind(kind) || !flashgate.ValidID(id) {
 		writeError(w, http.StatusNotFound, "not_found", "no such denylist entry")
@@ -124,4 +128,17 @@ func (a *adminAPI) removeDenylist(w http.ResponseWriter, r *http.Request) {
 	a.record(r, change{action: "undeny", target: auth.DenyEntry(kind, id), before: denyEntry{Kind: kind, ID: id}})
 	a.log.Info("denylist: entry removed", "kind", kind, "id", id)
 	writeJSON(w, http.StatusOK, denyEntry{Kind: kind, ID: id})
+}
+
+// denyTimeout bounds the denylist's Redis calls: a stalled Redis gets an
+// operator a 503 in seconds, not a request that hangs.
+const denyTimeout = 3 * time.Second
+
+// withDenyTimeout is r with its context bounded by denyTimeout; the timer
+// ends when the handler has written its answer (the request's own context
+// ends then).
+func withDenyTimeout(r *http.Request) *http.Request {
+	ctx, cancel := context.WithTimeout(r.Context(), denyTimeout)
+	context.AfterFunc(r.Context(), cancel)
+	return r.WithContext(ctx)
 }

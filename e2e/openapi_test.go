@@ -201,6 +201,27 @@ func (c *contract) want(status int, code, method, url, token, body string) []byt
 	return b
 }
 
+// wantMisdirected: an admin port answers a request for a Host it does not
+// serve (DNS rebinding) 421 misdirected_request.
+func (c *contract) wantMisdirected(method, url, token, body string) {
+	c.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	req.Host = "rebound.example"
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if st, b := c.do(req); st != 421 || !strings.Contains(string(b), `"misdirected_request"`) {
+		c.t.Errorf("%s %s for another Host: %d %s, want 421 misdirected_request", method, url, st, b)
+	}
+}
+
 // wantHdr is want for a request without a token and with headers (name,
 // value pairs).
 func (c *contract) wantHdr(status int, code, method, url, body string, hdr ...string) []byte {
@@ -336,6 +357,36 @@ func TestOpenAPIContract(t *testing.T) {
 	}
 	c.want(400, "invalid_request", "GET", badm+"/admin/v1/audit-log?limit=0", view, "")
 	c.want(401, "unauthorized", "GET", badm+"/admin/v1/audit-log", "", "")
+
+	// The denylist: an operator changes it, a viewer reads it.
+	deny := badm + "/admin/v1/denylist"
+	c.want(200, "", "POST", deny, adm, `{"kind":"sub","id":"contract-bot","for":"1h"}`)
+	c.want(400, "invalid_request", "POST", deny, adm, `{"kind":"ip","id":"x"}`)
+	c.want(401, "unauthorized", "POST", deny, "", `{"kind":"sub","id":"x"}`)
+	c.want(403, "forbidden", "POST", deny, view, `{"kind":"sub","id":"x"}`)
+	if b := c.want(200, "", "GET", deny, view, ""); !strings.Contains(string(b), "contract-bot") {
+		t.Errorf("denylist: %s", b)
+	}
+	c.want(401, "unauthorized", "GET", deny, "", "")
+	c.want(403, "forbidden", "DELETE", deny+"/sub/contract-bot", view, "")
+	c.want(401, "unauthorized", "DELETE", deny+"/sub/contract-bot", "", "")
+	c.want(200, "", "DELETE", deny+"/sub/contract-bot", adm, "")
+	c.want(404, "", "DELETE", deny+"/sub/contract-bot", adm, "")
+
+	// Every admin operation answers another Host 421 (DNS rebinding).
+	for _, op := range []struct{ method, path, body string }{
+		{"GET", "/admin/v1/sales", ""}, {"POST", "/admin/v1/sales", "{}"}, {"GET", "/admin/v1/sales/" + live, ""},
+		{"PATCH", "/admin/v1/sales/" + live, "{}"}, {"GET", "/admin/v1/sales/" + live + "/audit", ""},
+		{"GET", "/admin/v1/sales/" + live + "/export", ""}, {"POST", "/admin/v1/sales/" + live + "/close", ""},
+		{"POST", "/admin/v1/sales/" + live + "/pause", ""}, {"POST", "/admin/v1/sales/" + live + "/resume", ""},
+		{"POST", "/admin/v1/sales/" + live + "/reconcile", ""}, {"GET", "/admin/v1/audit-log", ""},
+		{"GET", "/admin/v1/orders", ""}, {"GET", "/admin/v1/orders/1", ""}, {"POST", "/admin/v1/orders/1/cancel", "{}"},
+		{"GET", "/admin/v1/dlq", ""}, {"POST", "/admin/v1/dlq/1/redrive", ""},
+		{"GET", "/admin/v1/denylist", ""}, {"POST", "/admin/v1/denylist", "{}"}, {"DELETE", "/admin/v1/denylist/sub/x", ""},
+	} {
+		c.wantMisdirected(op.method, badm+op.path, adm, op.body)
+	}
+	c.wantMisdirected("GET", gadm+"/admin/v1/limits", adm, "")
 
 	// The probes and the document, on both admin ports.
 	for _, base := range []string{gadm, badm} {
@@ -623,6 +674,9 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(503, "unavailable", "GET", badm+"/admin/v1/sales/"+live+"/export", adm, "")
 	c.want(503, "unavailable", "GET", dlq+"?sale="+live, adm, "")
 	c.want(503, "unavailable", "POST", dlq+"/"+poison2+"/redrive", adm, "")
+	c.want(503, "unavailable", "GET", deny, adm, "")
+	c.want(503, "unavailable", "POST", deny, adm, `{"kind":"jti","id":"contract-jti"}`)
+	c.want(503, "unavailable", "DELETE", deny+"/jti/contract-jti", adm, "")
 
 	if m := c.missing(); len(m) > 0 {
 		t.Errorf("documented answers never seen (%d):\n  %s", len(m), strings.Join(m, "\n  "))
