@@ -393,7 +393,10 @@ proctype Gateway(byte u; byte o; bool key) {
     :: atomic { rec[rid] == R_PENDING -> stream[rid] = true };
       atomic {
         if
-        :: rec[rid] == R_RELEASED || rec[rid] == R_NONE -> r503[o] = true; answer(o, 100)   /* FIXME waited */
+        /* released meanwhile (gateway.replay's claim answers 'released'):
+         * 503 as the code answers, without a second waited release; the
+         * search finds no run where that release is lost and matters */
+        :: rec[rid] == R_RELEASED || rec[rid] == R_NONE -> r503[o] = true; answer(o, 100)
         :: else ->
           if :: rec[rid] == R_PENDING -> rec[rid] = R_PROCESSING :: else -> skip fi;
           sync(); replied(o, rid)
