@@ -561,18 +561,27 @@ func (g *Gateway) undoAdmit(s *sale, user string, id uint64, region, charges str
 // 503 (docs/verification.md names this gap).
 func (g *Gateway) undoNow(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order, cause error) {
 	slog.Warn("admission not promised; releasing it", "sale", s.spec.ID, "order", m.ID, "cause", cause)
-	rel, err := g.releaseUnpublished(s, m, flashgate.ReasonAdmitFailed)
+	g.answerByRelease(ctx, s, m, flashgate.ReasonAdmitFailed, func() { unavailable(ctx, "stock service unavailable") })
+}
+
+// answerByRelease releases m and answers by that release: claimed (or
+// decided) means the order lives, 202; released, refuse (a 503). A release
+// Redis does not answer within a publish timeout goes on in the background
+// and the answer is refuse's.
+func (g *Gateway) answerByRelease(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order, reason string, refuse func()) {
+	rel, err := g.releaseUnpublished(s, m, reason)
 	switch {
 	case err != nil:
-		g.enqueueRelease(releaseJob{s: s, user: m.UserID, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonAdmitFailed})
-		unavailable(ctx, "stock service unavailable")
+		slog.Warn("release failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", err)
+		g.enqueueRelease(releaseJob{s: s, user: m.UserID, id: m.ID, region: m.Region, charges: m.Charges, reason: reason})
+		refuse()
 	case rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased):
 		accepted(ctx, m.ID, flashgate.OrderPending)
 	default:
 		if rel.Released {
 			g.restocked(s, m.Region)
 		}
-		unavailable(ctx, "stock service unavailable")
+		refuse()
 	}
 }
 
@@ -614,20 +623,9 @@ func (g *Gateway) publish(ctx *fasthttp.RequestCtx, s *sale, m *flashgate.Order)
 	// answers: a 503 sent while the release is still open could be overtaken
 	// by the backend's claim. (Release is idempotent: a retry of one that ran
 	// unanswered finds it done.)
-	rel, rerr := g.releaseUnpublished(s, m, flashgate.ReasonPublishFailed)
-	switch {
-	case rerr != nil:
-		slog.Warn("release after failed publish failed; retrying in the background", "sale", s.spec.ID, "order", m.ID, "err", rerr)
-		g.enqueueRelease(releaseJob{s: s, user: m.UserID, id: m.ID, region: m.Region, charges: m.Charges, reason: flashgate.ReasonPublishFailed})
+	g.answerByRelease(ctx, s, m, flashgate.ReasonPublishFailed, func() {
 		unavailableFor(ctx, "order queue unavailable", g.breakers.nats.retryIn(time.Now()))
-	case rel.Claimed || (rel.Status != "" && rel.Status != lua.StatusReleased):
-		accepted(ctx, m.ID, flashgate.OrderPending)
-	default:
-		if rel.Released {
-			g.restocked(s, m.Region)
-		}
-		unavailableFor(ctx, "order queue unavailable", g.breakers.nats.retryIn(time.Now()))
-	}
+	})
 }
 
 // releaseUnpublished releases the reservation of an order whose publish
